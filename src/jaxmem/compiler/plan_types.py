@@ -1,0 +1,133 @@
+"""The data a memory plan hands to the executor, the reports and the CLI.
+
+Plain data only: the planner builds it, everyone else reads it. Values are named by `ValueId`
+(an int the graph assigns to each jaxpr variable it plans); the jaxpr itself is kept read-only
+on the plan so the executor can run its equations.
+
+A schedule is a list of `Step`s in execution order. A step is one top-level equation of the
+traced jaxpr (nested jaxprs such as scan/while/cond bodies are one step at this level; their
+internal temporaries are a `scratch` buffer live during that step only). A value the fusion
+model keeps out of memory has no buffer: `Plan.location(v)` is None and the executor keeps it
+as a transient while it runs the step(s) that consume it (as a fused kernel keeps it in
+registers).
+
+Arguments that are not donated stay in the caller's memory, outside the arena: their values
+have `buffer=None` and `producer=None`, and they count in `Plan.argument_bytes` and in the peak.
+Donated arguments live in the arena (kind "argument") so outputs may take their storage over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ValueId = int
+
+
+@dataclass(frozen=True)
+class SourceLine:
+    """Where the user's code made a value: the innermost frame outside JAX and jaxmem."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} ({self.function})"
+
+
+@dataclass
+class Step:
+    """One scheduled operation: `eqn_index` into the top-level jaxpr's equations."""
+
+    eqn_index: int
+    primitive: str
+    inputs: list[ValueId]          # operands that are values (literals are not listed)
+    outputs: list[ValueId]
+    fused: bool = False            # True when every output is a transient (no buffer)
+    source: SourceLine | None = None
+
+
+@dataclass
+class PlannedBuffer:
+    """One region of the arena, held by one or more values that share storage (aliases)."""
+
+    id: int
+    offset: int                    # bytes from the arena's start, 256-aligned
+    size: int                      # bytes, rounded to 256
+    start: int                     # first step index during which it is live (-1: on entry)
+    end: int                       # last step index during which it is live (len(schedule): on exit)
+    values: list[ValueId]          # values stored here, in definition order
+    kind: str                      # "argument" | "output" | "temp" | "scratch" | "constant"
+    category: str = "temporary"    # report category: parameters, optimizer_state, residuals,
+                                   # gradients, temporaries, outputs
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    source: SourceLine | None = None
+    label: str = ""                # e.g. "dot_general" or "scan scratch"
+
+
+@dataclass
+class ValueInfo:
+    id: ValueId
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    producer: int | None           # step index that defines it; None for arguments/constants
+    buffer: int | None             # PlannedBuffer.id, or None when fused away
+    source: SourceLine | None = None
+
+
+@dataclass
+class XlaReference:
+    """XLA's own numbers for the same function on this machine (compiled.memory_analysis())."""
+
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    generated_code_bytes: int = 0
+    scheduler: str = "default"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+
+@dataclass
+class Plan:
+    """A valid memory plan for one traced function with fixed input shapes."""
+
+    peak_bytes: int                # non-donated argument bytes + arena_bytes
+    arena_bytes: int               # size of the single arena (outputs, temps, donated args)
+    argument_bytes: int
+    output_bytes: int
+    lower_bound_bytes: int         # max over time of live bytes, chosen schedule
+    program_order_lower_bound_bytes: int
+    schedule: list[Step]
+    buffers: list[PlannedBuffer]
+    values: dict[ValueId, ValueInfo]
+    invars: list[ValueId]          # top-level inputs in order (flattened)
+    outvars: list[ValueId | None]  # top-level outputs in order; None where an output is a literal
+    donated: tuple[int, ...] = ()  # flat argument indices donated
+    valid: bool = False            # the checker's verdict
+    plan_seconds: float = 0.0
+    num_eqns: int = 0              # equations counted through nested jaxprs
+    unknown_primitives: list[str] = field(default_factory=list)
+    scheduler: str = ""            # which schedule won
+    placement: str = ""            # which placement won
+    xla: XlaReference | None = None
+    closed_jaxpr: Any = None       # the traced ClosedJaxpr (read-only)
+    var_ids: dict[Any, ValueId] = field(default_factory=dict)  # jaxpr Var -> ValueId
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def location(self, value: ValueId) -> tuple[int, int] | None:
+        """(offset, nbytes) of a value in the arena, or None when it has no buffer of its own
+        in the arena (fused away, or a non-donated argument that stays in the caller's memory)."""
+        info = self.values[value]
+        if info.buffer is None:
+            return None
+        return self.buffers[info.buffer].offset, info.nbytes
+
+    def live_at(self, step: int) -> list[PlannedBuffer]:
+        return [b for b in self.buffers if b.start <= step <= b.end]

@@ -1,0 +1,170 @@
+"""The allocator contract every pool in jaxmem follows.
+
+An allocator carves device memory that a `Backend` hands it (simulated addresses, a host
+numpy buffer, later a CUDA pool); it never touches a device itself. One public
+`allocate`/`free` pair, written once here, validates the call and keeps the statistics; each
+allocator supplies only its policy through the private hooks `_allocate`, `_free`,
+`_largest_free_block`, `_empty_cache` and `_chunks`.
+
+    backend = SimulatedBackend(capacity=16 * GiB)
+    alloc = BFCAllocator(backend, limit=12 * GiB, preallocate=True)
+    buf = alloc.allocate(1000)        # Buffer(address=0, size=1024, requested_size=1000)
+    alloc.free(buf)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Protocol
+
+from jaxmem.errors import AllocationError
+
+
+class Backend(Protocol):
+    """Device memory as the driver gives it (cudaMalloc / cudaFree, or their stand-ins).
+
+    `reserve(size)` returns the address of a new device allocation, or None when the device
+    cannot supply it (that is not an error: allocators back off and retry). `release` returns
+    one allocation whole. `view` returns a writable numpy uint8 view (host backend only).
+    """
+
+    kind: str
+    capacity: int
+
+    def reserve(self, size: int) -> int | None: ...
+    def release(self, address: int) -> None: ...
+    def view(self, address: int, size: int): ...  # -> numpy.ndarray
+
+
+class Chunk(NamedTuple):
+    """One piece of the pool as the allocator sees it: for maps, dumps and invariant checks."""
+
+    address: int
+    size: int
+    in_use: bool
+    region: int  # index of the backend allocation (region/segment) it lies in
+
+
+class Buffer:
+    """A live allocation. `address` is a byte offset in the device's address space, `size` the
+    bytes reserved for it after rounding, `requested_size` what the caller asked for."""
+
+    __slots__ = ("address", "size", "requested_size", "stream", "owner", "live", "handle")
+
+    def __init__(self, address: int, size: int, requested_size: int, stream: int, owner: object, handle: object = None) -> None:
+        self.address = address
+        self.size = size
+        self.requested_size = requested_size
+        self.stream = stream
+        self.owner = owner
+        self.live = True
+        self.handle = handle  # allocator-private bookkeeping (e.g. the chunk record)
+
+    def __repr__(self) -> str:
+        state = "" if self.live else ", freed"
+        return f"Buffer(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}{state})"
+
+
+class Allocator:
+    """Base class: the public allocate/free pair and the statistics; subclasses give the policy.
+
+    Subclass hooks:
+      _allocate(size, alignment, stream) -> (address, reserved_size, handle)   or raise OutOfMemory
+      _free(address, reserved_size, handle, stream) -> None
+      _pool_bytes() -> bytes currently held from the backend
+      _largest_free_block() -> bytes
+      _empty_cache() -> bytes returned to the backend
+      _chunks() -> iterator of Chunk, address order
+    """
+
+    name = "allocator"
+
+    def __init__(self, backend: Backend, limit: int) -> None:
+        self.backend = backend
+        self.limit = limit
+        self.num_allocs = 0
+        self.bytes_in_use = 0
+        self.peak_bytes_in_use = 0
+        self.largest_alloc_size = 0
+        self.peak_pool_bytes = 0
+        self.device_allocs = 0          # backend.reserve calls that succeeded (cudaMalloc count)
+        self.device_alloc_bytes = 0
+        self.device_frees = 0
+
+    # ---- the one public pair -------------------------------------------------------------
+    def allocate(self, size: int, *, alignment: int = 256, stream: int = 0) -> Buffer:
+        if type(size) is not int:  # bool and float are refused too
+            raise AllocationError(f"allocation size must be an int, got {size!r}")
+        if size <= 0:
+            raise AllocationError(f"allocation size must be positive, got {size}")
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise AllocationError(f"alignment must be a power of two, got {alignment}")
+        address, reserved, handle = self._allocate(size, alignment, stream)
+        self.num_allocs += 1
+        in_use = self.bytes_in_use + reserved
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        if reserved > self.largest_alloc_size:
+            self.largest_alloc_size = reserved
+        return Buffer(address, reserved, size, stream, self, handle)
+
+    def free(self, buffer: Buffer) -> None:
+        if not isinstance(buffer, Buffer):
+            raise AllocationError(f"free() takes a Buffer, got {type(buffer).__name__}")
+        if buffer.owner is not self:
+            raise AllocationError(f"{buffer!r} was not allocated by this device's allocator")
+        if not buffer.live:
+            raise AllocationError(f"double free of {buffer!r}")
+        self._free(buffer.address, buffer.size, buffer.handle, buffer.stream)
+        buffer.live = False
+        self.bytes_in_use -= buffer.size
+
+    def empty_cache(self) -> int:
+        """Return wholly free regions to the backend; returns the bytes given back."""
+        return self._empty_cache()
+
+    def chunks(self) -> Iterator[Chunk]:
+        return self._chunks()
+
+    def reset_peak_stats(self) -> None:
+        self.peak_bytes_in_use = self.bytes_in_use
+        self.peak_pool_bytes = self._pool_bytes()
+
+    def memory_stats(self) -> dict[str, int | float]:
+        """The keys and meanings of `jax.Device.memory_stats()`, plus XLA's fragmentation."""
+        pool = self._pool_bytes()
+        largest_free = self._largest_free_block()
+        free = pool - self.bytes_in_use
+        return {
+            "num_allocs": self.num_allocs,
+            "bytes_in_use": self.bytes_in_use,
+            "peak_bytes_in_use": self.peak_bytes_in_use,
+            "largest_alloc_size": self.largest_alloc_size,
+            "bytes_limit": self.limit,
+            "bytes_reserved": 0,
+            "peak_bytes_reserved": 0,
+            "bytes_reservable_limit": 0,
+            "largest_free_block_bytes": largest_free,
+            "pool_bytes": pool,
+            "peak_pool_bytes": max(self.peak_pool_bytes, pool),
+            "fragmentation": (free - largest_free) / free if free > 0 else 0.0,
+        }
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
+        raise NotImplementedError  # abstract hook
+
+    def _free(self, address: int, size: int, handle: object, stream: int) -> None:
+        raise NotImplementedError  # abstract hook
+
+    def _pool_bytes(self) -> int:
+        raise NotImplementedError  # abstract hook
+
+    def _largest_free_block(self) -> int:
+        raise NotImplementedError  # abstract hook
+
+    def _empty_cache(self) -> int:
+        return 0
+
+    def _chunks(self) -> Iterator[Chunk]:
+        raise NotImplementedError  # abstract hook

@@ -36,16 +36,36 @@ class SourceLine:
         return f"{self.file}:{self.line} ({self.function})"
 
 
+@dataclass(frozen=True)
+class Const:
+    """An operand that is not a planned value: a jaxpr literal or a closed-over constant."""
+
+    value: Any
+
+
 @dataclass
 class Step:
-    """One scheduled operation: `eqn_index` into the top-level jaxpr's equations."""
+    """One scheduled operation.
 
-    eqn_index: int
+    `eqn` is the jaxpr equation to run (read-only). Call-like primitives (pjit, closed_call,
+    custom_jvp_call, custom_vjp_call, remat/checkpoint) are inlined by the planner, so `eqn` may
+    come from a nested jaxpr; `operands`/`outputs` then name the values it reads and writes
+    after renaming. Loops and conditionals (scan, while, cond) stay one step; their body's
+    temporaries are a "scratch" buffer live during the step only.
+    """
+
+    index: int                     # position in the schedule
+    eqn: Any                       # the jaxpr equation (jax.extend.core.JaxprEqn)
     primitive: str
-    inputs: list[ValueId]          # operands that are values (literals are not listed)
-    outputs: list[ValueId]
+    operands: list[ValueId | Const]  # eqn.invars in order
+    outputs: list[ValueId | None]    # eqn.outvars in order; None for a dropped output (`_`)
     fused: bool = False            # True when every output is a transient (no buffer)
+    scratch_bytes: int = 0         # bytes of the loop/cond body's own temporaries
     source: SourceLine | None = None
+
+    @property
+    def inputs(self) -> list[ValueId]:
+        return [v for v in self.operands if not isinstance(v, Const)]
 
 
 @dataclass

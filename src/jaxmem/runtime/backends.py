@@ -1,0 +1,181 @@
+"""Device memory as a driver hands it out: simulated addresses, or one real host buffer.
+
+A backend is what `cudaMalloc`/`cudaFree` are to XLA's BFC allocator: it gives out whole
+allocations ("regions") and takes them back whole. Both backends here place a new allocation
+at the lowest address where it fits (address-ordered first fit), so the regions a growing pool
+asks for one after another tend to sit next to each other, as they do on a fresh GPU.
+
+    backend = SimulatedBackend(capacity=1 << 30)
+    a = backend.reserve(2 << 20)        # 0
+    b = backend.reserve(4 << 20)        # 2097152, right after a
+    backend.release(a)
+
+A CUDA pool would be a third class with the same four members (`kind`, `capacity`, `reserve`,
+`release`, and `view` if it can expose bytes); the allocators need nothing else.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from jaxmem.errors import AllocationError, ConfigError
+from jaxmem.units import parse_size
+
+# cudaMalloc returns addresses aligned to at least 256 bytes; the simulated driver does the same.
+DEVICE_ALIGNMENT = 256
+
+
+class _FirstFit:
+    """Free address ranges of [0, capacity), answering "lowest address where `size` fits".
+
+    Gaps are grouped by size class (floor(log2(size))). Every gap in a class above the
+    request's class fits, so its lowest address is a candidate in O(1); only the request's own
+    class needs a scan, and the scan stops as soon as it passes the best candidate.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.start_size: dict[int, int] = {0: capacity}   # gap start -> gap size
+        self.end_start: dict[int, int] = {capacity: 0}    # gap end -> gap start
+        self.classes: dict[int, list[int]] = {capacity.bit_length() - 1: [0]}  # class -> starts
+
+    def _add(self, start: int, size: int) -> None:
+        self.start_size[start] = size
+        self.end_start[start + size] = start
+        insort(self.classes.setdefault(size.bit_length() - 1, []), start)
+
+    def _remove(self, start: int) -> int:
+        size = self.start_size.pop(start)
+        del self.end_start[start + size]
+        starts = self.classes[size.bit_length() - 1]
+        del starts[bisect_left(starts, start)]
+        return size
+
+    def take(self, size: int, alignment: int) -> int | None:
+        """Carve `size` bytes at the lowest aligned address that fits; None if nowhere fits."""
+        # Any gap of at least size + alignment - 1 bytes fits whatever its start; smaller gaps
+        # (classes lo..hi) are checked one by one, in address order, with their real start.
+        lo = size.bit_length() - 1
+        hi = (size + alignment - 1).bit_length() - 1
+        best: int | None = None
+        for c, starts in self.classes.items():
+            if c > hi and starts and (best is None or starts[0] < best):
+                best = starts[0]
+        start_size = self.start_size
+        for c in range(lo, hi + 1):
+            for start in self.classes.get(c, ()):
+                if best is not None and start > best:
+                    break
+                if -(-start // alignment) * alignment + size <= start + start_size[start]:
+                    best = start
+                    break
+        if best is None:
+            return None
+        gap = self._remove(best)
+        address = -(-best // alignment) * alignment
+        if address > best:
+            self._add(best, address - best)
+        end, gap_end = address + size, best + gap
+        if gap_end > end:
+            self._add(end, gap_end - end)
+        return address
+
+    def give_back(self, address: int, size: int) -> None:
+        """Return [address, address+size) and merge it with the free ranges on either side."""
+        end = address + size
+        if end in self.start_size:
+            end += self._remove(end)
+        before = self.end_start.get(address)
+        if before is not None:
+            self._remove(before)
+            address = before
+        self._add(address, end - address)
+
+
+class SimulatedBackend:
+    """Addresses only: any capacity, no memory behind it. The allocator tests run on this.
+
+    >>> backend = SimulatedBackend("80GiB")
+    >>> backend.reserve(1024), backend.reserve(1024)
+    (0, 1024)
+
+    Args:
+        capacity: bytes, "80GiB", or a preset name such as "h100-80gb".
+    """
+
+    kind = "simulated"
+
+    def __init__(self, capacity: int | str) -> None:
+        self.capacity = parse_size(capacity)
+        self.reserved = 0                      # bytes currently handed out
+        self.allocations: dict[int, int] = {}  # address -> size
+        self._space = _FirstFit(self.capacity)
+
+    def reserve(self, size: int, alignment: int = DEVICE_ALIGNMENT) -> int | None:
+        """Address of a new allocation of `size` bytes, or None if the device cannot supply it."""
+        if size <= 0:
+            raise AllocationError(f"backend reserve size must be positive, got {size}")
+        alignment = max(alignment, DEVICE_ALIGNMENT)
+        if self.reserved + size > self.capacity:
+            return None
+        address = self._space.take(size, alignment)
+        if address is None:
+            return None
+        self.allocations[address] = size
+        self.reserved += size
+        return address
+
+    def release(self, address: int) -> None:
+        """Give back the allocation that starts at `address`, whole."""
+        size = self.allocations.pop(address, None)
+        if size is None:
+            raise AllocationError(f"backend release of unknown address {address:#x}")
+        self.reserved -= size
+        self._space.give_back(address, size)
+
+    def view(self, address: int, size: int):
+        raise AllocationError("a simulated device has addresses only, no bytes to view; use backend='host'")
+
+
+class HostBackend(SimulatedBackend):
+    """The whole device is one real numpy uint8 buffer; `view` exposes a buffer's bytes.
+
+    The buffer is made with `np.empty`, so pages nobody writes cost no physical memory.
+
+    >>> backend = HostBackend("1MiB")
+    >>> address = backend.reserve(256)
+    >>> backend.view(address, 4)[:] = 7
+
+    Args:
+        capacity: bytes or a size string; it must fit in this machine's address space.
+    """
+
+    kind = "host"
+
+    def __init__(self, capacity: int | str) -> None:
+        import numpy as np
+
+        super().__init__(capacity)
+        try:
+            self.memory = np.empty(self.capacity, dtype=np.uint8)
+        except (MemoryError, ValueError) as err:
+            raise ConfigError(f"cannot back a host device of {self.capacity} bytes: {err}") from None
+
+    def view(self, address: int, size: int):
+        """A writable numpy uint8 view of `size` bytes at `address`."""
+        if address < 0 or size < 0 or address + size > self.capacity:
+            raise AllocationError(f"view [{address:#x}, +{size}) lies outside the {self.capacity}-byte device")
+        return self.memory[address:address + size]
+
+
+BACKENDS = {"simulated": SimulatedBackend, "host": HostBackend}
+
+
+def make_backend(kind: str, capacity: int | str) -> SimulatedBackend:
+    """The backend named `kind` ("simulated" or "host") with `capacity` bytes.
+
+    >>> make_backend("simulated", "16GiB").capacity == 16 << 30
+    True
+    """
+    if kind not in BACKENDS:
+        raise ConfigError(f"unknown backend {kind!r}; one of: {', '.join(BACKENDS)}")
+    return BACKENDS[kind](capacity)

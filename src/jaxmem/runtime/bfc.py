@@ -1,0 +1,432 @@
+"""XLA/TSL's best-fit-with-coalescing (BFC) allocator, the pool JAX uses on GPU and TPU.
+
+The policy, as in tsl/framework/bfc_allocator.cc:
+  * a request is rounded up to a multiple of 256 bytes; every chunk starts 256-aligned;
+  * free chunks sit in 21 bins, bin i holding sizes in [256 << i, 256 << (i+1)), the last
+    everything from 256 MiB up; a request searches from its own bin upward and takes the
+    smallest free chunk that fits, the lowest address among equal sizes;
+  * the chunk is split only when it is at least twice the rounded request or the leftover
+    would be 128 MiB or more (otherwise the caller gets the whole chunk);
+  * a freed chunk merges at once with free neighbours;
+  * preallocated: one region of the limit at creation. Growth: regions of 2 MiB, then twice
+    that each time the pool grows, never past the limit; when the device cannot supply a
+    region, ask again for 0.9x as much, down to the request. Regions the device hands out
+    side by side merge into one.
+
+Searching bins upward for the first chunk that fits in (size, address) order gives the same
+chunk as one search over all free chunks ordered by (size, address), so one ordered container
+holds them all. Its keys are single ints, size << 48 | address, which compare faster than
+tuples; the container is a list of short sorted lists (the layout sortedcontainers uses),
+written out inline because the public allocate/free pair is the hot path.
+
+    backend = SimulatedBackend("16GiB")
+    pool = BFCAllocator(backend, limit=12 << 30, preallocate=True)
+    buf = pool.allocate(1000)         # Buffer(address=0x0, size=1024, requested_size=1000)
+    pool.free(buf)
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import Iterator
+
+from jaxmem.errors import AllocationError, OutOfMemory
+from jaxmem.runtime.allocator import Allocator, Backend, Chunk
+from jaxmem.units import format_size
+
+MIN_ALLOCATION = 256
+NUM_BINS = 21
+MAX_INTERNAL_FRAGMENTATION = 128 << 20   # split anyway when the leftover is this big
+INITIAL_REGION = 2 << 20                 # growth mode's first region
+BACKPEDAL = 0.9                          # shrink factor when the device refuses a region
+
+_SHIFT = 48                              # key = size << 48 | address; addresses < 256 TiB
+_MASK = (1 << _SHIFT) - 1
+_LOAD = 256                              # sublist length; split at twice this
+
+
+def round_bytes(size: int) -> int:
+    """`size` rounded up to a multiple of 256, as BFC does.
+
+    >>> round_bytes(1), round_bytes(256), round_bytes(257)
+    (256, 256, 512)
+    """
+    return (size + MIN_ALLOCATION - 1) & -MIN_ALLOCATION
+
+
+def bin_for_size(size: int) -> int:
+    """The bin a chunk of `size` bytes belongs in: floor(log2(size / 256)), capped at 20.
+
+    >>> bin_for_size(256), bin_for_size(511), bin_for_size(512), bin_for_size(1 << 40)
+    (0, 0, 1, 20)
+    """
+    return min(NUM_BINS - 1, (max(size, MIN_ALLOCATION) >> 8).bit_length() - 1)
+
+
+class BFCAllocator(Allocator):
+    """XLA's BFC pool over a backend, preallocated or growing.
+
+    >>> from jaxmem.runtime.backends import SimulatedBackend
+    >>> pool = BFCAllocator(SimulatedBackend("1GiB"), limit=768 << 20)
+    >>> pool.allocate(1000).size
+    1024
+
+    Args:
+        backend: where regions come from (`SimulatedBackend`, `HostBackend`, ...).
+        limit: most bytes the pool may hold (mem_fraction x capacity in JAX).
+        preallocate: take one region of `limit` now (JAX's default) instead of growing.
+        name: shown in messages, like XLA's "GPU_0_bfc".
+    """
+
+    name = "bfc"
+
+    def __init__(self, backend: Backend, limit: int, *, preallocate: bool = True, name: str | None = None) -> None:
+        if type(limit) is not int or limit < MIN_ALLOCATION:
+            raise AllocationError(f"pool limit must be an int of at least 256 bytes, got {limit!r}")
+        super().__init__(backend, limit)
+        if name is not None:
+            self.name = name
+        self.preallocate = preallocate
+        self.pool_bytes = 0
+        self._maxes: list[int] = []          # last key of each sublist
+        self._lists: list[list[int]] = []    # sorted sublists of free-chunk keys
+        self._free_size: dict[int, int] = {}      # free chunk address -> size
+        self._free_end: dict[int, int] = {}  # free chunk end -> address
+        self._used: dict[int, int] = {}      # chunk in use: address -> size
+        self._regions: dict[int, int] = {}   # region start -> end (adjacent regions merged)
+        self._region_end: dict[int, int] = {}  # region end -> start
+        self._parts: dict[int, list[tuple[int, int]]] = {}  # region start -> backend allocations
+        if preallocate:
+            self.curr_region_bytes = round_bytes(limit)
+            if not self._extend(MIN_ALLOCATION):
+                raise OutOfMemory(
+                    f"{self.name}: the device cannot supply even {MIN_ALLOCATION} bytes to preallocate",
+                    requested=0, rounded=0, in_use=0, pool_bytes=0, limit=limit,
+                    largest_free_block=0, fragmentation=False, bins=[], occupancy="")
+        else:
+            self.curr_region_bytes = round_bytes(min(limit, INITIAL_REGION))
+
+    # ---- the ordered set of free chunks ---------------------------------------------------
+    def _insert(self, key: int) -> None:
+        maxes = self._maxes
+        pos = bisect_left(maxes, key)
+        if pos == len(maxes):
+            if not maxes:
+                self._lists.append([key])
+                maxes.append(key)
+                return
+            pos -= 1
+            sub = self._lists[pos]
+            sub.append(key)
+            maxes[pos] = key
+        else:
+            sub = self._lists[pos]
+            insort(sub, key)
+        if len(sub) > 2 * _LOAD:
+            half = sub[_LOAD:]
+            del sub[_LOAD:]
+            maxes[pos] = sub[-1]
+            self._lists.insert(pos + 1, half)
+            maxes.insert(pos + 1, half[-1])
+
+    def _remove(self, key: int) -> None:
+        maxes = self._maxes
+        pos = bisect_left(maxes, key)
+        sub = self._lists[pos]
+        i = bisect_left(sub, key)
+        del sub[i]
+        if not sub:
+            del self._lists[pos]
+            del maxes[pos]
+        elif i == len(sub):
+            maxes[pos] = sub[-1]
+
+    def _free_keys(self) -> Iterator[int]:
+        for sub in self._lists:
+            yield from sub
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
+        rounded = (size + 255) & -256
+        if alignment > MIN_ALLOCATION:
+            return self._allocate_aligned(size, rounded, alignment)
+        key = rounded << _SHIFT
+        maxes = self._maxes
+        pos = bisect_left(maxes, key)
+        if pos == len(maxes):
+            if not self._extend(rounded):
+                raise self._out_of_memory(size, rounded)
+            pos = bisect_left(maxes, key)
+        sub = self._lists[pos]
+        i = bisect_left(sub, key)
+        found = sub[i]
+        chunk = found >> _SHIFT
+        address = found & _MASK
+        rest = chunk - rounded
+        free = self._free_size
+        if rest >= rounded or rest >= MAX_INTERNAL_FRAGMENTATION:
+            # Split: the tail stays free. Its key is smaller than the chunk's; when nothing lies
+            # between the two it takes the chunk's slot and the container needs no reshuffle.
+            tail = address + rounded
+            new = rest << _SHIFT | tail
+            if (sub[i - 1] < new) if i else (pos == 0 or maxes[pos - 1] < new):
+                sub[i] = new
+                if i == len(sub) - 1:
+                    maxes[pos] = new
+            else:
+                del sub[i]
+                if not sub:
+                    del self._lists[pos]
+                    del maxes[pos]
+                elif i == len(sub):
+                    maxes[pos] = sub[-1]
+                self._insert(new)
+            del free[address]
+            free[tail] = rest
+            self._free_end[tail + rest] = tail
+        else:
+            del sub[i]
+            if not sub:
+                del self._lists[pos]
+                del maxes[pos]
+            elif i == len(sub):
+                maxes[pos] = sub[-1]
+            del free[address]
+            del self._free_end[address + chunk]
+            rounded = chunk
+        self._used[address] = rounded
+        return address, rounded, None
+
+    def _allocate_aligned(self, size: int, rounded: int, alignment: int) -> tuple[int, int, object]:
+        """Slow path for alignment above 256: smallest free chunk that holds an aligned block."""
+        found = self._find_aligned(rounded, alignment)
+        if found is None:
+            if not self._extend(rounded + alignment - MIN_ALLOCATION):
+                raise self._out_of_memory(size, rounded)
+            found = self._find_aligned(rounded, alignment)
+            if found is None:  # the new region merged oddly; nothing aligned fits
+                raise self._out_of_memory(size, rounded)
+        start, chunk = found
+        aligned = -(-start // alignment) * alignment
+        self._take_free(start, chunk)
+        if aligned > start:  # the unaligned front stays a free chunk of its own
+            self._put_free(start, aligned - start)
+            chunk -= aligned - start
+        rest = chunk - rounded
+        if rest >= rounded or rest >= MAX_INTERNAL_FRAGMENTATION:
+            self._put_free(aligned + rounded, rest)
+        else:
+            rounded = chunk
+        self._used[aligned] = rounded
+        return aligned, rounded, None
+
+    def _find_aligned(self, rounded: int, alignment: int) -> tuple[int, int] | None:
+        key = rounded << _SHIFT
+        pos = bisect_left(self._maxes, key)
+        for sub in self._lists[pos:]:
+            for found in sub[bisect_left(sub, key):]:
+                start, chunk = found & _MASK, found >> _SHIFT
+                if -(-start // alignment) * alignment + rounded <= start + chunk:
+                    return start, chunk
+            key = 0
+        return None
+
+    def _take_free(self, address: int, size: int) -> None:
+        self._remove(size << _SHIFT | address)
+        del self._free_size[address]
+        del self._free_end[address + size]
+
+    def _put_free(self, address: int, size: int) -> None:
+        self._free_size[address] = size
+        self._free_end[address + size] = address
+        self._insert(size << _SHIFT | address)
+
+    def _free(self, address: int, size: int, handle: object, stream: int) -> None:
+        del self._used[address]
+        free = self._free_size
+        free_end = self._free_end
+        end = address + size
+        after = free.get(end)
+        if after is not None:          # merge with the free chunk that follows
+            self._remove(after << _SHIFT | end)
+            del free[end]
+            end += after
+        before = free_end.get(address)
+        if before is not None:         # merge with the free chunk that precedes
+            self._remove(free[before] << _SHIFT | before)
+            del free[before]
+            del free_end[address]
+            address = before
+        size = end - address
+        free[address] = size
+        free_end[end] = address
+        self._insert(size << _SHIFT | address)
+
+    def _pool_bytes(self) -> int:
+        return self.pool_bytes
+
+    def _largest_free_block(self) -> int:
+        return self._maxes[-1] >> _SHIFT if self._maxes else 0
+
+    def _chunks(self) -> Iterator[Chunk]:
+        free, used = self._free_size, self._used
+        for index, start in enumerate(sorted(self._regions)):
+            end = self._regions[start]
+            address = start
+            while address < end:
+                size = free.get(address)
+                if size is not None:
+                    yield Chunk(address, size, False, index)
+                else:
+                    size = used[address]
+                    yield Chunk(address, size, True, index)
+                address += size
+
+    def _empty_cache(self) -> int:
+        """Return every wholly free region to the backend (growth mode; a preallocated pool
+        keeps its one region, as JAX does)."""
+        if self.preallocate:
+            return 0
+        released = 0
+        for start, end in list(self._regions.items()):
+            if self._free_size.get(start) != end - start:
+                continue
+            self._take_free(start, end - start)
+            for address, _ in self._parts.pop(start):
+                self.backend.release(address)
+                self.device_frees += 1
+            del self._regions[start]
+            del self._region_end[end]
+            released += end - start
+        self.pool_bytes -= released
+        return released
+
+    # ---- growth -------------------------------------------------------------------------------
+    def _extend(self, rounded: int) -> bool:
+        """Add a region of at least `rounded` bytes, as BFCAllocator::Extend does; False if
+        neither the limit nor the device allows one. On False nothing has changed."""
+        available = (self.limit - self.pool_bytes) // MIN_ALLOCATION * MIN_ALLOCATION
+        if rounded > available:
+            return False
+        region = self.curr_region_bytes
+        increased = False
+        while rounded > region:
+            region *= 2
+            increased = True
+        nbytes = min(region, available)
+        address = self.backend.reserve(nbytes)
+        while address is None:
+            nbytes = round_bytes(int(nbytes * BACKPEDAL))
+            if nbytes < rounded:
+                return False
+            address = self.backend.reserve(nbytes)
+        # The next region doubles, unless this one already had to grow to fit the request.
+        self.curr_region_bytes = region if increased else region * 2
+        self.device_allocs += 1
+        self.device_alloc_bytes += nbytes
+        self.pool_bytes += nbytes
+        if self.pool_bytes > self.peak_pool_bytes:
+            self.peak_pool_bytes = self.pool_bytes
+        self._add_region(address, nbytes)
+        return True
+
+    def _add_region(self, address: int, nbytes: int) -> None:
+        start, end = address, address + nbytes
+        parts = [(address, nbytes)]
+        before = self._region_end.pop(start, None)
+        if before is not None:          # the device placed it right after another region
+            del self._regions[before]
+            parts = self._parts.pop(before) + parts
+            start = before
+        after = self._regions.pop(end, None)
+        if after is not None:           # ... or right before one
+            del self._region_end[after]
+            parts += self._parts.pop(end)
+            end = after
+        self._regions[start] = end
+        self._region_end[end] = start
+        self._parts[start] = parts
+        # The new bytes are a free chunk that merges with free chunks at the seams.
+        self._used[address] = nbytes
+        self._free(address, nbytes, None, 0)
+
+    # ---- out of memory ------------------------------------------------------------------------
+    def regions(self) -> list[tuple[int, int]]:
+        """(start, end) of each region, address order."""
+        return sorted(self._regions.items())
+
+    def _out_of_memory(self, size: int, rounded: int) -> OutOfMemory:
+        chunks = list(self._chunks())
+        largest = self._largest_free_block()
+        free_total = self.pool_bytes - self.bytes_in_use
+        fragmented = free_total >= rounded
+        cause = (f"; cause: fragmentation ({format_size(free_total)} free in the pool, but no "
+                 f"free block that large)") if fragmented else ""
+        message = (
+            f"{self.name} ran out of memory trying to allocate {format_size(size)} ({size} bytes, "
+            f"rounded to {rounded}); in use {format_size(self.bytes_in_use)}, pool "
+            f"{format_size(self.pool_bytes)} of limit {format_size(self.limit)}, largest free "
+            f"block {format_size(largest)}{cause}")
+        return OutOfMemory(
+            message, requested=size, rounded=rounded, in_use=self.bytes_in_use,
+            pool_bytes=self.pool_bytes, limit=self.limit, largest_free_block=largest,
+            fragmentation=fragmented, bins=bin_summary(chunks), occupancy=occupancy(chunks))
+
+
+def bin_summary(chunks: list[Chunk]) -> list[dict[str, int]]:
+    """One row per BFC bin, as XLA's out-of-memory dump prints them.
+
+    Each row: bin, min_size, chunks, chunks_in_use, bytes (in all its chunks), bytes_in_use,
+    free_chunks, largest_free.
+    """
+    rows = [dict(bin=b, min_size=MIN_ALLOCATION << b, chunks=0, chunks_in_use=0, bytes=0,
+                 bytes_in_use=0, free_chunks=0, largest_free=0) for b in range(NUM_BINS)]
+    for chunk in chunks:
+        row = rows[bin_for_size(chunk.size)]
+        row["chunks"] += 1
+        row["bytes"] += chunk.size
+        if chunk.in_use:
+            row["chunks_in_use"] += 1
+            row["bytes_in_use"] += chunk.size
+        else:
+            row["free_chunks"] += 1
+            row["largest_free"] = max(row["largest_free"], chunk.size)
+    return rows
+
+
+def occupancy(chunks: list[Chunk], width: int = 100) -> str:
+    """One line over the pool's bytes, regions end to end: '*' where a cell is at least half in
+    use, '_' otherwise.
+
+    >>> occupancy([Chunk(0, 512, True, 0), Chunk(512, 512, False, 0)], width=4)
+    '**__'
+    """
+    total = sum(c.size for c in chunks)
+    if total == 0 or width <= 0:
+        return ""
+    used = [0] * width
+    offset = 0
+    for chunk in chunks:
+        if chunk.in_use:
+            lo, hi = offset, offset + chunk.size
+            first, last = lo * width // total, (hi - 1) * width // total
+            for cell in range(first, last + 1):
+                cell_lo, cell_hi = cell * total / width, (cell + 1) * total / width
+                used[cell] += min(hi, cell_hi) - max(lo, cell_lo)
+        offset += chunk.size
+    cell_bytes = total / width
+    return "".join("*" if u * 2 >= cell_bytes else "_" for u in used)
+
+
+def dump(chunks: list[Chunk], bins: list[dict[str, int]] | None = None) -> str:
+    """The per-bin table and the occupancy strip as text, like XLA's BFC dump."""
+    bins = bin_summary(chunks) if bins is None else bins
+    lines = []
+    for row in bins:
+        if row["chunks"]:
+            lines.append(
+                f"Bin ({format_size(row['min_size'])}): {row['chunks']} chunks, "
+                f"{row['chunks_in_use']} in use; {format_size(row['bytes'])} in chunks, "
+                f"{format_size(row['bytes_in_use'])} in use; largest free {format_size(row['largest_free'])}")
+    lines.append("occupancy: " + occupancy(chunks))
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""`Device`: one accelerator's memory, a backend carved by a named allocator.
+
+    device = Device("80GiB")                       # simulated, BFC, preallocated 0.75
+    buf = device.allocate(4 << 20)
+    device.memory_stats()["bytes_in_use"]          # 4194304
+    device.free(buf)
+    Device.from_env("h100-80gb")                   # as JAX would set it up from the environment
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from jaxmem.errors import AllocationError
+from jaxmem.runtime.allocator import Allocator, Buffer, Chunk
+from jaxmem.runtime.backends import make_backend
+from jaxmem.runtime.bfc import occupancy
+from jaxmem.runtime.config import DEFAULT_MEM_FRACTION, check_mem_fraction, config_from_env
+from jaxmem.runtime.registry import make_allocator
+from jaxmem.units import format_size, parse_size
+
+# Allocators with no pool: JAX's fraction cap does not apply to them.
+_NO_POOL = {"platform"}
+
+
+class Device:
+    """A simulated or host device whose memory an allocator hands out.
+
+    >>> device = Device("1GiB", allocator="bfc", preallocate=False)
+    >>> buf = device.allocate(1000)
+    >>> buf.size, device.memory_stats()["pool_bytes"]
+    (1024, 2097152)
+
+    Args:
+        capacity: bytes, "16GiB"/"80GB", or a preset such as "h100-80gb".
+        backend: "simulated" (addresses only, any size) or "host" (one real numpy buffer).
+        allocator: a name from `jaxmem.runtime.registry.ALLOCATOR_NAMES` ("bfc", "platform", ...).
+        preallocate: take the whole pool at creation (JAX's default) or grow it on demand.
+        mem_fraction: the share of capacity the pool may hold (JAX's default 0.75).
+        unified_memory: allow mem_fraction above 1, as TF_FORCE_UNIFIED_MEMORY=1 does.
+        options: passed to the allocator.
+    """
+
+    def __init__(self, capacity: int | str, *, backend: str = "simulated", allocator: str = "bfc",
+                 preallocate: bool = True, mem_fraction: float = DEFAULT_MEM_FRACTION,
+                 unified_memory: bool = False, **options: Any) -> None:
+        self.capacity = parse_size(capacity)
+        self.mem_fraction = check_mem_fraction(mem_fraction, unified_memory=unified_memory)
+        self.preallocate = bool(preallocate)
+        self.backend = make_backend(backend, self.capacity)
+        limit = self.capacity if allocator in _NO_POOL else int(self.capacity * self.mem_fraction)
+        self.allocator: Allocator = make_allocator(
+            allocator, self.backend, limit=limit, preallocate=self.preallocate, **options)
+        self.allocator_name = allocator
+
+    @classmethod
+    def from_env(cls, capacity: int | str, *, backend: str = "simulated",
+                 environ: Mapping[str, str] | None = None) -> "Device":
+        """A device set up from JAX's environment variables (see `jaxmem.runtime.config`).
+
+        >>> Device.from_env("16GiB", environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}).preallocate
+        False
+        """
+        config = config_from_env(environ)
+        return cls(capacity, backend=backend, allocator=config.allocator, preallocate=config.preallocate,
+                   mem_fraction=config.mem_fraction, unified_memory=config.unified_memory)
+
+    def allocate(self, size: int, *, alignment: int = 256, stream: int = 0) -> Buffer:
+        """A new buffer of at least `size` bytes; raises `OutOfMemory` when it cannot be had."""
+        return self.allocator.allocate(size, alignment=alignment, stream=stream)
+
+    def free(self, buffer: Buffer) -> None:
+        """Give `buffer` back to the pool."""
+        self.allocator.free(buffer)
+
+    def memory_stats(self) -> dict[str, int | float]:
+        """The keys and meanings of `jax.Device.memory_stats()`, plus `fragmentation`."""
+        return self.allocator.memory_stats()
+
+    def reset_peak_stats(self) -> None:
+        """Start the peak counters again from now."""
+        self.allocator.reset_peak_stats()
+
+    def empty_cache(self) -> int:
+        """Return wholly free regions to the device; the bytes given back."""
+        return self.allocator.empty_cache()
+
+    def chunks(self) -> Iterator[Chunk]:
+        """Every piece of the pool, in address order."""
+        return self.allocator.chunks()
+
+    def view(self, buffer: Buffer):
+        """A writable numpy uint8 view of the buffer's `requested_size` bytes (host backend)."""
+        if not isinstance(buffer, Buffer) or buffer.owner is not self.allocator:
+            raise AllocationError(f"{buffer!r} does not belong to this device")
+        if not buffer.live:
+            raise AllocationError(f"{buffer!r} has been freed")
+        return self.backend.view(buffer.address, buffer.requested_size)
+
+    def occupancy_map(self, width: int = 100) -> str:
+        """One line over the pool: '*' where a cell is at least half in use, '_' otherwise."""
+        return occupancy(list(self.chunks()), width)
+
+    def __repr__(self) -> str:
+        mode = "" if self.allocator_name in _NO_POOL else (
+            f", preallocate={self.preallocate}, mem_fraction={self.mem_fraction}")
+        return (f"Device({format_size(self.capacity)}, backend={self.backend.kind!r}, "
+                f"allocator={self.allocator_name!r}{mode})")

@@ -123,7 +123,7 @@ def _program(factory: Factory, kind: str, donate: tuple[int, ...] = (), name: st
     if donate:
         description = f"{description} Arguments {', '.join(map(str, donate))} donated."
     return Program(name=name, factory=factory, donate_argnums=donate, kind=kind,
-                   target=f"{__name__}:{factory.__name__}", description=description)
+                   target=f"jaxmem.examples.suite:{factory.__name__}", description=description)
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in [

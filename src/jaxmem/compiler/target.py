@@ -1,0 +1,134 @@
+"""Load a TARGET, `path/to/file.py:factory` or `package.module:factory`, into `(fn, args)`.
+
+`factory` is a zero-argument callable (a dotted attribute path is allowed, `mod:Class.make`)
+that returns `(fn, args)`: the function to plan and a tuple of its positional arguments. Every
+way a TARGET can be wrong ends in a one-line `PlanError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any, Callable
+
+from jaxmem.errors import PlanError
+
+_FORMS = "'path/to/file.py:factory' or 'package.module:factory'"
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """The (module or file, attribute path) halves of a TARGET string.
+
+    >>> split_target("jaxmem.examples.suite:mlp_train")
+    ('jaxmem.examples.suite', 'mlp_train')
+
+    Raises:
+        PlanError: no colon, or an empty half.
+    """
+    if not isinstance(target, str) or ":" not in target:
+        raise PlanError(f"TARGET {target!r} must be {_FORMS}")
+    where, _, attr = target.rpartition(":")
+    where, attr = where.strip(), attr.strip()
+    if not where or not attr:
+        raise PlanError(f"TARGET {target!r} must be {_FORMS}")
+    if not all(part.isidentifier() for part in attr.split(".")):
+        raise PlanError(f"TARGET {target!r}: {attr!r} is not a Python name")
+    return where, attr
+
+
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or os.sep in where or "/" in where
+
+
+def _import_file(path: str) -> ModuleType:
+    if not os.path.isfile(path):
+        raise PlanError(f"TARGET file {path!r} does not exist")
+    path = os.path.abspath(path)
+    # Like `python file.py`: the file's folder is importable, so it may import its siblings.
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = "_jaxmem_target_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PlanError(f"cannot import {path!r}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as err:
+        sys.modules.pop(name, None)
+        raise PlanError(f"cannot import {path!r}: {_one_line(err)}") from None
+    return module
+
+
+def _import_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except (Exception, SystemExit) as err:
+        raise PlanError(f"cannot import module {name!r}: {_one_line(err)}") from None
+
+
+def resolve_factory(target: str) -> Callable[[], Any]:
+    """The factory a TARGET names, imported but not called.
+
+    >>> resolve_factory("jaxmem.examples.gpt:default_example").__name__
+    'default_example'
+    """
+    where, attr = split_target(target)
+    module = _import_file(where) if _is_file(where) else _import_module(where)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PlanError(f"TARGET {target!r}: {where} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise PlanError(f"TARGET {target!r}: {attr!r} is a {type(obj).__name__}, not a callable factory")
+    return obj
+
+
+def check_fn_args(result: Any, what: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`result` as `(fn, args)`, or a PlanError saying what `what` returned instead."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        kind = f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else f"a {type(result).__name__}"
+        raise PlanError(f"{what} must return (fn, args), got {kind}")
+    fn, args = result
+    if not callable(fn):
+        raise PlanError(f"{what} must return (fn, args) with a callable fn, got a {type(fn).__name__}")
+    if not isinstance(args, (tuple, list)):
+        raise PlanError(f"{what} must return (fn, args) with args a tuple of positional arguments, "
+                        f"got a {type(args).__name__}")
+    return fn, tuple(args)
+
+
+def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Import a TARGET's factory, call it, and return its `(fn, args)`.
+
+    >>> fn, args = load_target("jaxmem.examples.suite:while_cond")
+    >>> len(args)
+    2
+
+    Args:
+        target: `"path/to/file.py:factory"` or `"package.module:factory"`.
+
+    Returns:
+        `(fn, args)` with `args` a tuple.
+
+    Raises:
+        PlanError: (one line) the TARGET is malformed, cannot be imported, lacks the attribute,
+            is not callable, raises, or does not return `(fn, args)`.
+    """
+    factory = resolve_factory(target)
+    try:
+        result = factory()
+    except (Exception, SystemExit) as err:
+        raise PlanError(f"TARGET {target!r}: the factory raised {_one_line(err)}") from None
+    return check_fn_args(result, f"TARGET {target!r}")

@@ -1,0 +1,173 @@
+"""XLA's own memory figures for a function: `compiled.memory_analysis()`, in this process or in a
+fresh one with a chosen XLA:CPU scheduler.
+
+XLA reads `XLA_FLAGS` once per process, so comparing its schedulers means one subprocess each:
+`--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED` ("dfs", a memory-minimizing
+depth-first order) and `CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED` ("bfs"). On jax/jaxlib 0.10.2
+the flag exists with these values; `CPU_SCHEDULER_TYPE_DEFAULT` gives the same figures as "bfs"
+on the suite, and an unknown value aborts XLA, so the values are checked here first.
+
+Run as a module, it prints one JSON object (the subprocess side):
+
+    python -m jaxmem.compiler.xla jaxmem.examples.suite:mlp_train --donate 0,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Callable, Sequence
+
+from jaxmem.compiler.plan_types import XlaReference
+from jaxmem.errors import PlanError
+
+SCHEDULER_FLAGS: dict[str, str] = {
+    "dfs": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+    "bfs": "CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED",
+}
+_FLAG = "--xla_cpu_scheduler_type"
+
+
+def _scheduler_in_env() -> str:
+    """"dfs"/"bfs" when this process's XLA_FLAGS choose one, else "default"."""
+    for token in os.environ.get("XLA_FLAGS", "").split():
+        if token.startswith(_FLAG + "="):
+            value = token.split("=", 1)[1]
+            for name, flag in SCHEDULER_FLAGS.items():
+                if value == flag:
+                    return name
+            return value
+    return "default"
+
+
+def xla_reference(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Sequence[int] = (),
+                  kwargs: dict[str, Any] | None = None) -> XlaReference:
+    """Compile `fn` with `jax.jit` for `args` and read XLA's memory analysis.
+
+    >>> import jax.numpy as jnp
+    >>> ref = xla_reference(lambda x: x * 2, (jnp.ones(256),))
+    >>> ref.argument_bytes, ref.output_bytes
+    (1024, 1024)
+
+    Args:
+        fn: the function, as given to `jax.jit`.
+        args: its positional arguments (arrays or pytrees of arrays).
+        donate_argnums: positional arguments to donate, as `jax.jit`'s.
+        kwargs: keyword arguments, traced like positional ones.
+
+    Returns:
+        An `XlaReference` (argument, output, temp, alias and generated-code bytes; `total_bytes`
+        is argument + output + temp - alias), `scheduler` naming this process's XLA:CPU scheduler.
+
+    Raises:
+        PlanError: JAX cannot trace or compile `fn`, or the backend gives no memory analysis.
+    """
+    import jax
+
+    try:
+        compiled = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*args, **(kwargs or {})).compile()
+        stats = compiled.memory_analysis()
+    except Exception as err:  # JAX's own errors are many types; the user needs one line
+        raise PlanError(f"XLA could not compile the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+    if stats is None:
+        raise PlanError(f"the {jax.default_backend()} backend gives no memory analysis")
+    return XlaReference(
+        argument_bytes=int(stats.argument_size_in_bytes),
+        output_bytes=int(stats.output_size_in_bytes),
+        temp_bytes=int(stats.temp_size_in_bytes),
+        alias_bytes=int(stats.alias_size_in_bytes),
+        generated_code_bytes=int(stats.generated_code_size_in_bytes),
+        scheduler=_scheduler_in_env(),
+    )
+
+
+def scheduler_env(scheduler: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process that compiles on CPU with `scheduler` ("dfs", "bfs" or
+    None for XLA's default): any scheduler flag already in XLA_FLAGS is replaced.
+
+    >>> scheduler_env("dfs", {"XLA_FLAGS": "--xla_cpu_scheduler_type=X --xla_foo=1"})["XLA_FLAGS"]
+    '--xla_foo=1 --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED'
+    """
+    if scheduler is not None and scheduler not in SCHEDULER_FLAGS:
+        raise PlanError(f"scheduler must be one of {', '.join(SCHEDULER_FLAGS)} or None, got {scheduler!r}")
+    env = dict(os.environ if base is None else base)
+    flags = [t for t in env.get("XLA_FLAGS", "").split() if not t.startswith(_FLAG + "=")]
+    if scheduler is not None:
+        flags.append(f"{_FLAG}={SCHEDULER_FLAGS[scheduler]}")
+        env["JAX_PLATFORMS"] = "cpu"   # the flag is XLA:CPU's
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
+def xla_reference_in_subprocess(target: str, *, donate_argnums: Sequence[int] = (), scheduler: str | None = None,
+                                timeout: float = 900.0) -> XlaReference:
+    """XLA's memory analysis of a TARGET, compiled in a fresh Python with the chosen XLA:CPU scheduler.
+
+    >>> ref = xla_reference_in_subprocess("jaxmem.examples.suite:while_cond", scheduler="dfs")
+    >>> ref.scheduler
+    'dfs'
+
+    Args:
+        target: `"package.module:factory"` or `"path/to/file.py:factory"` (see `load_target`).
+        donate_argnums: positional arguments to donate.
+        scheduler: "dfs" (CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED), "bfs"
+            (CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED) or None (XLA's default).
+        timeout: seconds before the child is killed.
+
+    Returns:
+        The child's `XlaReference`.
+
+    Raises:
+        PlanError: the child failed (its last line of stderr is the message) or timed out.
+    """
+    env = scheduler_env(scheduler)
+    cmd = [sys.executable, "-m", "jaxmem.compiler.xla", target]
+    if donate_argnums:
+        cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PlanError(f"XLA reference for {target!r} took more than {timeout:.0f} s") from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise PlanError(f"XLA reference for {target!r} failed: {tail[-1].strip() if tail else f'exit {proc.returncode}'}")
+    data = json.loads(lines[-1])
+    return XlaReference(**data)
+
+
+def _parse_donate(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise PlanError(f"--donate takes argument positions like 0,1, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The subprocess side: print TARGET's `XlaReference` as one JSON object."""
+    from jaxmem.compiler.target import load_target
+    from jaxmem.errors import JaxmemError
+
+    parser = argparse.ArgumentParser(prog="python -m jaxmem.compiler.xla")
+    parser.add_argument("target")
+    parser.add_argument("--donate", default="")
+    args = parser.parse_args(argv)
+    try:
+        fn, fn_args = load_target(args.target)
+        ref = xla_reference(fn, fn_args, donate_argnums=_parse_donate(args.donate))
+    except JaxmemError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({
+        "argument_bytes": ref.argument_bytes, "output_bytes": ref.output_bytes, "temp_bytes": ref.temp_bytes,
+        "alias_bytes": ref.alias_bytes, "generated_code_bytes": ref.generated_code_bytes,
+        "scheduler": ref.scheduler,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The plain data every report is drawn from: blocks in address and time, stacked live bytes.
+
+Every writer (HTML, pprof, PNG, Chrome trace, terminal) reads a `ReportData`; none reads a
+Plan or a replay directly. `from_plan` and `from_replay` build it.
+
+    data = from_plan(plan)
+    data.peak_bytes, data.live_at(data.peak_x)[:3]
+
+Time is an integer x: for a plan, the step index, from -1 (on entry) to len(schedule) (on
+exit); for a trace, the event index. A `Block` occupies [start, end], both inclusive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from jaxmem.compiler.plan_types import Plan, SourceLine
+from jaxmem.errors import PlanError
+from jaxmem.reports.categories import CATEGORIES, buffer_category, value_categories
+
+Frame = tuple[str, int, str]   # (file, line, function), innermost first in a stack
+
+
+@dataclass
+class Block:
+    """One rectangle of the placement map: `size` bytes at `address` during [start, end]."""
+
+    address: int
+    size: int
+    start: int
+    end: int
+    category: str
+    label: str = ""                # the producing primitive, or "scan scratch", "argument 3"
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    frames: tuple[Frame, ...] = ()  # the user's stack, innermost first
+    buffer: int = -1               # plan buffer id / trace block number
+    region: str = "arena"          # "arena" | "caller" (non-donated arguments)
+
+    @property
+    def source(self) -> str:
+        if not self.frames:
+            return ""
+        file, line, function = self.frames[0]
+        return f"{file}:{line} ({function})"
+
+
+@dataclass
+class AllocatorSeries:
+    """One replayed allocator: in use and reserved bytes after each event."""
+
+    name: str
+    xs: list[int]
+    times_us: list[float]
+    in_use: list[int]
+    reserved: list[int]
+    peak_in_use: int
+    peak_reserved: int
+    oom_x: int | None = None       # event index of the first out-of-memory
+    oom_text: str = ""
+
+
+@dataclass
+class ReportData:
+    kind: str                      # "plan" | "replay"
+    title: str
+    x_label: str                   # "step" | "event"
+    x_min: int
+    x_max: int
+    x_names: list[str]             # what happens at each x (index x - x_min)
+    categories: list[str]          # in stacking order, only those present
+    stacked: dict[str, list[int]]  # bytes per category at each x (index x - x_min)
+    blocks: list[Block]
+    arena_bytes: int               # top of the placement map's address range
+    peak_x: int
+    peak_bytes: int
+    summary: list[tuple[str, str]] = field(default_factory=list)
+    allocators: list[AllocatorSeries] = field(default_factory=list)
+    capacity: int | None = None
+
+    @property
+    def totals(self) -> list[int]:
+        cols = [self.stacked[c] for c in self.categories]
+        return [sum(vals) for vals in zip(*cols)] if cols else []
+
+    def live_at(self, x: int) -> list[Block]:
+        """Blocks live at x, largest first."""
+        if not self.x_min <= x <= self.x_max:
+            raise PlanError(f"step {x} is outside {self.x_min}..{self.x_max}")
+        live = [b for b in self.blocks if b.start <= x <= b.end]
+        live.sort(key=lambda b: (-b.size, b.address))
+        return live
+
+
+def _frames(source: SourceLine | None, stack: Any = None) -> tuple[Frame, ...]:
+    if stack:
+        return tuple((str(f[0]), int(f[1]), str(f[2])) for f in stack)
+    if source is None:
+        return ()
+    return ((source.file, source.line, source.function),)
+
+
+def _stack(data: ReportData, blocks: Iterable[Block]) -> None:
+    """Fill data.stacked from the blocks with a difference array per category: O(blocks + x)."""
+    width = data.x_max - data.x_min + 1
+    diff = {c: [0] * (width + 1) for c in data.categories}
+    for b in blocks:
+        d = diff[b.category]
+        d[b.start - data.x_min] += b.size
+        d[b.end - data.x_min + 1] -= b.size
+    for c in data.categories:
+        run, col, d = 0, [0] * width, diff[c]
+        for i in range(width):
+            run += d[i]
+            col[i] = run
+        data.stacked[c] = col
+
+
+def _peak(data: ReportData) -> None:
+    totals = data.totals
+    best = max(range(len(totals)), key=totals.__getitem__) if totals else 0
+    data.peak_x = data.x_min + best
+    data.peak_bytes = totals[best] if totals else 0
+
+
+def _order(categories: Iterable[str]) -> list[str]:
+    present = set(categories)
+    known = [c for c in CATEGORIES if c in present]
+    return known + sorted(present - set(CATEGORIES))
+
+
+def _last_uses(plan: Plan) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for step in plan.schedule:
+        for v in step.inputs:
+            last[v] = step.index
+    end = len(plan.schedule)
+    for v in plan.outvars:
+        if v is not None:
+            last[v] = end
+    return last
+
+
+def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
+    """The plan's memory as blocks: each arena buffer split where a new value takes it over,
+    plus one block per non-donated argument in a "caller" region above the arena.
+
+    A buffer passes from one value to the next (an output written over a donated argument, an
+    in-place update) when the next value is defined and the previous one is no longer read;
+    a view that shares storage while its operand is still read does not take it over.
+    """
+    cats = value_categories(plan) if cats is None else cats
+    stacks = plan.extra.get("frames", {}) if isinstance(plan.extra, dict) else {}
+    last = _last_uses(plan)
+    steps = plan.schedule
+    blocks: list[Block] = []
+    for buf in plan.buffers:
+        values = [v for v in buf.values if v in plan.values]
+        first_cat = cats.get(values[0]) if values else None
+        if not values:
+            frames = _frames(buf.source, stacks.get(("buffer", buf.id)))
+            blocks.append(Block(buf.offset, buf.size, buf.start, buf.end, buffer_category(buf.kind, first_cat),
+                                buf.label or buf.kind, buf.shape, buf.dtype, frames, buf.id))
+            continue
+        # Who owns the storage when: a sweep in definition order.
+        owners: list[tuple[int, int]] = []   # (from x, value)
+        for v in values:
+            info = plan.values[v]
+            defined = buf.start if info.producer is None else max(info.producer, buf.start)
+            if not owners:
+                owners.append((buf.start, v))
+                continue
+            current = owners[-1][1]
+            switch = max(defined, min(last.get(current, defined - 1) + 1, buf.end + 1), owners[-1][0] + 1)
+            if switch > buf.end:
+                continue
+            owners.append((switch, v))
+        for i, (frm, v) in enumerate(owners):
+            to = owners[i + 1][0] - 1 if i + 1 < len(owners) else buf.end
+            info = plan.values[v]
+            producer = steps[info.producer] if info.producer is not None and info.producer < len(steps) else None
+            label = producer.primitive if producer is not None else (buf.label or buf.kind)
+            source = info.source or (producer.source if producer is not None else None) or buf.source
+            frames = _frames(source, stacks.get(v))
+            category = buffer_category(buf.kind, cats.get(v, first_cat))
+            blocks.append(Block(buf.offset, buf.size, frm, to, category, label,
+                                tuple(info.shape), info.dtype, frames, buf.id))
+    # Non-donated arguments stay in the caller's memory: stack them above the arena.
+    top = plan.arena_bytes
+    end = len(steps)
+    for position, v in enumerate(plan.invars):
+        info = plan.values.get(v)
+        if info is None or info.buffer is not None:
+            continue
+        blocks.append(Block(top, info.nbytes, -1, end, cats.get(v, "parameters"), f"argument {position}",
+                            tuple(info.shape), info.dtype, _frames(info.source, stacks.get(v)), -1, "caller"))
+        top += info.nbytes
+    return blocks
+
+
+def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -> ReportData:
+    """Report data for a memory plan.
+
+    >>> data = from_plan(jaxmem.plan(fn, *args))
+    >>> data.peak_bytes == sum(b.size for b in data.live_at(data.peak_x))
+    True
+
+    Args:
+        plan: the planner's `Plan`.
+        title: shown at the top of the report (e.g. the TARGET).
+        arg_paths: optional pytree path of each flat argument, to name optimizer state.
+
+    Returns:
+        a `ReportData` with x from -1 (entry) to len(plan.schedule) (exit).
+    """
+    from jaxmem.units import format_size
+
+    cats = value_categories(plan, arg_paths)
+    blocks = plan_blocks(plan, cats)
+    n = len(plan.schedule)
+    names = ["entry"] + [s.primitive for s in plan.schedule] + ["exit"]
+    data = ReportData(
+        kind="plan", title=title or "memory plan", x_label="step", x_min=-1, x_max=n, x_names=names,
+        categories=_order(b.category for b in blocks), stacked={}, blocks=blocks,
+        arena_bytes=plan.arena_bytes, peak_x=-1, peak_bytes=0,
+    )
+    _stack(data, blocks)
+    _peak(data)
+    caller = sum(b.size for b in blocks if b.region == "caller")
+    rows = [
+        ("planned peak", format_size(plan.peak_bytes)),
+        ("arena", format_size(plan.arena_bytes)),
+        ("arguments kept by the caller", format_size(caller)),
+        ("live at the peak step", f"{format_size(data.peak_bytes)} at step {data.peak_x}"),
+        ("lower bound", format_size(plan.lower_bound_bytes)),
+    ]
+    if plan.xla is not None:
+        rows.append(("XLA total here", format_size(plan.xla.total_bytes)))
+    rows += [
+        ("steps / buffers", f"{n} / {len(plan.buffers)}"),
+        ("schedule / placement", f"{plan.scheduler or '-'} / {plan.placement or '-'}"),
+        ("checker", "valid" if plan.valid else "NOT VALIDATED"),
+    ]
+    data.summary = rows
+    return data

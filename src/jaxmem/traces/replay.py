@@ -1,0 +1,376 @@
+"""Replay a trace's allocations and frees through allocators and measure what each would reserve.
+
+Every allocator gets the same stream: the trace's "alloc" and "free" events, in order, from the
+trace's start state. A free names the block by the address the recorder saw; the replay maps
+that address to whatever the allocator handed out for the matching alloc (event identity),
+so allocators that place blocks elsewhere are replayed faithfully.
+
+    trace = load_trace("memory.pickle")
+    report = replay(trace, ["caching", "bfc"], capacity=80 << 30)
+    report.runs["caching"].device_allocs, report.recorded.device_allocs
+
+The caching model starts from the recorded segments themselves (same sizes, same block layout,
+same relative order); the other allocators start by allocating the blocks live at the start of
+the window, largest address last.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxmem.errors import ConfigError, OutOfMemory, TraceError
+from jaxmem.runtime.backends import SimulatedBackend
+from jaxmem.traces.model import Trace
+
+ALLOCATORS = ("caching", "caching-expandable", "bfc", "bfc-growth", "platform")
+BFC_FRACTION = 0.75          # XLA_PYTHON_CLIENT_MEM_FRACTION's default
+TIMELINE_POINTS = 4000       # timeline samples kept per run (extremes preserved)
+PROGRESS_MIN_OPS = 200_000   # show a progress bar from this many events up
+_PROGRESS_STEP = 1 << 16
+
+
+@dataclass
+class ReplayRun:
+    """What one allocator did with the stream."""
+
+    allocator: str
+    limit: int
+    peak_in_use_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    peak_event_index: int = -1              # trace event index of the in-use peak
+    reserved_at_peak_bytes: int = 0         # reserved when in-use peaked
+    largest_free_at_peak_bytes: int = 0
+    reserved_over_in_use: float = 0.0       # at the in-use peak
+    xla_fragmentation: float = 0.0          # (free - largest free block) / free at the in-use peak
+    device_allocs: int = 0                  # device allocations made during the window
+    device_alloc_bytes: int = 0
+    device_frees: int = 0
+    setup_device_allocs: int = 0            # made before the window (preallocation, start state)
+    start_reserved_bytes: int = 0
+    final_reserved_bytes: int = 0
+    events_replayed: int = 0
+    seconds: float = 0.0
+    oom: dict[str, Any] | None = None
+    timeline: list[tuple[int, float, int, int]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "peak_in_use_bytes": self.peak_in_use_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+            "device_allocs": self.device_allocs, "device_alloc_bytes": self.device_alloc_bytes,
+            "device_frees": self.device_frees, "oom": self.oom, "limit": self.limit,
+            "reserved_at_peak_bytes": self.reserved_at_peak_bytes,
+            "reserved_over_in_use": self.reserved_over_in_use, "xla_fragmentation": self.xla_fragmentation,
+            "peak_event_index": self.peak_event_index, "start_reserved_bytes": self.start_reserved_bytes,
+            "final_reserved_bytes": self.final_reserved_bytes, "setup_device_allocs": self.setup_device_allocs,
+            "events_replayed": self.events_replayed,
+        }
+
+
+@dataclass
+class RecordedRun:
+    """What the recording allocator itself did in the window (snapshot traces)."""
+
+    device_allocs: int
+    device_alloc_bytes: int
+    device_frees: int
+    device_free_bytes: int
+    start_reserved_bytes: int
+    peak_reserved_bytes: int
+    final_reserved_bytes: int
+    timeline: list[tuple[int, float, int, int]] = field(default_factory=list)  # in_use is the rounded sum
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device_allocs": self.device_allocs, "device_alloc_bytes": self.device_alloc_bytes,
+                "device_frees": self.device_frees, "device_free_bytes": self.device_free_bytes,
+                "start_reserved_bytes": self.start_reserved_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+                "final_reserved_bytes": self.final_reserved_bytes}
+
+
+@dataclass
+class ReplayReport:
+    source: str
+    format: str
+    capacity: int
+    events: int
+    runs: dict[str, ReplayRun]
+    recorded: RecordedRun | None = None
+    settings: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"trace": self.source, "format": self.format, "capacity": self.capacity,
+                               "events": self.events, "settings": self.settings,
+                               "allocators": {n: r.to_json() for n, r in self.runs.items()}}
+        if self.recorded is not None:
+            out["recorded"] = self.recorded.to_json()
+        return out
+
+
+# ---- the stream ---------------------------------------------------------------------------------
+def _ops(trace: Trace) -> tuple[list[int], list[bool], list[int], list[int], list[int], list[float]]:
+    """Parallel lists for the hot loop: trace index, is_free, recorded addr, request, stream, time."""
+    idx, is_free, addrs, sizes, streams, times = [], [], [], [], [], []
+    for i, e in enumerate(trace.events):
+        a = e.action
+        if a == "alloc":
+            size = e.requested if e.requested is not None else e.size
+            if type(size) is not int or size <= 0:
+                raise TraceError(f"{trace.source}: event {i} (alloc): size must be a positive integer, got {size!r}")
+            is_free.append(False)
+            sizes.append(size)
+        elif a == "free":
+            is_free.append(True)
+            sizes.append(0)
+        else:
+            continue
+        idx.append(i)
+        addrs.append(e.addr)
+        streams.append(e.stream)
+        times.append(e.time_us)
+    return idx, is_free, addrs, sizes, streams, times
+
+
+def _downsample(ev: list[int], t: list[float], inuse: list[int], res: list[int], points: int) -> list[tuple[int, float, int, int]]:
+    n = len(ev)
+    if n <= points:
+        return list(zip(ev, t, inuse, res))
+    import numpy as np
+
+    a_in = np.asarray(inuse, dtype=np.int64)
+    a_res = np.asarray(res, dtype=np.int64)
+    buckets = max(points // 3, 1)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    keep = {0, n - 1}
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        if hi <= lo:
+            continue
+        keep.add(int(lo + np.argmax(a_in[lo:hi])))
+        keep.add(int(lo + np.argmin(a_in[lo:hi])))
+        keep.add(int(lo + np.argmax(a_res[lo:hi])))
+    return [(ev[k], t[k], inuse[k], res[k]) for k in sorted(keep)]
+
+
+# ---- allocators -----------------------------------------------------------------------------------
+def _make(name: str, trace: Trace, capacity: int, backend: SimulatedBackend, options: dict[str, Any] | None):
+    from jaxmem.runtime.registry import make_allocator
+
+    opts = dict(options or {})
+    if name in ("caching", "caching-expandable"):
+        if trace.allocator_settings and "settings" not in opts and "config" not in opts:
+            opts["settings"] = trace.allocator_settings
+        return make_allocator(name, backend, limit=capacity, **opts), capacity
+    if name in ("bfc", "bfc-growth"):
+        limit = int(capacity * BFC_FRACTION)
+        return make_allocator(name, backend, limit=limit, preallocate=(name == "bfc"), **opts), limit
+    return make_allocator(name, backend, limit=capacity, **opts), capacity
+
+
+def _start_state(alloc: Any, trace: Trace, live: dict[int, tuple]) -> int:
+    """Install the trace's start state; returns the bytes in use. Fills `live` (rec addr -> entry)."""
+    in_use = 0
+    adopt = getattr(alloc, "adopt_segment", None)
+    if adopt is not None and trace.initial_segments and not alloc.config.expandable_segments \
+            and not any(s.expandable for s in trace.initial_segments):
+        for seg in sorted(trace.initial_segments, key=lambda s: s.addr):
+            layout = [(b.addr - seg.addr, b.size, b.allocated) for b in seg.blocks]
+            if not layout:
+                layout = [(0, seg.size, False)]
+            placed = adopt(seg.size, seg.pool == "small", seg.stream, layout)
+            for offset, block in placed.items():
+                live[seg.addr + offset] = (block.addr, block.size, block, seg.stream)
+                in_use += block.size
+        return in_use
+    for b in sorted(trace.initial_blocks, key=lambda b: b.addr):
+        if not b.allocated:
+            continue
+        size = b.size if b.size > 0 else (b.requested or 1)
+        addr, reserved, handle = alloc._allocate(size, 256, b.stream)
+        alloc.bytes_in_use += reserved
+        live[b.addr] = (addr, reserved, handle, b.stream)
+        in_use += reserved
+    return in_use
+
+
+def _oom_info(trace: Trace, event_index: int, request: int, err: OutOfMemory, live: dict[int, tuple],
+              in_use: int, reserved: int, rec_of: dict[int, int]) -> dict[str, Any]:
+    biggest = sorted(live.items(), key=lambda kv: -kv[1][1])[:10]
+    rows = []
+    for rec_addr, entry in biggest:
+        row: dict[str, Any] = {"addr": rec_addr, "size": entry[1]}
+        ev_i = rec_of.get(rec_addr)
+        if ev_i is not None:
+            e = trace.events[ev_i]
+            row["event_index"] = ev_i
+            frame = next((f for f in e.frames if f.line > 0), None)
+            if frame is not None:
+                row["frame"] = str(frame)
+            if e.label:
+                row["label"] = e.label
+        rows.append(row)
+    return {"event_index": event_index, "request": request, "in_use_bytes": in_use, "reserved_bytes": reserved,
+            "live_blocks": len(live), "live_bytes": sum(v[1] for v in live.values()),
+            "largest_live": rows, "message": str(err).splitlines()[0] if str(err) else "out of memory"}
+
+
+def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any] | None = None,
+               progress: Any = None, ops: tuple | None = None) -> ReplayRun:
+    """Replay `trace` through the allocator `name` on a simulated device of `capacity` bytes."""
+    backend = SimulatedBackend(capacity)
+    alloc, limit = _make(name, trace, capacity, backend, options)
+    run = ReplayRun(name, limit)
+    idx, is_free, addrs, sizes, streams, times = ops if ops is not None else _ops(trace)
+    live: dict[int, tuple] = {}
+    rec_of: dict[int, int] = {}
+    try:
+        in_use = _start_state(alloc, trace, live)
+    except OutOfMemory as err:
+        run.oom = _oom_info(trace, -1, 0, err, live, alloc.bytes_in_use, backend.reserved, rec_of)
+        return run
+    run.setup_device_allocs = alloc.device_allocs
+    base_allocs, base_bytes, base_frees = alloc.device_allocs, alloc.device_alloc_bytes, alloc.device_frees
+    run.start_reserved_bytes = reserved = backend.reserved
+    peak_in, peak_res, peak_at, res_at_peak = in_use, reserved, -1, reserved
+    largest_at_peak = alloc._largest_free_block()
+    dirty = False
+    tl_in: list[int] = []
+    tl_res: list[int] = []
+    allocate, free = alloc._allocate, alloc._free
+    n = len(idx)
+    j = 0
+    t0 = time.perf_counter()
+    try:
+        for j in range(n):
+            if is_free[j]:
+                if dirty:   # the state right before the first free after a new peak is the peak
+                    largest_at_peak = alloc._largest_free_block()
+                    res_at_peak = backend.reserved
+                    dirty = False
+                entry = live.pop(addrs[j], None)
+                if entry is None:
+                    raise TraceError(f"{trace.source}: event {idx[j]} (free): free of unknown address {addrs[j]:#x}")
+                free(entry[0], entry[1], entry[2], entry[3])
+                in_use -= entry[1]
+            else:
+                rec = addrs[j]
+                if rec in live:
+                    raise TraceError(f"{trace.source}: event {idx[j]} (alloc): address {rec:#x} allocated twice without a free")
+                entry = allocate(sizes[j], 256, streams[j])
+                live[rec] = (entry[0], entry[1], entry[2], streams[j])
+                rec_of[rec] = idx[j]
+                in_use += entry[1]
+                if in_use > peak_in:
+                    peak_in, peak_at, dirty = in_use, j, True
+            reserved = backend.reserved
+            if reserved > peak_res:
+                peak_res = reserved
+            tl_in.append(in_use)
+            tl_res.append(reserved)
+            if progress is not None and not j & (_PROGRESS_STEP - 1):
+                progress(j)
+        j = n
+    except OutOfMemory as err:
+        alloc.bytes_in_use = in_use
+        run.oom = _oom_info(trace, idx[j], sizes[j], err, live, in_use, backend.reserved, rec_of)
+    run.seconds = time.perf_counter() - t0
+    if dirty:
+        largest_at_peak = alloc._largest_free_block()
+        res_at_peak = backend.reserved
+    run.events_replayed = j
+    run.peak_in_use_bytes, run.peak_reserved_bytes = peak_in, peak_res
+    run.peak_event_index = idx[peak_at] if peak_at >= 0 else -1
+    run.reserved_at_peak_bytes, run.largest_free_at_peak_bytes = res_at_peak, largest_at_peak
+    run.reserved_over_in_use = res_at_peak / peak_in if peak_in else 0.0
+    free_at_peak = res_at_peak - peak_in
+    run.xla_fragmentation = (free_at_peak - largest_at_peak) / free_at_peak if free_at_peak > 0 else 0.0
+    run.device_allocs = alloc.device_allocs - base_allocs
+    run.device_alloc_bytes = alloc.device_alloc_bytes - base_bytes
+    run.device_frees = alloc.device_frees - base_frees
+    run.final_reserved_bytes = backend.reserved
+    run.timeline = _downsample([idx[k] for k in range(len(tl_in))], times[:len(tl_in)], tl_in, tl_res, TIMELINE_POINTS)
+    return run
+
+
+def recorded_run(trace: Trace) -> RecordedRun | None:
+    """The recording allocator's own segment traffic in the window, or None without any."""
+    if trace.format != "torch-snapshot" and not any(e.action in ("segment_alloc", "segment_free") for e in trace.events):
+        return None
+    reserved = start = sum(s.size for s in trace.initial_segments)
+    in_use = sum(b.size for b in trace.initial_blocks if b.allocated)
+    peak = reserved
+    allocs = alloc_bytes = frees = free_bytes = 0
+    sizes: dict[int, int] = {}
+    ev, t, tin, tres = [], [], [], []
+    for i, e in enumerate(trace.events):
+        a = e.action
+        if a == "segment_alloc":
+            allocs += 1
+            alloc_bytes += e.size
+            reserved += e.size
+            peak = max(peak, reserved)
+        elif a == "segment_free":
+            frees += 1
+            free_bytes += e.size
+            reserved -= e.size
+        elif a == "alloc":
+            sizes[e.addr] = e.size
+            in_use += e.size
+        elif a == "free":
+            in_use -= sizes.pop(e.addr, e.size if e.size > 0 else 0)
+        else:
+            continue
+        ev.append(i)
+        t.append(e.time_us)
+        tin.append(in_use)
+        tres.append(reserved)
+    return RecordedRun(allocs, alloc_bytes, frees, free_bytes, start, peak, reserved,
+                       _downsample(ev, t, tin, tres, TIMELINE_POINTS))
+
+
+def replay(trace: Trace, allocators: list[str], *, capacity: int, progress: bool = True,
+           options: dict[str, dict[str, Any]] | None = None) -> ReplayReport:
+    """Replay `trace` through each allocator in `allocators` on a device of `capacity` bytes.
+
+    >>> from jaxmem.traces.model import Event, Trace
+    >>> t = Trace([Event("alloc", 1, 1024, requested=1000), Event("free", 1, 1024)])
+    >>> replay(t, ["caching"], capacity=1 << 30, progress=False).runs["caching"].device_alloc_bytes
+    2097152
+
+    Args:
+        trace: from `load_trace`.
+        allocators: names from ALLOCATORS ("caching", "caching-expandable", "bfc" at 75% of
+            capacity preallocated, "bfc-growth", "platform").
+        capacity: device bytes.
+        progress: a transient progress bar on stderr for long traces.
+        options: per-allocator extra options (e.g. {"caching": {"alloc_conf": "..."}}).
+    Returns:
+        A ReplayReport: one ReplayRun per allocator, and `recorded` for snapshot traces.
+    """
+    for name in allocators:
+        if name not in ALLOCATORS:
+            raise ConfigError(f"unknown allocator {name!r}; one of: {', '.join(ALLOCATORS)}")
+    ops = _ops(trace)
+    n = len(ops[0])
+    runs: dict[str, ReplayRun] = {}
+    show = progress and n >= PROGRESS_MIN_OPS
+    if show:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=Console(file=sys.stderr), transient=True) as bar:
+            for name in allocators:
+                task = bar.add_task(f"replay {name}", total=n)
+                runs[name] = replay_one(trace, name, capacity=capacity, options=(options or {}).get(name),
+                                        ops=ops, progress=lambda j, task=task: bar.update(task, completed=j))
+                bar.update(task, completed=n)
+    else:
+        for name in allocators:
+            runs[name] = replay_one(trace, name, capacity=capacity, options=(options or {}).get(name), ops=ops)
+    settings = ""
+    if trace.allocator_settings:
+        from jaxmem.runtime.caching_config import config_from_settings
+
+        settings = config_from_settings(trace.allocator_settings).describe()
+    return ReplayReport(trace.source, trace.format, capacity, n, runs, recorded_run(trace), settings)

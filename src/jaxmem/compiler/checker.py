@@ -1,0 +1,214 @@
+"""The plan checker: proves a `Plan` is safe to run, from the plan's own data only.
+
+It re-derives everything from the schedule and the buffers rather than trusting the planner's
+intermediate tables: no two buffers live at the same time overlap in address; every value a step
+reads (directly, or through a fused operand it recomputes) is live and intact at that step, that
+is, no other value was written into its buffer between its definition and that read; outputs
+survive to the end; offsets and sizes are 256-aligned; the arena covers every buffer; the
+schedule is topological; loop scratch exists; the peak and lower bound add up.
+
+    >>> problems = check_plan(plan)
+    >>> problems == []      # valid
+    True
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from jaxmem.compiler.aliasing import is_view
+from jaxmem.compiler.plan_types import Const, Plan
+
+ALIGNMENT = 256
+MAX_PROBLEMS = 50
+
+
+def check_plan(plan: Plan) -> list[str]:
+    """Every way the plan is unsafe, one line each; an empty list means valid.
+
+    **Arguments:** `plan`, as `plan_jaxpr` returns it.
+
+    **Returns:** a list of problems (at most 50 are listed).
+    """
+    problems: list[str] = []
+
+    def bad(msg: str) -> None:
+        if len(problems) < MAX_PROBLEMS:
+            problems.append(msg)
+
+    n = len(plan.schedule)
+    _check_buffers(plan, n, bad)
+    _check_overlap(plan, bad)
+    for i, step in enumerate(plan.schedule):
+        if step.index != i:
+            bad(f"step at position {i} says index {step.index}")
+    # Where and how each value is defined.
+    def_pos: dict[int, int] = {}
+    for vid, info in plan.values.items():
+        if info.producer is None:
+            def_pos[vid] = -1
+        else:
+            def_pos[vid] = info.producer
+            if not 0 <= info.producer < n:
+                bad(f"value {vid}: producer step {info.producer} outside the schedule")
+            elif vid not in [v for v in plan.schedule[info.producer].outputs]:
+                bad(f"value {vid}: step {info.producer} does not output it")
+        if info.buffer is not None:
+            if not 0 <= info.buffer < len(plan.buffers):
+                bad(f"value {vid}: no buffer {info.buffer}")
+                continue
+            buf = plan.buffers[info.buffer]
+            if vid not in buf.values:
+                bad(f"value {vid}: buffer {buf.id} does not list it")
+            if info.nbytes > buf.size:
+                bad(f"value {vid}: {info.nbytes} bytes do not fit buffer {buf.id} of {buf.size}")
+            if not buf.start <= def_pos[vid] <= buf.end:
+                bad(f"value {vid}: defined at {def_pos[vid]} outside buffer {buf.id} [{buf.start}, {buf.end}]")
+    for buf in plan.buffers:
+        for vid in buf.values:
+            info = plan.values.get(vid)
+            if info is None or info.buffer != buf.id:
+                bad(f"buffer {buf.id} lists value {vid} that is not stored there")
+    donated = set(plan.donated)
+    for k, vid in enumerate(plan.invars):
+        info = plan.values[vid]
+        if info.producer is not None:
+            bad(f"argument {k} has a producer")
+        if (k in donated) != (info.buffer is not None):
+            bad(f"argument {k}: donated={k in donated} but buffer={info.buffer}")
+        if info.buffer is not None and plan.buffers[info.buffer].start != -1:
+            bad(f"donated argument {k}: buffer does not start on entry")
+
+    writers = _writers(plan, def_pos)
+    fused_inputs: dict[int, list[int]] = {}
+    for i, step in enumerate(plan.schedule):
+        outs = [v for v in step.outputs if v is not None]
+        all_fused = bool(outs) and all(plan.values[v].buffer is None for v in outs)
+        if step.fused != all_fused:
+            bad(f"step {i} ({step.primitive}): fused={step.fused} but outputs fused={all_fused}")
+        if not all_fused and any(plan.values[v].buffer is None for v in outs):
+            bad(f"step {i} ({step.primitive}): some outputs stored and some fused")
+        for v in step.inputs:
+            if v not in plan.values:
+                bad(f"step {i} ({step.primitive}) reads unknown value {v}")
+            elif def_pos[v] >= i:
+                bad(f"step {i} ({step.primitive}) reads value {v} defined later, at {def_pos[v]}")
+        if step.scratch_bytes > 0 and not any(
+            b.kind == "scratch" and b.start <= i <= b.end and b.size >= step.scratch_bytes for b in plan.buffers
+            if b.start == i
+        ):
+            bad(f"step {i} ({step.primitive}): no scratch buffer of {step.scratch_bytes} bytes")
+        if all_fused:
+            continue
+        for v in _stored_reads(plan, step.inputs, fused_inputs):
+            _check_read(plan, v, i, def_pos, writers, bad, f"step {i} ({step.primitive})")
+    for k, v in enumerate(plan.outvars):
+        if v is None:
+            continue
+        info = plan.values[v]
+        if info.buffer is None:
+            if info.producer is not None:
+                bad(f"output {k} (value {v}) is fused: it would never be stored")
+            continue
+        buf = plan.buffers[info.buffer]
+        if buf.end != n:
+            bad(f"output {k} (value {v}): buffer {buf.id} ends at {buf.end}, before the exit")
+        _check_read(plan, v, n, def_pos, writers, bad, f"output {k}")
+
+    external = sum(plan.values[v].nbytes for v in dict.fromkeys(plan.invars) if plan.values[v].buffer is None)
+    if plan.peak_bytes != external + plan.arena_bytes:
+        bad(f"peak {plan.peak_bytes} != non-donated arguments {external} + arena {plan.arena_bytes}")
+    live = _max_live(plan, n)
+    if plan.lower_bound_bytes != external + live:
+        bad(f"lower bound {plan.lower_bound_bytes} != arguments {external} + max live {live}")
+    if plan.lower_bound_bytes > plan.peak_bytes:
+        bad(f"lower bound {plan.lower_bound_bytes} above the peak {plan.peak_bytes}")
+    return problems
+
+
+def _check_buffers(plan: Plan, n: int, bad) -> None:
+    for k, buf in enumerate(plan.buffers):
+        if buf.id != k:
+            bad(f"buffer at position {k} has id {buf.id}")
+        if buf.offset % ALIGNMENT or buf.size % ALIGNMENT:
+            bad(f"buffer {buf.id}: offset {buf.offset} / size {buf.size} not {ALIGNMENT}-aligned")
+        if buf.offset < 0 or buf.offset + buf.size > plan.arena_bytes:
+            bad(f"buffer {buf.id} [{buf.offset}, {buf.offset + buf.size}) outside the arena of {plan.arena_bytes}")
+        if not -1 <= buf.start <= buf.end <= n:
+            bad(f"buffer {buf.id}: bad live range [{buf.start}, {buf.end}]")
+
+
+def _check_overlap(plan: Plan, bad) -> None:
+    bufs = [b for b in plan.buffers if b.size > 0]
+    if len(bufs) < 2:
+        return
+    start = np.array([b.start for b in bufs], np.int64)
+    end = np.array([b.end for b in bufs], np.int64)
+    lo = np.array([b.offset for b in bufs], np.int64)
+    hi = lo + np.array([b.size for b in bufs], np.int64)
+    for i in range(len(bufs) - 1):
+        clash = (start[i + 1:] <= end[i]) & (end[i + 1:] >= start[i]) & (lo[i + 1:] < hi[i]) & (hi[i + 1:] > lo[i])
+        for j in np.nonzero(clash)[0][:3]:
+            a, b = bufs[i], bufs[i + 1 + int(j)]
+            bad(f"buffers {a.id} and {b.id} are live together and overlap in address")
+
+
+def _writers(plan: Plan, def_pos: dict[int, int]) -> dict[int, list[int]]:
+    """Per buffer, the sorted positions at which a value is written into it (views write nothing)."""
+    out: dict[int, list[int]] = {}
+    for vid, info in plan.values.items():
+        if info.buffer is None or info.producer is None:
+            continue
+        step = plan.schedule[info.producer]
+        if is_view(step.primitive, step.eqn.params if step.eqn is not None else None):
+            src = step.inputs[0] if step.inputs else None
+            if src is not None and plan.values[src].buffer == info.buffer:
+                continue
+        out.setdefault(info.buffer, []).append(def_pos[vid])
+    for positions in out.values():
+        positions.sort()
+    return out
+
+
+def _stored_reads(plan: Plan, inputs: list[int], memo: dict[int, list[int]]) -> list[int]:
+    """Values really read from memory: fused operands are replaced by what they are computed from."""
+    result: dict[int, None] = {}
+    for v in inputs:
+        info = plan.values.get(v)
+        if info is None:
+            continue
+        if info.buffer is None and info.producer is not None:
+            got = memo.get(v)
+            if got is None:
+                got = _stored_reads(plan, plan.schedule[info.producer].inputs, memo)
+                memo[v] = got
+            for w in got:
+                result[w] = None
+        else:
+            result[v] = None
+    return list(result)
+
+
+def _check_read(plan: Plan, v: int, i: int, def_pos, writers, bad, who: str) -> None:
+    info = plan.values[v]
+    if info.buffer is None:
+        return  # a non-donated argument: caller's memory, always live and never written
+    buf = plan.buffers[info.buffer]
+    if not buf.start <= i <= buf.end:
+        bad(f"{who} reads value {v} but buffer {buf.id} is live only [{buf.start}, {buf.end}]")
+        return
+    positions = writers.get(buf.id, [])
+    d = def_pos[v]
+    k = bisect.bisect_right(positions, d)
+    if k < len(positions) and positions[k] < i:
+        bad(f"{who} reads value {v}, overwritten at step {positions[k]} in buffer {buf.id}")
+
+
+def _max_live(plan: Plan, n: int) -> int:
+    diff = np.zeros(n + 3, np.int64)
+    for b in plan.buffers:
+        diff[b.start + 1] += b.size
+        diff[b.end + 2] -= b.size
+    return int(np.cumsum(diff).max()) if plan.buffers else 0

@@ -1,0 +1,179 @@
+"""The fusion model: which intermediates XLA-style fusion never stores.
+
+A fused value has no buffer; the executor computes it as a transient right before each of its
+consumers runs, so the fused value's own inputs must stay live until its last consumer. That
+is the cost: fusing a cheap elementwise/broadcast producer removes its bytes from memory, but
+may keep its (possibly large) inputs alive longer. `choose_fusion` decides value by value, in
+program order, by the effect on the peak of the live-bytes profile under a given schedule.
+
+    >>> fused = choose_fusion(graph, order, external, outputs, forced_fusion(graph, external, outputs))
+    >>> reads = expanded_reads(graph, fused)   # what each op really reads once fusion is applied
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxmem.compiler.aliasing import FUSIBLE_CONSUMERS, FUSIBLE_PRODUCERS, is_view
+from jaxmem.compiler.graph import Graph
+
+MAX_FUSED_CONSUMERS = 8  # beyond this, recomputing a fused value at every consumer is too dear
+
+
+def align(nbytes: int) -> int:
+    """Bytes rounded up to the arena's 256-byte granularity."""
+    return (nbytes + 255) & ~255
+
+
+def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[bool]:
+    """Views of values with no arena buffer (non-donated arguments, other such views) need no
+    storage of their own: they are fused unconditionally (unless they are program outputs)."""
+    fused = [False] * g.num_values
+    for op in g.ops:
+        if not is_view(op.primitive, op.eqn.params) or len(op.outputs) != 1:
+            continue
+        out = op.outputs[0]
+        src = op.inputs[0] if op.inputs else None
+        if out is None or src is None or outputs[out]:
+            continue
+        if external[src] or fused[src]:
+            fused[out] = True
+    # An unused value (not an output) needs no storage at all.
+    for op in g.ops:
+        for v in op.outputs:
+            if v is not None and not g.users[v] and not outputs[v] and not op.eqn.effects:
+                if _fusible_producer(op) and len(op.outputs) == 1:
+                    fused[v] = True
+    return fused
+
+
+def _fusible_producer(op) -> bool:
+    if op.primitive not in FUSIBLE_PRODUCERS:
+        return False
+    if op.primitive == "reshape" and op.eqn.params.get("dimensions") is not None:
+        return False
+    return True
+
+
+def expanded_inputs(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
+    """The stored values a fused value `v` is computed from (through chains of fused values)."""
+    got = memo.get(v)
+    if got is not None:
+        return got
+    result: dict[int, None] = {}
+    for u in g.ops[g.producer[v]].inputs:
+        if fused[u]:
+            for w in expanded_inputs(g, fused, memo, u):
+                result[w] = None
+        else:
+            result[u] = None
+    got = list(result)
+    memo[v] = got
+    return got
+
+
+def expanded_reads(g: Graph, fused: list[bool]) -> list[list[int]]:
+    """Per op, the stored values it reads once fused operands are computed inside it.
+    An op all of whose outputs are fused reads nothing itself (its consumers do)."""
+    memo: dict[int, list[int]] = {}
+    reads: list[list[int]] = []
+    for op in g.ops:
+        outs = [v for v in op.outputs if v is not None]
+        if outs and all(fused[v] for v in outs):
+            reads.append([])
+            continue
+        result: dict[int, None] = {}
+        for u in op.inputs:
+            if fused[u]:
+                for w in expanded_inputs(g, fused, memo, u):
+                    result[w] = None
+            else:
+                result[u] = None
+        reads.append(list(result))
+    return reads
+
+
+def choose_fusion(
+    g: Graph,
+    order: list[int],
+    external: list[bool],
+    outputs: list[bool],
+    base: list[bool],
+) -> list[bool]:
+    """Fuse cheap producers one by one where the peak of live bytes does not rise.
+
+    **Arguments:** the graph, a schedule (op indices), which values live outside the arena,
+    which are program outputs, and the fusion already forced (`forced_fusion`).
+
+    **Returns:** per value, True when it is fused (kept out of memory).
+    """
+    fused = list(base)
+    n = len(order)
+    pos = [0] * len(g.ops)
+    for p, oi in enumerate(order):
+        pos[oi] = p
+    reads = expanded_reads(g, fused)
+    size = [align(b) for b in g.nbytes]
+    last = [-1] * g.num_values
+    start = [-1] * g.num_values
+    for v in range(g.num_values):
+        p = g.producer[v]
+        if p >= 0:
+            start[v] = last[v] = pos[p]
+    for p, oi in enumerate(order):
+        for u in reads[oi]:
+            last[u] = p
+    for v in range(g.num_values):
+        if outputs[v]:
+            last[v] = n
+    # Live-bytes profile over positions -1..n (shifted by one), values counted individually.
+    diff = np.zeros(n + 3, dtype=np.int64)
+    for v in range(g.num_values):
+        if external[v] or fused[v] or g.producer[v] == -2 or size[v] == 0:
+            continue
+        diff[start[v] + 1] += size[v]
+        diff[last[v] + 2] -= size[v]
+    live = np.cumsum(diff)[: n + 2]
+    peak = int(live.max()) if len(live) else 0
+    memo: dict[int, list[int]] = {}
+    for oi in order:
+        op = g.ops[oi]
+        if len(op.outputs) != 1 or op.outputs[0] is None or not _fusible_producer(op):
+            continue
+        v = op.outputs[0]
+        if fused[v] or outputs[v] or len(g.users[v]) > MAX_FUSED_CONSUMERS:
+            continue
+        if any(g.ops[c].primitive not in FUSIBLE_CONSUMERS for c in g.users[v]):
+            continue
+        ins = _inputs_now(g, fused, memo, v)
+        end = last[v]
+        lo, hi = start[v] + 1, end + 1
+        window = live[lo: hi + 1].copy()
+        window -= size[v]
+        grow = []
+        for u in ins:
+            if external[u] or last[u] >= end:
+                continue
+            window[max(last[u] + 2 - lo, 0):] += size[u]
+            grow.append(u)
+        if window.size and int(window.max()) > peak:
+            continue
+        fused[v] = True
+        live[lo: hi + 1] -= size[v]
+        for u in grow:
+            live[last[u] + 2: hi + 1] += size[u]
+            last[u] = end
+        peak = int(live.max())  # fusing may have lowered it
+    return fused
+
+
+def _inputs_now(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
+    """Stored inputs of v if it were fused now (its inputs' fusion is already final)."""
+    result: dict[int, None] = {}
+    for u in g.ops[g.producer[v]].inputs:
+        if fused[u]:
+            for w in expanded_inputs(g, fused, memo, u):
+                result[w] = None
+        else:
+            result[u] = None
+    return list(result)

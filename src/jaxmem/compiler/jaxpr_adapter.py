@@ -1,0 +1,179 @@
+"""The one module that touches JAX's jaxpr classes: tracing, atoms, sizes, nested jaxprs, sources.
+
+JAX renames and merges these classes between releases, so everything else in jaxmem asks this
+module instead of importing `jax.extend.core` or `jax._src` itself.
+
+    >>> closed = trace(lambda x: x * 2, (np.ones(3, np.float32),), {})
+    >>> [eqn_name(e) for e in closed.jaxpr.eqns]
+    ['mul']
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.extend import core as jcore
+
+from jaxmem.compiler.plan_types import SourceLine
+
+# Call-like primitives whose body the planner inlines into the caller's schedule. The name
+# changed over releases (pjit -> jit, checkpoint -> remat2), so every spelling is listed.
+CALL_PRIMITIVES = frozenset({
+    "pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+    "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "custom_lin_call",
+})
+LOOP_PRIMITIVES = frozenset({"scan", "while", "cond"})
+
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
+_SKIP_DIRS = tuple(
+    d for d in (
+        _JAX_DIR,
+        os.path.join(os.path.dirname(_JAX_DIR), "jaxlib"),
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # jaxmem itself
+    )
+)
+
+
+def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Trace `fn(*args, **kwargs)` to a ClosedJaxpr; keyword arguments are closed over.
+
+    **Arguments:** `fn`, the positional `args` (pytrees of arrays), `kwargs` (static or arrays).
+
+    **Returns:** the ClosedJaxpr whose invars are the flattened positional arguments.
+    """
+    target = functools.partial(fn, **kwargs) if kwargs else fn
+    return jax.make_jaxpr(target)(*args)
+
+
+def flat_arg_counts(args: Sequence[Any]) -> list[int]:
+    """Number of flattened leaves in each positional argument (to map donate_argnums)."""
+    return [len(jax.tree_util.tree_leaves(a)) for a in args]
+
+
+def is_closed_jaxpr(obj: Any) -> bool:
+    return isinstance(obj, jcore.ClosedJaxpr)
+
+
+def is_literal(atom: Any) -> bool:
+    return isinstance(atom, jcore.Literal)
+
+
+def literal_value(atom: Any) -> Any:
+    return atom.val
+
+
+def is_dropvar(var: Any) -> bool:
+    return isinstance(var, jcore.DropVar)
+
+
+def eqn_name(eqn: Any) -> str:
+    return eqn.primitive.name
+
+
+def aval_shape_dtype(atom: Any) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype name, bytes) of a variable or literal; tokens and refs without data are 0 bytes."""
+    aval = atom.aval
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return (), type(aval).__name__, 0
+    shape = tuple(int(d) if isinstance(d, (int, np.integer)) else 0 for d in shape)
+    try:
+        itemsize = int(dtype.itemsize)
+    except (AttributeError, TypeError):
+        itemsize = 4  # an extended dtype we cannot size: assume one 32-bit word per element
+    count = 1
+    for d in shape:
+        count *= d
+    return shape, str(dtype), count * itemsize
+
+
+def split_closed(obj: Any) -> tuple[Any, list[Any]]:
+    """(open jaxpr, consts) of a ClosedJaxpr or an open Jaxpr."""
+    if isinstance(obj, jcore.ClosedJaxpr):
+        return obj.jaxpr, list(obj.consts)
+    return obj, []
+
+
+def call_body(eqn: Any) -> tuple[Any, list[Any]] | None:
+    """The (jaxpr, consts) a call-like equation runs on its operands, or None if it is not one.
+
+    The body's invars line up with the equation's invars, its outvars with the outvars.
+    """
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return None
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        body = eqn.params.get(key)
+        if isinstance(body, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+            jaxpr, consts = split_closed(body)
+            if len(jaxpr.invars) == len(eqn.invars) and len(jaxpr.outvars) == len(eqn.outvars):
+                return jaxpr, consts
+    return None
+
+
+def loop_bodies(eqn: Any) -> list[Any]:
+    """The ClosedJaxprs a scan/while/cond equation runs (scan: [body]; while: [cond, body];
+    cond: its branches)."""
+    name = eqn.primitive.name
+    if name == "scan":
+        return [eqn.params["jaxpr"]]
+    if name == "while":
+        return [eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]]
+    if name == "cond":
+        return list(eqn.params["branches"])
+    return []
+
+
+def as_closed(obj: Any) -> Any:
+    """A ClosedJaxpr for an open Jaxpr (no consts) or the ClosedJaxpr itself."""
+    if isinstance(obj, jcore.ClosedJaxpr):
+        return obj
+    return jcore.ClosedJaxpr(obj, [])
+
+
+def nested_jaxprs(eqn: Any) -> list[Any]:
+    """Every jaxpr (open) found in an equation's parameters, for counting and discovery."""
+    return [split_closed(j)[0] for j in jcore.jaxprs_in_params(eqn.params)]
+
+
+def scan_counts(eqn: Any) -> tuple[int, int]:
+    """(num_consts, num_carry) of a scan equation."""
+    return int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
+
+
+def while_counts(eqn: Any) -> tuple[int, int]:
+    """(cond_nconsts, body_nconsts) of a while equation."""
+    return int(eqn.params["cond_nconsts"]), int(eqn.params["body_nconsts"])
+
+
+@functools.lru_cache(maxsize=4096)
+def _skip_file(filename: str) -> bool:
+    if not filename or filename.startswith("<frozen"):
+        return True
+    path = os.path.abspath(filename) if not filename.startswith("<") else filename
+    return path.startswith(_SKIP_DIRS)
+
+
+def source_line(eqn: Any) -> SourceLine | None:
+    """The user's frame that made this equation: the innermost outside jax/, jaxlib/ and jaxmem/."""
+    info = getattr(eqn, "source_info", None)
+    tb = getattr(info, "traceback", None)
+    if tb is None:
+        return None
+    try:
+        codes, lastis = tb.raw_frames()
+    except (AttributeError, TypeError):
+        return None
+    for code, lasti in zip(codes, lastis):
+        if _skip_file(code.co_filename):
+            continue
+        try:
+            line = int(tb.code_addr2line(code, lasti))
+        except (AttributeError, TypeError, ValueError):
+            line = code.co_firstlineno
+        return SourceLine(code.co_filename, line, code.co_name)
+    return None

@@ -1,0 +1,270 @@
+"""Plan a JAX function's device memory from its jaxpr: schedule, fuse, alias, place, check.
+
+The pipeline, one module per step: `graph` (values and ops, calls inlined) -> `schedule`
+(several orders) -> `fusion` (what is never stored) -> `liveness` (buffer groups and intervals,
+with `aliasing`'s rules) -> `placement` (offsets) -> `checker` (the verdict). Every candidate
+schedule is scored by its live bytes; the best one is placed.
+
+    >>> p = plan(lambda x, w: jnp.tanh(x @ w).sum(), jnp.ones((64, 64)), jnp.ones((64, 64)))
+    >>> p.valid, p.peak_bytes >= p.lower_bound_bytes
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.compiler.aliasing import storage_rule
+from jaxmem.compiler.checker import check_plan
+from jaxmem.compiler.fusion import align, choose_fusion, expanded_reads, forced_fusion
+from jaxmem.compiler.graph import Graph, build_graph
+from jaxmem.compiler.liveness import Liveness, assign_buffers
+from jaxmem.compiler.placement import place
+from jaxmem.compiler.plan_types import Const, PlannedBuffer, Plan, Step, ValueInfo
+from jaxmem.compiler.schedule import dfs_schedule, list_schedule, program_order
+from jaxmem.errors import PlanError
+
+_CATEGORY = {"argument": "parameters", "output": "outputs", "temp": "temporaries", "scratch": "temporaries"}
+
+
+def plan(
+    fn: Callable,
+    *args: Any,
+    donate_argnums: int | Sequence[int] = (),
+    xla: bool = True,
+    **kwargs: Any,
+) -> Plan:
+    """Trace `fn(*args, **kwargs)` and plan its memory.
+
+    >>> p = plan(step, params, batch, donate_argnums=(0,))
+    >>> p.peak_bytes, p.lower_bound_bytes, p.xla.total_bytes
+
+    **Arguments:** `fn` and its example `args` (pytrees of arrays); `donate_argnums`, positional
+    arguments whose buffers outputs may take over; `xla`, also compile with XLA here and record
+    its `memory_analysis()` in `Plan.xla`; keyword arguments are passed to `fn` (closed over).
+
+    **Returns:** a checked `Plan` (`plan.valid` is the checker's verdict).
+    """
+    if isinstance(donate_argnums, int):
+        donate_argnums = (donate_argnums,)
+    donate_argnums = tuple(donate_argnums)
+    for k in donate_argnums:
+        if not isinstance(k, int) or isinstance(k, bool) or not -len(args) <= k < len(args):
+            raise PlanError(f"donate_argnums {donate_argnums!r}: {k!r} is not a positional argument index (0..{len(args) - 1})")
+    wanted = {k % len(args) for k in donate_argnums}
+    start = time.perf_counter()
+    try:
+        closed = ja.trace(fn, args, kwargs)
+    except Exception as err:  # the user's function failed to trace: say so in one line
+        raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+    donated: list[bool] = []
+    for k, count in enumerate(ja.flat_arg_counts(args)):
+        donated += [k in wanted] * count
+    result = plan_jaxpr(closed, donated=donated)
+    result.plan_seconds = time.perf_counter() - start
+    if xla:
+        result.xla = _xla_reference(fn, args, donate_argnums, kwargs)
+    return result
+
+
+def _xla_reference(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int, ...], kwargs: dict) -> Any:
+    try:
+        from jaxmem.compiler.xla import xla_reference
+    except ImportError:
+        return None
+    return xla_reference(fn, args, donate_argnums=donate_argnums, kwargs=kwargs)
+
+
+def plan_jaxpr(
+    closed_jaxpr: Any,
+    *,
+    donated: Sequence[bool] = (),
+    fusion: bool = True,
+    inplace: bool = True,
+    schedulers: Sequence[str] = ("program", "list", "list_late", "dfs", "dfs_reverse"),
+    check: bool = True,
+) -> Plan:
+    """Plan a ClosedJaxpr (as `jax.make_jaxpr` makes it).
+
+    >>> p = plan_jaxpr(jax.make_jaxpr(f)(x, y), donated=[True, False])
+
+    **Arguments:** `closed_jaxpr`; `donated`, one flag per flat input (missing: not donated);
+    `fusion`/`inplace` switch those models off (for comparison); `schedulers`, which orders to
+    try; `check`, run the checker (sets `Plan.valid`).
+
+    **Returns:** the `Plan` for the schedule with the fewest live bytes.
+    """
+    start = time.perf_counter()
+    g = build_graph(closed_jaxpr)
+    flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
+    if len(flags) > len(g.invars):
+        raise PlanError(f"{len(donated)} donation flags for {len(g.invars)} inputs")
+    nv = g.num_values
+    is_donated = [False] * nv
+    external = [False] * nv
+    for v, d in zip(g.invars, flags):
+        is_donated[v] = is_donated[v] or bool(d)
+    for v in g.invars:
+        external[v] = not is_donated[v]
+    outputs = [False] * nv
+    for v in g.outvars:
+        if not isinstance(v, Const):
+            outputs[v] = True
+    unknown: set[str] = set()
+    scratch = _loop_scratch(g, unknown)
+    for op in g.ops:
+        if storage_rule(op.primitive) == "unknown":
+            unknown.add(op.primitive)
+
+    base = forced_fusion(g, external, outputs)
+
+    def evaluate(order: list[int]) -> tuple[int, list[bool], list[list[int]], Liveness]:
+        fused = choose_fusion(g, order, external, outputs, base) if fusion else base
+        reads = expanded_reads(g, fused)
+        live = assign_buffers(g, order, fused, reads, scratch, external, outputs, is_donated, inplace)
+        if fusion:  # fusion can cost in-place opportunities; keep it only where it pays
+            reads0 = expanded_reads(g, base)
+            live0 = assign_buffers(g, order, base, reads0, scratch, external, outputs, is_donated, inplace)
+            if live0.peak < live.peak:
+                return live0.peak, base, reads0, live0
+        return live.peak, fused, reads, live
+
+    prog = program_order(g)
+    results: dict[str, tuple[list[int], tuple[int, list[bool], list[list[int]], Liveness]]] = {}
+    results["program"] = (prog, evaluate(prog))
+    _, fused0, reads0, _ = results["program"][1]
+    out_order = [v for v in g.outvars if not isinstance(v, Const)]
+    makers: dict[str, Callable[[], list[int]]] = {
+        "list": lambda: list_schedule(g, reads0, fused0, external, outputs, scratch),
+        "list_late": lambda: list_schedule(g, reads0, fused0, external, outputs, scratch, prefer_late=True),
+        "dfs": lambda: dfs_schedule(g, fused0, out_order),
+        "dfs_reverse": lambda: dfs_schedule(g, fused0, out_order, reverse_roots=True),
+    }
+    for name in schedulers:
+        if name in results or name not in makers:
+            continue
+        order = makers[name]()
+        results[name] = (order, evaluate(order))
+    best_name = min(results, key=lambda k: (results[k][1][0], k != "program"))
+    order, (peak, fused, reads, live) = results[best_name]
+    prog_peak = results["program"][1][0]
+
+    buffers_in = [(iv.start, iv.end, iv.size) for iv in live.intervals]
+    offsets, arena, placement_name = place(buffers_in, stop_at=live.peak)
+    result = _build_plan(g, closed_jaxpr, order, fused, live, offsets, arena, flags, scratch,
+                         external, prog_peak)
+    result.scheduler = best_name
+    result.placement = placement_name
+    result.unknown_primitives = sorted(unknown)
+    result.extra["schedule_peaks"] = {k: v[1][0] for k, v in results.items()}
+    result.extra["fused_values"] = sum(1 for v in range(nv) if fused[v])
+    result.plan_seconds = time.perf_counter() - start
+    if check:
+        problems = check_plan(result)
+        result.valid = not problems
+        result.extra["problems"] = problems
+    return result
+
+
+def _loop_scratch(g: Graph, unknown: set[str]) -> dict[int, int]:
+    """Bytes of each loop/cond body's own temporaries, planned recursively (bodies planned once)."""
+    cache: dict[int, Plan] = {}
+
+    def body_arena(closed: Any) -> int:
+        key = id(closed)
+        sub = cache.get(key)
+        if sub is None:
+            sub = plan_jaxpr(ja.as_closed(closed), check=False)
+            cache[key] = sub
+            unknown.update(sub.unknown_primitives)
+        return sub.arena_bytes
+
+    scratch: dict[int, int] = {}
+    for op in g.ops:
+        bodies = ja.loop_bodies(op.eqn) if op.primitive in ja.LOOP_PRIMITIVES else []
+        if bodies:
+            scratch[op.index] = max(body_arena(b) for b in bodies)
+        elif storage_rule(op.primitive) in ("unknown", "fresh"):
+            # Opaque primitives with their own jaxprs (custom_linear_solve, ...) get the largest
+            # of them as scratch, conservatively.
+            subs = ja.nested_jaxprs(op.eqn)
+            if subs:
+                scratch[op.index] = max(body_arena(ja.as_closed(s)) for s in subs)
+    return scratch
+
+
+def _build_plan(
+    g: Graph,
+    closed_jaxpr: Any,
+    order: list[int],
+    fused: list[bool],
+    live: Liveness,
+    offsets: list[int],
+    arena: int,
+    flags: list[bool],
+    scratch: dict[int, int],
+    external: list[bool],
+    prog_peak: int,
+) -> Plan:
+    n = len(order)
+    pos = [0] * len(g.ops)
+    for p, oi in enumerate(order):
+        pos[oi] = p
+    steps: list[Step] = []
+    for p, oi in enumerate(order):
+        op = g.ops[oi]
+        outs = [v for v in op.outputs if v is not None]
+        steps.append(Step(
+            index=p, eqn=op.eqn, primitive=op.primitive, operands=list(op.operands),
+            outputs=list(op.outputs), fused=bool(outs) and all(fused[v] for v in outs),
+            scratch_bytes=scratch.get(oi, 0), source=op.source,
+        ))
+    values: dict[int, ValueInfo] = {}
+    for v in range(g.num_values):
+        prod = g.producer[v]
+        if prod == -2:
+            continue  # made by dead code that was dropped
+        gid = live.group[v]
+        values[v] = ValueInfo(v, g.shapes[v], g.dtypes[v], g.nbytes[v],
+                              None if prod < 0 else pos[prod], gid if gid >= 0 else None, g.sources[v])
+    buffers: list[PlannedBuffer] = []
+    for iv in live.intervals:
+        members = sorted(iv.members, key=lambda v: -1 if g.producer[v] < 0 else pos[g.producer[v]])
+        root = members[0] if members else None
+        if root is None:
+            op = g.ops[iv.op]
+            label, shape, dtype, source = f"{op.primitive} scratch", (), "", op.source
+        else:
+            prod = g.producer[root]
+            label = "argument" if prod < 0 else g.ops[prod].primitive
+            shape, dtype, source = g.shapes[root], g.dtypes[root], g.sources[root]
+        buffers.append(PlannedBuffer(
+            id=iv.id, offset=offsets[iv.id], size=iv.size, start=iv.start, end=iv.end,
+            values=members, kind=iv.kind, category=_CATEGORY.get(iv.kind, "temporaries"),
+            shape=shape, dtype=dtype, source=source, label=label,
+        ))
+    external_bytes = sum(g.nbytes[v] for v in dict.fromkeys(g.invars) if external[v])
+    output_bytes = 0
+    for v in g.outvars:
+        output_bytes += int(np.asarray(v.value).nbytes) if isinstance(v, Const) else g.nbytes[v]
+    return Plan(
+        peak_bytes=external_bytes + arena,
+        arena_bytes=arena,
+        argument_bytes=sum(g.nbytes[v] for v in g.invars),
+        output_bytes=output_bytes,
+        lower_bound_bytes=external_bytes + live.peak,
+        program_order_lower_bound_bytes=external_bytes + prog_peak,
+        schedule=steps,
+        buffers=buffers,
+        values=values,
+        invars=list(g.invars),
+        outvars=[None if isinstance(v, Const) else v for v in g.outvars],
+        donated=tuple(k for k, d in enumerate(flags) if d),
+        num_eqns=g.num_eqns,
+        closed_jaxpr=closed_jaxpr,
+        var_ids=dict(g.var_ids),
+    )

@@ -1,0 +1,182 @@
+"""Schedulers: orders of the ops that respect data dependencies, aiming at few live bytes.
+
+A schedule is a list of op indices. Three families, in the spirit of XLA's hlo_memory_scheduler:
+the program's own order; a list scheduler that greedily runs the ready op freeing the most
+bytes net of what it allocates; and a depth-first post-order from the outputs that visits the
+operand with more extra users / larger subgraph first. The planner scores each by its live
+bytes and keeps the best.
+
+    >>> order = list_schedule(graph, reads, fused, external, outputs)
+    >>> sorted(order) == list(range(len(graph.ops)))
+    True
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from jaxmem.compiler.aliasing import is_view
+from jaxmem.compiler.fusion import align
+from jaxmem.compiler.graph import Graph
+
+
+def program_order(g: Graph) -> list[int]:
+    """The order the program itself wrote its equations in."""
+    return list(range(len(g.ops)))
+
+
+def _producers(g: Graph, oi: int) -> list[int]:
+    return list({g.producer[u] for u in g.ops[oi].inputs if g.producer[u] >= 0})
+
+
+def _alloc_bytes(g: Graph, oi: int, fused: list[bool], external: list[bool]) -> int:
+    op = g.ops[oi]
+    if is_view(op.primitive, op.eqn.params) and op.inputs and not external[op.inputs[0]]:
+        return 0
+    return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
+
+
+def list_schedule(
+    g: Graph,
+    reads: list[list[int]],
+    fused: list[bool],
+    external: list[bool],
+    outputs: list[bool],
+    scratch: dict[int, int] | None = None,
+    prefer_late: bool = False,
+) -> list[int]:
+    """Greedy list scheduling: always run the ready op with the best bytes-freed minus
+    bytes-allocated; ties go to the earliest op in program order (latest with `prefer_late`).
+
+    **Arguments:** the graph, per-op stored reads, per-value flags (fused, external, output),
+    loop scratch bytes per op.
+
+    **Returns:** a topological order of all ops.
+    """
+    nops = len(g.ops)
+    scratch = scratch or {}
+    readers: list[list[int]] = [[] for _ in range(g.num_values)]
+    for oi in range(nops):
+        for u in reads[oi]:
+            readers[u].append(oi)
+    remaining = [len(r) for r in readers]
+    freeable = [not external[v] and not outputs[v] for v in range(g.num_values)]
+    size = [align(b) for b in g.nbytes]
+    alloc = [_alloc_bytes(g, oi, fused, external) + scratch.get(oi, 0) // 4 for oi in range(nops)]
+    free_op = [not reads[oi] and alloc[oi] == 0 for oi in range(nops)]
+    indeg = [0] * nops
+    succ: list[list[int]] = [[] for _ in range(nops)]
+    for oi in range(nops):
+        prods = _producers(g, oi)
+        indeg[oi] = len(prods)
+        for p in prods:
+            succ[p].append(oi)
+    scheduled = [False] * nops
+    ready = [False] * nops
+    version = [0] * nops
+    sign = -1 if prefer_late else 1
+
+    def priority(oi: int) -> int:
+        if free_op[oi]:
+            return 1 << 62
+        freed = 0
+        for u in reads[oi]:
+            if remaining[u] == 1 and freeable[u]:
+                freed += size[u]
+        return freed - alloc[oi]
+
+    heap: list[tuple[int, int, int, int]] = []
+
+    def push(oi: int) -> None:
+        version[oi] += 1
+        heapq.heappush(heap, (-priority(oi), sign * oi, version[oi], oi))
+
+    for oi in range(nops):
+        if indeg[oi] == 0:
+            ready[oi] = True
+            push(oi)
+    order: list[int] = []
+    while heap:
+        _, _, ver, oi = heapq.heappop(heap)
+        if scheduled[oi] or ver != version[oi]:
+            continue
+        scheduled[oi] = True
+        order.append(oi)
+        for u in reads[oi]:
+            remaining[u] -= 1
+            if remaining[u] == 1 and freeable[u]:
+                for r in readers[u]:
+                    if not scheduled[r] and ready[r]:
+                        push(r)
+        for s in succ[oi]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready[s] = True
+                push(s)
+    if len(order) != nops:  # a cycle cannot happen in a jaxpr; keep the program's order if it did
+        return program_order(g)
+    return order
+
+
+def dfs_schedule(
+    g: Graph,
+    fused: list[bool],
+    outputs_order: list[int],
+    reverse_roots: bool = False,
+) -> list[int]:
+    """Depth-first post-order from the outputs, as XLA's DFS memory scheduler: operands with more
+    extra users, then larger total subgraph bytes, are visited first.
+
+    **Arguments:** the graph, fused flags, the output values in order; `reverse_roots` starts from
+    the last output.
+
+    **Returns:** a topological order of all ops.
+    """
+    nops = len(g.ops)
+    extra = [0] * nops
+    total = [0] * nops
+    for oi in range(nops):  # ops are topologically numbered
+        op = g.ops[oi]
+        own = sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
+        users = sum(len(g.users[v]) for v in op.outputs if v is not None)
+        e = max(users - 1, 0)
+        t = own
+        for p in _producers(g, oi):
+            e += extra[p]
+            t += total[p]
+        extra[oi] = e
+        total[oi] = t
+
+    def key(p: int) -> tuple[int, int, int]:
+        return (-extra[p], -total[p], p)
+
+    roots: list[int] = []
+    seen_root: set[int] = set()
+    for v in outputs_order:
+        p = g.producer[v]
+        if p >= 0 and p not in seen_root:
+            seen_root.add(p)
+            roots.append(p)
+    if reverse_roots:
+        roots.reverse()
+    roots += [oi for oi in range(nops) if oi not in seen_root]  # effects / unused results
+    visited = [False] * nops
+    order: list[int] = []
+    for root in roots:
+        if visited[root]:
+            continue
+        # Each stack entry keeps its operands still to visit, best last (popped first).
+        stack: list[tuple[int, list[int]]] = [(root, sorted(_producers(g, root), key=key, reverse=True))]
+        visited[root] = True
+        while stack:
+            oi, todo = stack[-1]
+            while todo and visited[todo[-1]]:
+                todo.pop()
+            if todo:
+                nxt = todo.pop()
+                visited[nxt] = True
+                stack.append((nxt, sorted(_producers(g, nxt), key=key, reverse=True)))
+            else:
+                stack.pop()
+                order.append(oi)
+    return order

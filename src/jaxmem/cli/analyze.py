@@ -1,0 +1,420 @@
+"""Plan a JAX function's device memory and compare it with XLA's: `jaxmem analyze [TARGET]`.
+
+TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory()` returns
+`(fn, args)`. Without TARGET, a built-in GPT-style transformer training step with Adam
+(`jaxmem.examples.gpt:default_example`) is analyzed.
+
+    jaxmem analyze
+    jaxmem analyze my_model.py:make_step --donate 0,1 --device a100-40gb
+    jaxmem analyze jaxmem.examples.suite:cnn_train --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+from jaxmem.errors import ConfigError, JaxmemError, PlanError
+from jaxmem.units import PRESETS, format_size, parse_size
+
+DEFAULT_TARGET = "jaxmem.examples.gpt:default_example"
+DEFAULT_DEVICE = "h100-80gb"
+# JAX preallocates this fraction of device memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION).
+PREALLOCATE_FRACTION = 0.75
+TOP_BUFFERS = 10
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxmem.reports.cli import add_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="jaxmem analyze",
+        description=(__doc__ or "").strip().splitlines()[0],
+        epilog="TARGET: 'path/to/file.py:factory' or 'package.module:factory'; factory() returns (fn, args).",
+    )
+    parser.add_argument("target", nargs="?", default=None, metavar="TARGET",
+                        help=f"what to analyze (default: the built-in GPT training step, {DEFAULT_TARGET})")
+    parser.add_argument("--donate", default="", metavar="0,1",
+                        help="positional arguments of fn to donate, as jax.jit's donate_argnums")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, metavar="PRESET",
+                        help=f"device to check the fit against: a preset ({', '.join(sorted(PRESETS))}) "
+                             f"or a size such as 24GiB (default {DEFAULT_DEVICE})")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--top", type=int, default=TOP_BUFFERS, metavar="N",
+                        help=f"how many of the largest buffers live at the peak to list (default {TOP_BUFFERS})")
+    parser.add_argument("--no-xla", action="store_true", help="skip compiling with XLA for its reference figures")
+    parser.add_argument("--execute", action="store_true",
+                        help="also run the planned program against jax.jit, and eagerly under each allocator")
+    add_arguments(parser)
+    return parser
+
+
+def parse_donate(text: str, num_args: int) -> tuple[int, ...]:
+    """`--donate 0,1` as a sorted tuple of valid positions.
+
+    >>> parse_donate("1, 0", 3)
+    (0, 1)
+
+    Raises:
+        PlanError: not integers, or a position `fn` does not have.
+    """
+    try:
+        positions = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise PlanError(f"--donate takes argument positions such as 0,1, got {text!r}") from None
+    bad = [p for p in positions if not 0 <= p < num_args]
+    if bad:
+        raise PlanError(f"--donate {text}: fn takes {num_args} positional argument(s), so {bad[0]} is out of range")
+    return tuple(positions)
+
+
+def parse_device(text: str) -> tuple[str, int]:
+    """(name, capacity in bytes) for `--device`."""
+    try:
+        return text, parse_size(text)
+    except ConfigError as err:
+        raise PlanError(f"--device: {err}") from None
+
+
+# -- data ------------------------------------------------------------------------------------
+
+def live_bytes_by_step(plan: Any) -> list[int]:
+    """Arena bytes live at each step, index 0 being "on entry" (step -1) and the last "on exit".
+
+    A buffer counts from `start` to `end` inclusive; a difference array keeps this linear.
+    """
+    n = len(plan.schedule)
+    diff = [0] * (n + 3)
+    for buf in plan.buffers:
+        diff[buf.start + 1] += buf.size
+        diff[buf.end + 2] -= buf.size
+    out, running = [], 0
+    for i in range(n + 2):
+        running += diff[i]
+        out.append(running)
+    return out
+
+
+def _argument_names(args: Sequence[Any]) -> list[str]:
+    """Flat leaf names such as `args[0]['blocks'][1]['w_fc']`, in jaxpr invar order."""
+    import jax
+
+    names = []
+    for i, arg in enumerate(args):
+        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            names.append(f"args[{i}]{jax.tree_util.keystr(path)}")
+    return names
+
+
+def _source(source: Any) -> str:
+    return str(source) if source is not None else ""
+
+
+def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[dict[str, Any]]]:
+    """The peak step and the `top` largest buffers live there, arguments outside the arena included.
+
+    Returns:
+        `(peak_step, rows)` where peak_step is a schedule index (-1: on entry) and each row has
+        size_bytes, shape, dtype, kind, category, label and source.
+    """
+    live = live_bytes_by_step(plan)
+    peak_index = max(range(len(live)), key=live.__getitem__)
+    peak_step = peak_index - 1
+    rows = [{
+        "size_bytes": b.size, "shape": list(b.shape), "dtype": b.dtype, "kind": b.kind,
+        "category": b.category, "label": b.label, "source": _source(b.source), "offset": b.offset,
+    } for b in plan.buffers if b.start <= peak_step <= b.end]
+    # Non-donated arguments stay in the caller's memory but are live at the peak all the same.
+    names = _argument_names(args)
+    for position, vid in enumerate(plan.invars):
+        info = plan.values.get(vid)
+        if info is None or info.buffer is not None:
+            continue
+        rows.append({
+            "size_bytes": info.nbytes, "shape": list(info.shape), "dtype": info.dtype, "kind": "argument",
+            "category": "parameters", "label": names[position] if position < len(names) else "argument",
+            "source": "", "offset": None,
+        })
+    rows.sort(key=lambda r: -r["size_bytes"])
+    return peak_step, rows[:top]
+
+
+def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str, int], top: int) -> dict[str, Any]:
+    """The analysis as one plain dict: what `--json` prints and what the tables render.
+
+    Args:
+        plan: a `jaxmem.compiler.plan_types.Plan`.
+        args: the positional arguments the plan was made for (to name argument buffers).
+        target: the TARGET string shown in the report.
+        device: (name, capacity bytes) for the fit check.
+        top: how many buffers live at the peak to list.
+    """
+    name, capacity = device
+    usable = int(capacity * PREALLOCATE_FRACTION)
+    peak_step, rows = peak_buffers(plan, args, top)
+    xla = plan.xla
+    xla_total = xla.total_bytes if xla is not None else None
+    return {
+        "target": target,
+        "peak_bytes": plan.peak_bytes,
+        "arena_bytes": plan.arena_bytes,
+        "lower_bound_bytes": plan.lower_bound_bytes,
+        "program_order_lower_bound_bytes": plan.program_order_lower_bound_bytes,
+        "argument_bytes": plan.argument_bytes,
+        "output_bytes": plan.output_bytes,
+        "xla_total_bytes": xla_total,
+        "xla": None if xla is None else {
+            "argument_bytes": xla.argument_bytes, "output_bytes": xla.output_bytes, "temp_bytes": xla.temp_bytes,
+            "alias_bytes": xla.alias_bytes, "generated_code_bytes": xla.generated_code_bytes,
+            "scheduler": xla.scheduler, "total_bytes": xla_total,
+        },
+        "ratio_to_xla": (plan.peak_bytes / xla_total) if xla_total else None,
+        "gap_to_lower_bound": (plan.peak_bytes / plan.lower_bound_bytes - 1.0) if plan.lower_bound_bytes else 0.0,
+        "num_eqns": plan.num_eqns,
+        "num_steps": len(plan.schedule),
+        "num_buffers": len(plan.buffers),
+        "plan_seconds": plan.plan_seconds,
+        "valid": bool(plan.valid),
+        "scheduler": plan.scheduler,
+        "placement": plan.placement,
+        "donated": list(plan.donated),
+        "unknown_primitives": sorted(set(plan.unknown_primitives)),
+        "peak_step": peak_step,
+        "top_buffers": rows,
+        "device": {"name": name, "capacity_bytes": capacity, "preallocated_fraction": PREALLOCATE_FRACTION,
+                   "usable_bytes": usable, "fits": plan.peak_bytes <= usable},
+        "fits": plan.peak_bytes <= usable,
+    }
+
+
+# -- running ---------------------------------------------------------------------------------
+
+@contextmanager
+def progress_after(seconds: float, label: str) -> Iterator[None]:
+    """A transient rich progress bar on stderr, shown only when the work lasts over `seconds` and
+    stderr is a terminal (so pipes and `--json` consumers see nothing)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    progress = Progress(SpinnerColumn(), TextColumn(label), BarColumn(), TimeElapsedColumn(),
+                        console=console, transient=True)
+    progress.add_task(label, total=None)
+    timer = threading.Timer(seconds, progress.start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+        progress.stop()
+
+
+def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...], xla: bool) -> Any:
+    """Plan `fn(*args)`, with XLA's reference figures compiled in a second thread meanwhile.
+
+    XLA's compile is C++ that releases the GIL, so running it beside the (Python) planner makes
+    the whole analysis take about as long as the slower of the two instead of their sum.
+    """
+    from jaxmem.compiler.planner import plan as make_plan
+
+    if not xla:
+        return make_plan(fn, *args, donate_argnums=donate, xla=False)
+    from jaxmem.compiler.xla import xla_reference
+
+    box: dict[str, Any] = {}
+
+    def compile_reference() -> None:
+        try:
+            box["ref"] = xla_reference(fn, args, donate_argnums=donate)
+        except BaseException as err:  # handed to the main thread, which raises it
+            box["err"] = err
+
+    worker = threading.Thread(target=compile_reference, name="jaxmem-xla-reference", daemon=True)
+    worker.start()
+    try:
+        result = make_plan(fn, *args, donate_argnums=donate, xla=False)
+    finally:
+        worker.join()
+    if "err" in box:
+        raise box["err"]
+    result.xla = box["ref"]
+    return result
+
+
+def run_execute(fn: Callable[..., Any], args: Sequence[Any], plan: Any, donate: tuple[int, ...],
+                capacity: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`--execute`: the executor's comparison with jax.jit and its eager runs per allocator."""
+    try:
+        from jaxmem.execution import verify
+    except ImportError:
+        raise PlanError("--execute needs jaxmem.execution.verify, which this build does not have") from None
+    # Eager first: a donating jax.jit call may consume the arguments.
+    eager = verify.eager_summaries(fn, args, capacity)
+    execute = verify.compare_with_jit(fn, args, plan, donate)
+    return execute, eager
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+def _size(n: int | None) -> str:
+    return "—" if n is None else format_size(n)
+
+
+def _shape(shape: Sequence[int], dtype: str) -> str:
+    return f"{dtype}[{','.join(str(d) for d in shape)}]"
+
+
+def render(data: dict[str, Any], console: Any) -> None:
+    """The analysis as rich tables on `console`."""
+    from rich.table import Table
+    from rich.text import Text
+
+    peak, lower, xla_total = data["peak_bytes"], data["lower_bound_bytes"], data["xla_total_bytes"]
+    summary = Table(title=f"jaxmem analyze · {data['target']}", title_justify="left", show_header=False,
+                    box=None, padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column(justify="right")
+    summary.add_column(style="dim")
+    summary.add_row("jaxmem peak", Text(_size(peak), style="bold green"),
+                    f"arguments {_size(data['argument_bytes'])} + arena {_size(data['arena_bytes'])}")
+    if xla_total is not None:
+        ratio = data["ratio_to_xla"]
+        style = "green" if ratio is not None and ratio <= 1.0 else "red"
+        summary.add_row("XLA total here", _size(xla_total),
+                        Text(f"{ratio:.3f}x of XLA ({data['xla']['scheduler']} scheduler)", style=style))
+    summary.add_row("lower bound", _size(lower),
+                    f"gap {100 * data['gap_to_lower_bound']:.2f}% (program order: "
+                    f"{_size(data['program_order_lower_bound_bytes'])})")
+    summary.add_row("outputs", _size(data["output_bytes"]),
+                    f"donated arguments: {', '.join(map(str, data['donated'])) or 'none'}")
+    verdict = Text("valid", style="green") if data["valid"] else Text("INVALID", style="bold red")
+    summary.add_row("plan", verdict,
+                    f"{data['num_eqns']} equations, {data['num_buffers']} buffers, {data['plan_seconds']:.2f} s; "
+                    f"schedule {data['scheduler'] or '?'}, placement {data['placement'] or '?'}")
+    dev = data["device"]
+    fit = Text("fits", style="bold green") if dev["fits"] else Text("does not fit", style="bold red")
+    summary.add_row("device", fit,
+                    f"{dev['name']}: {_size(dev['capacity_bytes'])}, JAX preallocates "
+                    f"{int(100 * dev['preallocated_fraction'])}% = {_size(dev['usable_bytes'])}")
+    unknown = data["unknown_primitives"]
+    summary.add_row("unknown primitives", Text(str(len(unknown)), style="yellow" if unknown else ""),
+                    ", ".join(unknown) + (" (planned conservatively)" if unknown else ""))
+    console.print(summary)
+    console.print()
+
+    where = "on entry" if data["peak_step"] < 0 else f"step {data['peak_step']}"
+    table = Table(title=f"Largest buffers live at the peak ({where})", title_justify="left")
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("size", justify="right")
+    table.add_column("array", overflow="fold")
+    table.add_column("category", overflow="fold")
+    table.add_column("made by", overflow="fold")
+    table.add_column("source line", overflow="fold")
+    for i, row in enumerate(data["top_buffers"], 1):
+        table.add_row(str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
+                      row["category"] or row["kind"], row["label"], row["source"] or "—")
+    console.print(table)
+
+
+def render_execute(execute: dict[str, Any], eager: list[dict[str, Any]], console: Any) -> None:
+    """`--execute` results as rich tables."""
+    from rich.table import Table
+
+    console.print()
+    run = Table(title="Planned execution against jax.jit", title_justify="left")
+    for col in ("results", "max abs err", "max rel err", "planned", "jax.jit"):
+        run.add_column(col, justify="right")
+    run.add_row("equal" if execute.get("ok") else "DIFFER", f"{execute.get('max_abs_err', 0.0):.3g}",
+                f"{execute.get('max_rel_err', 0.0):.3g}", f"{execute.get('seconds', 0.0):.3f} s",
+                f"{execute.get('jax_jit_seconds', 0.0):.3f} s")
+    console.print(run)
+    table = Table(title="Eager (op by op) under each allocator", title_justify="left")
+    for col in ("allocator", "peak in use", "pool", "largest free", "fragmentation", "allocs", "device allocs", "fits"):
+        table.add_column(col, justify="right" if col != "allocator" else "left")
+    for row in eager:
+        frag = row.get("fragmentation_at_peak")
+        table.add_row(str(row.get("allocator", "?")), _size(row.get("peak_bytes_in_use")),
+                      _size(row.get("peak_pool_bytes")), _size(row.get("largest_free_block_bytes")),
+                      "—" if frag is None else f"{100 * frag:.1f}%", str(row.get("num_allocs", "—")),
+                      str(row.get("device_allocs", "—")), "yes" if row.get("fits") else "no")
+    console.print(table)
+
+
+def _guarded(work: Callable[[], Any], what: str) -> Any:
+    """Run `work`; an error from the user's function (a shape error while tracing, say) becomes one
+    line. JAXMEM_TRACEBACK=1 lets it through with its traceback, for debugging jaxmem itself."""
+    try:
+        return work()
+    except (JaxmemError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        if os.environ.get("JAXMEM_TRACEBACK"):
+            raise
+        message = " ".join(str(err).split())[:400]
+        raise PlanError(f"{what}: {type(err).__name__}: {message} (JAXMEM_TRACEBACK=1 shows where)") from None
+
+
+def _jsonable(obj: Any) -> Any:
+    """Numpy scalars and tuples from the executor's dicts, as plain JSON values."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    return obj
+
+
+def main(argv: list[str]) -> int:
+    """`jaxmem analyze`: see the module docstring. Returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from jaxmem.compiler.target import load_target
+
+    if args.top < 0:
+        raise PlanError(f"--top must be 0 or more, got {args.top}")
+    device = parse_device(args.device)
+    target = args.target or DEFAULT_TARGET
+    fn, fn_args = load_target(target)
+    donate = parse_donate(args.donate, len(fn_args))
+
+    started = time.perf_counter()
+    with progress_after(1.0, "planning"):
+        plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=not args.no_xla), f"cannot plan {target}")
+    data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
+                     device=device, top=args.top)
+    data["total_seconds"] = time.perf_counter() - started
+
+    execute = eager = None
+    if args.execute:
+        with progress_after(1.0, "executing"):
+            execute, eager = _guarded(lambda: run_execute(fn, fn_args, plan, donate, device[1]),
+                                      f"cannot execute {target}")
+        data["execute"], data["eager"] = _jsonable(execute), _jsonable(eager)
+
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        render(data, console)
+        if execute is not None:
+            render_execute(data["execute"], data["eager"], console)
+    from jaxmem.reports.cli import write_plan_reports
+
+    write_plan_reports(args, plan)
+    if not plan.valid:
+        print("jaxmem analyze: the checker found the plan invalid", file=sys.stderr)
+        return 1
+    return 0

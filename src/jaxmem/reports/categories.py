@@ -6,7 +6,7 @@ temporaries, outputs. They are derived, not declared, so any traced function get
 1. The backward part. JAX's autodiff builds the backward pass by transposing the linearized
    forward pass, and every equation it emits carries `transpose(...)` in its name stack
    (`eqn.source_info.name_stack`, e.g. `transpose(jvp(loss))`). Steps whose name stack says
-   so are backward steps; the others are forward or update steps. A program without any (an
+   so are backward steps, and so is `add_any`, which JAX emits only to sum cotangents; the others are forward or update steps. A program without any (an
    inference function, or a hand-written backward) has no backward part, and then it has no
    residuals and no gradients: everything it makes is a temporary or an output.
 2. Arguments are parameters, except optimizer state: an argument that does not flow into the
@@ -16,7 +16,8 @@ temporaries, outputs. They are derived, not declared, so any traced function get
    marks an argument too. Closed-over constants count as parameters (they are weights the
    function closed over).
 3. Residuals: values made outside the backward part and read by it (what the forward pass
-   saves for the backward pass).
+   saves for the backward pass). A value the fusion model keeps out of memory is computed by
+   its readers from its own inputs, so reading it counts as reading those inputs.
 4. Gradients: values made by the backward part and read outside it, or returned (the final
    cotangents of the parameters). Cotangents read only inside the backward part are
    temporaries.
@@ -52,17 +53,37 @@ def is_backward(step: Step) -> bool:
     >>> is_backward(step)   # a step whose eqn.source_info.name_stack is "transpose(jvp(f))"
     True
     """
+    if step.primitive == "add_any":
+        return True  # JAX emits add_any only to sum cotangents, whatever the name stack says
     source_info = getattr(step.eqn, "source_info", None)
     name_stack = getattr(source_info, "name_stack", None)
     return name_stack is not None and "transpose(" in str(name_stack)
 
 
-def _consumers(plan: Plan) -> dict[ValueId, list[int]]:
-    users: dict[ValueId, list[int]] = {}
-    for step in plan.schedule:
+_READ_FORWARD, _READ_BACKWARD, _RETURNED = 1, 2, 4
+
+
+def _reads(plan: Plan, backward: set[int]) -> dict[ValueId, int]:
+    """Who really reads each value, as bit flags: a step outside the backward part, one inside
+    it, the caller (a top-level output). A fused step keeps its outputs out of memory and its
+    consumers compute it from its inputs, so reading a fused value reads that step's inputs:
+    the flags flow back through fused steps (one reverse sweep)."""
+    flags: dict[ValueId, int] = {v: _RETURNED for v in plan.outvars if v is not None}
+    values = plan.values
+    for step in reversed(plan.schedule):
+        outs = [v for v in step.outputs if v is not None]
+        transient = bool(outs) and all(values[v].buffer is None for v in outs if v in values)
+        if transient:
+            mine = 0
+            for v in outs:
+                mine |= flags.get(v, 0)
+        else:
+            mine = _READ_BACKWARD if step.index in backward else _READ_FORWARD
+        if not mine:
+            continue
         for v in step.inputs:
-            users.setdefault(v, []).append(step.index)
-    return users
+            flags[v] = flags.get(v, 0) | mine
+    return flags
 
 
 def _ancestors(plan: Plan, seeds: Sequence[Step]) -> set[ValueId]:
@@ -124,8 +145,7 @@ def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict
     if arg_paths is None:
         arg_paths = plan.extra.get("arg_paths") if isinstance(plan.extra, dict) else None
     backward = {s.index for s in plan.schedule if is_backward(s)}
-    users = _consumers(plan)
-    outputs = {v for v in plan.outvars if v is not None}
+    reads = _reads(plan, backward)
 
     gradients: set[ValueId] = set()
     cats: dict[ValueId, str] = {}
@@ -134,16 +154,16 @@ def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict
         for v in step.outputs:
             if v is None:
                 continue
-            readers = users.get(v, ())
+            r = reads.get(v, 0)
             if in_backward:
-                if v in outputs or any(u not in backward for u in readers):
+                if r & (_RETURNED | _READ_FORWARD):
                     gradients.add(v)
                     cats[v] = "gradients"
                 else:
                     cats[v] = "temporaries"
-            elif v in outputs:
+            elif r & _RETURNED:
                 cats[v] = "outputs"
-            elif any(u in backward for u in readers):
+            elif r & _READ_BACKWARD:
                 cats[v] = "residuals"
             else:
                 cats[v] = "temporaries"

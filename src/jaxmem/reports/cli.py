@@ -1,15 +1,25 @@
 """Report flags shared by `jaxmem analyze` and `jaxmem replay` (--html, --pprof, --png, --chrome-trace).
 
 The subcommands call `add_arguments(parser)` when they build their parser, and after their own
-output `write_plan_reports(args, plan)` or `write_replay_reports(args, replay_result)`.
+output `write_plan_reports(args, plan)` or `write_replay_reports(args, replay_result, trace=trace)`.
+Each writer reads one `ReportData` (jaxmem.reports.data); a line per file written goes to
+stderr, so `--json` output on stdout stays one object.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+import sys
+from typing import Any, Callable
 
-from jaxmem.errors import PlanError
+from jaxmem.errors import JaxmemError
+from jaxmem.reports.data import ReportData, from_plan, from_replay
+from jaxmem.units import format_size
+
+
+class ReportError(JaxmemError):
+    """A report that cannot be written: an unwritable path, a step outside the program."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,11 +35,59 @@ def _requested(args: argparse.Namespace) -> list[str]:
     return [flag for flag in ("html", "pprof", "png", "chrome_trace") if getattr(args, flag, None)]
 
 
+def _write(what: str, path: str, writer: Callable[[], Any]) -> None:
+    try:
+        writer()
+    except OSError as err:
+        raise ReportError(f"cannot write {what} to {path}: {err.strerror or err}") from None
+    try:
+        size = format_size(os.path.getsize(path))
+    except OSError:
+        size = "?"
+    print(f"wrote {what}: {path} ({size})", file=sys.stderr)
+
+
+def write_reports(args: argparse.Namespace, data: ReportData) -> None:
+    """Write every report the flags ask for from one `ReportData`.
+
+    >>> write_reports(argparse.Namespace(html="r.html", pprof=None, png=None, chrome_trace=None, step=None), data)
+    """
+    step = getattr(args, "step", None)
+    if step is not None and not data.x_min <= step <= data.x_max:
+        raise ReportError(f"--step {step} is outside the {data.x_label}s {data.x_min}..{data.x_max}")
+    if getattr(args, "html", None):
+        from jaxmem.reports.html import write_html
+
+        _write("HTML report", args.html, lambda: write_html(args.html, data))
+    if getattr(args, "pprof", None):
+        from jaxmem.reports.pprof import write_pprof
+
+        x = data.peak_x if step is None else step
+        if not data.blocks:
+            raise ReportError("--pprof needs the blocks of the program or trace; none are known here")
+        _write(f"pprof profile at {data.x_label} {x}", args.pprof, lambda: write_pprof(args.pprof, data.live_at(x)))
+    if getattr(args, "png", None):
+        from jaxmem.reports.png import write_png
+
+        _write("PNG timeline", args.png, lambda: write_png(args.png, data))
+    if getattr(args, "chrome_trace", None):
+        from jaxmem.reports.chrome_trace import write_chrome_trace
+
+        _write("Chrome trace", args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, data))
+
+
 def write_plan_reports(args: argparse.Namespace, plan: Any) -> None:
-    if _requested(args):
-        raise PlanError("report writers are not available in this build")
+    """The reports of a memory plan (from `jaxmem analyze`)."""
+    if not _requested(args):
+        return
+    title = getattr(args, "target", None) or "built-in example"
+    write_reports(args, from_plan(plan, title=str(title)))
 
 
-def write_replay_reports(args: argparse.Namespace, replay_result: Any) -> None:
-    if _requested(args):
-        raise PlanError("report writers are not available in this build")
+def write_replay_reports(args: argparse.Namespace, replay_result: Any, trace: Any = None) -> None:
+    """The reports of a replay (from `jaxmem replay`); pass the trace for the placement map,
+    the recorded live blocks and --pprof."""
+    if not _requested(args):
+        return
+    trace = trace if trace is not None else getattr(replay_result, "trace", None)
+    write_reports(args, from_replay(replay_result, trace))

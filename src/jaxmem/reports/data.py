@@ -93,9 +93,7 @@ class ReportData:
         return live
 
 
-def _frames(source: SourceLine | None, stack: Any = None) -> tuple[Frame, ...]:
-    if stack:
-        return tuple((str(f[0]), int(f[1]), str(f[2])) for f in stack)
+def _frames(source: SourceLine | None) -> tuple[Frame, ...]:
     if source is None:
         return ()
     return ((source.file, source.line, source.function),)
@@ -150,16 +148,29 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
     in-place update) when the next value is defined and the previous one is no longer read;
     a view that shares storage while its operand is still read does not take it over.
     """
+    from jaxmem.compiler.jaxpr_adapter import user_frames
+
     cats = value_categories(plan) if cats is None else cats
-    stacks = plan.extra.get("frames", {}) if isinstance(plan.extra, dict) else {}
     last = _last_uses(plan)
     steps = plan.schedule
+    step_frames: dict[int, tuple[Frame, ...]] = {}
+
+    def frames_of(v: int | None, step: Any, source: SourceLine | None) -> tuple[Frame, ...]:
+        # The whole user stack from the equation (what pprof wants), else the one source line.
+        if step is not None:
+            found = step_frames.get(step.index)
+            if found is None:
+                found = step_frames[step.index] = user_frames(step.eqn) if step.eqn is not None else ()
+            if found:
+                return found
+        return _frames(source)
     blocks: list[Block] = []
     for buf in plan.buffers:
         values = [v for v in buf.values if v in plan.values]
         first_cat = cats.get(values[0]) if values else None
         if not values:
-            frames = _frames(buf.source, stacks.get(("buffer", buf.id)))
+            owner = steps[buf.start] if 0 <= buf.start < len(steps) else None
+            frames = frames_of(None, owner, buf.source or (owner.source if owner is not None else None))
             blocks.append(Block(buf.offset, buf.size, buf.start, buf.end, buffer_category(buf.kind, first_cat),
                                 buf.label or buf.kind, buf.shape, buf.dtype, frames, buf.id))
             continue
@@ -182,7 +193,7 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
             producer = steps[info.producer] if info.producer is not None and info.producer < len(steps) else None
             label = producer.primitive if producer is not None else (buf.label or buf.kind)
             source = info.source or (producer.source if producer is not None else None) or buf.source
-            frames = _frames(source, stacks.get(v))
+            frames = frames_of(v, producer, source)
             category = buffer_category(buf.kind, cats.get(v, first_cat))
             blocks.append(Block(buf.offset, buf.size, frm, to, category, label,
                                 tuple(info.shape), info.dtype, frames, buf.id))
@@ -194,7 +205,7 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
         if info is None or info.buffer is not None:
             continue
         blocks.append(Block(top, info.nbytes, -1, end, cats.get(v, "parameters"), f"argument {position}",
-                            tuple(info.shape), info.dtype, _frames(info.source, stacks.get(v)), -1, "caller"))
+                            tuple(info.shape), info.dtype, _frames(info.source), -1, "caller"))
         top += info.nbytes
     return blocks
 
@@ -242,5 +253,91 @@ def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -
         ("schedule / placement", f"{plan.scheduler or '-'} / {plan.placement or '-'}"),
         ("checker", "valid" if plan.valid else "NOT VALIDATED"),
     ]
+    data.summary = rows
+    return data
+
+
+def trace_blocks(trace: Any) -> list[Block]:
+    """The blocks of a recorded trace at their recorded addresses: each alloc until its free
+    (blocks live at the start of the window from x=0; blocks never freed to the last event)."""
+    events = trace.events
+    last = max(0, len(events) - 1)
+    blocks: list[Block] = []
+    open_: dict[int, Block] = {}
+    for b in getattr(trace, "initial_blocks", ()):
+        if getattr(b, "allocated", True):
+            blk = Block(b.addr, b.size, 0, last, "allocations", "before the window", buffer=-1)
+            open_[b.addr] = blk
+            blocks.append(blk)
+    for i, e in enumerate(events):
+        if e.action == "alloc":
+            frames = tuple((f.filename, f.line, f.name) for f in e.frames)
+            category = e.label if e.label in CATEGORIES else "allocations"
+            blk = Block(e.addr, e.size, i, last, category, e.label, frames=frames, buffer=i)
+            open_[e.addr] = blk
+            blocks.append(blk)
+        elif e.action == "free":
+            blk = open_.pop(e.addr, None)
+            if blk is not None:
+                blk.end = max(blk.start, i - 1)
+    return blocks
+
+
+def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
+    """Report data for a replay: in use and reserved per allocator (and the recorded allocator's
+    own, for snapshots), and, given the trace, its blocks at their recorded addresses.
+
+    >>> data = from_replay(replay(trace, ["caching", "bfc"], capacity=80 << 30), trace)
+
+    Args:
+        report: a `jaxmem.traces.replay.ReplayReport`.
+        trace: the replayed `Trace`, for the placement map, the stacked live bytes and the
+            largest blocks at the peak (optional).
+        title: shown at the top (default: the trace's file).
+
+    Returns:
+        a `ReportData` with x the event index.
+    """
+    from jaxmem.units import format_size
+
+    series: list[AllocatorSeries] = []
+    runs = list(report.runs.items())
+    if getattr(report, "recorded", None) is not None:
+        runs.append(("recorded", report.recorded))
+    for name, run in runs:
+        tl = list(run.timeline)
+        oom = getattr(run, "oom", None)
+        series.append(AllocatorSeries(
+            name=name, xs=[int(p[0]) for p in tl], times_us=[float(p[1]) for p in tl],
+            in_use=[int(p[2]) for p in tl], reserved=[int(p[3]) for p in tl],
+            peak_in_use=max((int(p[2]) for p in tl), default=0),
+            peak_reserved=int(getattr(run, "peak_reserved_bytes", 0)) or max((int(p[3]) for p in tl), default=0),
+            oom_x=int(oom["event_index"]) if oom else None,
+            oom_text=str(oom.get("message", "out of memory")) if oom else "",
+        ))
+    blocks = trace_blocks(trace) if trace is not None else []
+    n_events = len(trace.events) if trace is not None else max((max(s.xs, default=0) for s in series), default=0) + 1
+    names = [e.action + (f" {e.label}" if e.label else "") for e in trace.events] if trace is not None else [""] * n_events
+    data = ReportData(
+        kind="replay", title=title or getattr(report, "source", "") or "replay", x_label="event",
+        x_min=0, x_max=max(0, n_events - 1), x_names=names, categories=_order(b.category for b in blocks),
+        stacked={}, blocks=blocks, arena_bytes=max((b.address + b.size for b in blocks), default=0),
+        peak_x=0, peak_bytes=0, allocators=series, capacity=getattr(report, "capacity", None),
+    )
+    if blocks:
+        _stack(data, blocks)
+        _peak(data)
+    elif series:
+        best = max(series, key=lambda s: s.peak_in_use)
+        if best.xs:
+            k = max(range(len(best.xs)), key=best.in_use.__getitem__)
+            data.peak_x, data.peak_bytes = best.xs[k], best.in_use[k]
+    rows = [("trace", f"{getattr(report, 'source', '')} ({getattr(report, 'format', '')}, {getattr(report, 'events', n_events)} replayed events)"),
+            ("capacity", format_size(data.capacity) if data.capacity else "-")]
+    for s in series:
+        oom = f"; out of memory at event {s.oom_x}" if s.oom_x is not None else ""
+        rows.append((s.name, f"peak in use {format_size(s.peak_in_use)}, peak reserved {format_size(s.peak_reserved)}{oom}"))
+    if blocks:
+        rows.append(("recorded blocks live at the peak", f"{format_size(data.peak_bytes)} at event {data.peak_x}"))
     data.summary = rows
     return data

@@ -177,3 +177,37 @@ def source_line(eqn: Any) -> SourceLine | None:
             line = code.co_firstlineno
         return SourceLine(code.co_filename, line, code.co_name)
     return None
+
+
+_EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def user_frames(eqn: Any, limit: int = 64) -> tuple[tuple[str, int, str], ...]:
+    """The user's Python stack that made this equation, innermost first, as (file, line,
+    function): every frame outside jax/, jaxlib/ and jaxmem/ (jaxmem's bundled examples count as
+    user code). For pprof profiles, which want the whole stack, not only the innermost frame.
+
+    >>> user_frames(closed.jaxpr.eqns[0])[0]
+    ('/home/me/train.py', 42, 'loss_fn')
+    """
+    info = getattr(eqn, "source_info", None)
+    tb = getattr(info, "traceback", None)
+    if tb is None:
+        return ()
+    try:
+        codes, lastis = tb.raw_frames()
+    except (AttributeError, TypeError):
+        return ()
+    out = []
+    for code, lasti in zip(codes, lastis):
+        name = code.co_filename
+        if _skip_file(name) and not os.path.abspath(name).startswith(_EXAMPLES_DIR):
+            continue
+        try:
+            line = int(tb.code_addr2line(code, lasti))
+        except (AttributeError, TypeError, ValueError):
+            line = code.co_firstlineno
+        out.append((name, line, code.co_name))
+        if len(out) >= limit:
+            break
+    return tuple(out)

@@ -139,6 +139,11 @@ class CachingAllocator(Allocator):
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
         self.free_block(handle)  # type: ignore[arg-type]
 
+    def replay_hooks(self):
+        """(malloc, free) for a replay loop: malloc(size, stream) -> block, free(block); the
+        caller keeps `bytes_in_use` itself. One call each, no tuples: the replay's hot path."""
+        return self.malloc, self.free_block
+
     def _pool_bytes(self) -> int:
         return self.reserved_bytes
 

@@ -167,7 +167,7 @@ def _make(name: str, trace: Trace, capacity: int, backend: SimulatedBackend, opt
     return make_allocator(name, backend, limit=capacity, **opts), capacity
 
 
-def _start_state(alloc: Any, trace: Trace, live: dict[int, tuple]) -> int:
+def _start_state(alloc: Any, trace: Trace, live: dict[int, Any]) -> int:
     """Install the trace's start state; returns the bytes in use. Fills `live` (rec addr -> entry)."""
     in_use = 0
     adopt = getattr(alloc, "adopt_segment", None)
@@ -179,27 +179,38 @@ def _start_state(alloc: Any, trace: Trace, live: dict[int, tuple]) -> int:
                 layout = [(0, seg.size, False)]
             placed = adopt(seg.size, seg.pool == "small", seg.stream, layout)
             for offset, block in placed.items():
-                live[seg.addr + offset] = (block.addr, block.size, block, seg.stream)
+                live[seg.addr + offset] = block
                 in_use += block.size
         return in_use
+    blocks_mode = hasattr(alloc, "replay_hooks")
     for b in sorted(trace.initial_blocks, key=lambda b: b.addr):
         if not b.allocated:
             continue
         size = b.size if b.size > 0 else (b.requested or 1)
-        addr, reserved, handle = alloc._allocate(size, 256, b.stream)
-        alloc.bytes_in_use += reserved
-        live[b.addr] = (addr, reserved, handle, b.stream)
-        in_use += reserved
+        entry = alloc._allocate(size, 256, b.stream)
+        alloc.bytes_in_use += entry[1]
+        live[b.addr] = entry[2] if blocks_mode else entry
+        in_use += entry[1]
     return in_use
 
 
-def _oom_info(trace: Trace, event_index: int, request: int, err: OutOfMemory, live: dict[int, tuple],
-              in_use: int, reserved: int, rec_of: dict[int, int]) -> dict[str, Any]:
-    biggest = sorted(live.items(), key=lambda kv: -kv[1][1])[:10]
+def _size_of(entry: Any) -> int:
+    return entry[1] if type(entry) is tuple else entry.size
+
+
+def _oom_info(trace: Trace, event_index: int, request: int, err: OutOfMemory, live: dict[int, Any],
+              in_use: int, reserved: int, ops: tuple, upto: int) -> dict[str, Any]:
+    idx, is_free, addrs = ops[0], ops[1], ops[2]
+    biggest = sorted(live.items(), key=lambda kv: -_size_of(kv[1]))[:10]
+    wanted = {rec for rec, _ in biggest}
+    alloc_event: dict[int, int] = {}
+    for k in range(upto - 1, -1, -1):   # the latest alloc of each address before the failure
+        if not is_free[k] and addrs[k] in wanted and addrs[k] not in alloc_event:
+            alloc_event[addrs[k]] = idx[k]
     rows = []
     for rec_addr, entry in biggest:
-        row: dict[str, Any] = {"addr": rec_addr, "size": entry[1]}
-        ev_i = rec_of.get(rec_addr)
+        row: dict[str, Any] = {"addr": rec_addr, "size": _size_of(entry)}
+        ev_i = alloc_event.get(rec_addr)
         if ev_i is not None:
             e = trace.events[ev_i]
             row["event_index"] = ev_i
@@ -210,7 +221,7 @@ def _oom_info(trace: Trace, event_index: int, request: int, err: OutOfMemory, li
                 row["label"] = e.label
         rows.append(row)
     return {"event_index": event_index, "request": request, "in_use_bytes": in_use, "reserved_bytes": reserved,
-            "live_blocks": len(live), "live_bytes": sum(v[1] for v in live.values()),
+            "live_blocks": len(live), "live_bytes": sum(_size_of(v) for v in live.values()),
             "largest_live": rows, "message": str(err).splitlines()[0] if str(err) else "out of memory"}
 
 
@@ -220,59 +231,33 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
     backend = SimulatedBackend(capacity)
     alloc, limit = _make(name, trace, capacity, backend, options)
     run = ReplayRun(name, limit)
-    idx, is_free, addrs, sizes, streams, times = ops if ops is not None else _ops(trace)
-    live: dict[int, tuple] = {}
-    rec_of: dict[int, int] = {}
+    ops = ops if ops is not None else _ops(trace)
+    idx, is_free, addrs, sizes, streams, times = ops
+    live: dict[int, Any] = {}
     try:
         in_use = _start_state(alloc, trace, live)
     except OutOfMemory as err:
-        run.oom = _oom_info(trace, -1, 0, err, live, alloc.bytes_in_use, backend.reserved, rec_of)
+        run.oom = _oom_info(trace, -1, 0, err, live, alloc.bytes_in_use, backend.reserved, ops, 0)
         return run
     run.setup_device_allocs = alloc.device_allocs
     base_allocs, base_bytes, base_frees = alloc.device_allocs, alloc.device_alloc_bytes, alloc.device_frees
     run.start_reserved_bytes = reserved = backend.reserved
     peak_in, peak_res, peak_at, res_at_peak = in_use, reserved, -1, reserved
     largest_at_peak = alloc._largest_free_block()
-    dirty = False
     tl_in: list[int] = []
     tl_res: list[int] = []
-    allocate, free = alloc._allocate, alloc._free
     n = len(idx)
-    j = 0
+    state = [0, in_use, peak_in, peak_res, peak_at, False, largest_at_peak, res_at_peak]
     t0 = time.perf_counter()
     try:
-        for j in range(n):
-            if is_free[j]:
-                if dirty:   # the state right before the first free after a new peak is the peak
-                    largest_at_peak = alloc._largest_free_block()
-                    res_at_peak = backend.reserved
-                    dirty = False
-                entry = live.pop(addrs[j], None)
-                if entry is None:
-                    raise TraceError(f"{trace.source}: event {idx[j]} (free): free of unknown address {addrs[j]:#x}")
-                free(entry[0], entry[1], entry[2], entry[3])
-                in_use -= entry[1]
-            else:
-                rec = addrs[j]
-                if rec in live:
-                    raise TraceError(f"{trace.source}: event {idx[j]} (alloc): address {rec:#x} allocated twice without a free")
-                entry = allocate(sizes[j], 256, streams[j])
-                live[rec] = (entry[0], entry[1], entry[2], streams[j])
-                rec_of[rec] = idx[j]
-                in_use += entry[1]
-                if in_use > peak_in:
-                    peak_in, peak_at, dirty = in_use, j, True
-            reserved = backend.reserved
-            if reserved > peak_res:
-                peak_res = reserved
-            tl_in.append(in_use)
-            tl_res.append(reserved)
-            if progress is not None and not j & (_PROGRESS_STEP - 1):
-                progress(j)
-        j = n
+        if hasattr(alloc, "replay_hooks"):
+            _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress)
+        else:
+            _loop_generic(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress)
     except OutOfMemory as err:
-        alloc.bytes_in_use = in_use
-        run.oom = _oom_info(trace, idx[j], sizes[j], err, live, in_use, backend.reserved, rec_of)
+        j = state[0]
+        run.oom = _oom_info(trace, idx[j], sizes[j], err, live, state[1], backend.reserved, ops, j)
+    j, in_use, peak_in, peak_res, peak_at, dirty, largest_at_peak, res_at_peak = state
     run.seconds = time.perf_counter() - t0
     if dirty:
         largest_at_peak = alloc._largest_free_block()
@@ -288,8 +273,89 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
     run.device_alloc_bytes = alloc.device_alloc_bytes - base_bytes
     run.device_frees = alloc.device_frees - base_frees
     run.final_reserved_bytes = backend.reserved
-    run.timeline = _downsample([idx[k] for k in range(len(tl_in))], times[:len(tl_in)], tl_in, tl_res, TIMELINE_POINTS)
+    run.timeline = _downsample(idx[:len(tl_in)], times[:len(tl_in)], tl_in, tl_res, TIMELINE_POINTS)
     return run
+
+
+# The two replay loops. They differ only in how they call the allocator: the caching model's
+# replay hooks take and return its block objects; any other allocator goes through its
+# `_allocate` / `_free` hooks (the public allocate/free would build a Buffer per call). State
+# lives in locals for speed and is written back to `state` (j, in_use, peak_in, peak_res,
+# peak_at, dirty, largest_at_peak, res_at_peak) when the loop ends or raises.
+def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress) -> None:
+    idx, is_free, addrs, sizes, streams, _ = ops
+    malloc, free = alloc.replay_hooks()
+    j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak = state
+    add_in, add_res = tl_in.append, tl_res.append
+    pop = live.pop
+    try:
+        for j in range(len(idx)):
+            rec = addrs[j]
+            if is_free[j]:
+                if dirty:   # the state right before the first free after a new peak is the peak
+                    largest, res_at_peak, dirty = alloc._largest_free_block(), backend.reserved, False
+                block = pop(rec, None)
+                if block is None:
+                    raise TraceError(f"{trace.source}: event {idx[j]} (free): free of unknown address {rec:#x}")
+                in_use -= block.size   # before free: merging grows the block object
+                free(block)
+            else:
+                if rec in live:
+                    raise TraceError(f"{trace.source}: event {idx[j]} (alloc): address {rec:#x} allocated twice without a free")
+                block = malloc(sizes[j], streams[j])
+                live[rec] = block
+                in_use += block.size
+                if in_use > peak_in:
+                    peak_in, peak_at, dirty = in_use, j, True
+            reserved = backend.reserved
+            if reserved > peak_res:
+                peak_res = reserved
+            add_in(in_use)
+            add_res(reserved)
+            if progress is not None and not j & 0xFFFF:
+                progress(j)
+        j = len(idx)
+    finally:
+        alloc.bytes_in_use = in_use
+        state[:] = [j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak]
+
+
+def _loop_generic(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress) -> None:
+    idx, is_free, addrs, sizes, streams, _ = ops
+    allocate, free = alloc._allocate, alloc._free
+    j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak = state
+    add_in, add_res = tl_in.append, tl_res.append
+    pop = live.pop
+    try:
+        for j in range(len(idx)):
+            rec = addrs[j]
+            if is_free[j]:
+                if dirty:
+                    largest, res_at_peak, dirty = alloc._largest_free_block(), backend.reserved, False
+                entry = pop(rec, None)
+                if entry is None:
+                    raise TraceError(f"{trace.source}: event {idx[j]} (free): free of unknown address {rec:#x}")
+                free(entry[0], entry[1], entry[2], streams[j])
+                in_use -= entry[1]
+            else:
+                if rec in live:
+                    raise TraceError(f"{trace.source}: event {idx[j]} (alloc): address {rec:#x} allocated twice without a free")
+                entry = allocate(sizes[j], 256, streams[j])
+                live[rec] = entry
+                in_use += entry[1]
+                if in_use > peak_in:
+                    peak_in, peak_at, dirty = in_use, j, True
+            reserved = backend.reserved
+            if reserved > peak_res:
+                peak_res = reserved
+            add_in(in_use)
+            add_res(reserved)
+            if progress is not None and not j & 0xFFFF:
+                progress(j)
+        j = len(idx)
+    finally:
+        alloc.bytes_in_use = in_use
+        state[:] = [j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak]
 
 
 def recorded_run(trace: Trace) -> RecordedRun | None:

@@ -1,0 +1,104 @@
+"""`load_trace(path)`: read any supported allocation trace, telling the format from the bytes.
+
+Formats: "torch-snapshot" (a pickle from torch.cuda.memory._dump_snapshot), "chrome" (a PyTorch
+profiler trace with [memory] events), "rmm-csv" (RMM's logging_resource_adaptor) and "jaxmem"
+(JSON lines with a jaxmem-trace header). Gzipped files are read the same way.
+
+    trace = load_trace("memory.pickle")           # format sniffed
+    trace = load_trace("log.csv", format="rmm-csv")
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+
+from jaxmem.errors import TraceError
+from jaxmem.traces.model import Trace
+
+FORMATS = ("torch-snapshot", "chrome", "rmm-csv", "jaxmem")
+_ALIASES = {"pickle": "torch-snapshot", "snapshot": "torch-snapshot", "torch": "torch-snapshot",
+            "rmm": "rmm-csv", "csv": "rmm-csv", "json": "chrome"}
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The format of a trace's (decompressed) bytes, or None when it is none of them.
+
+    >>> sniff_format(b'Thread,Time,Action,Pointer,Size,Stream\\n'), sniff_format(b'\\x80\\x04}')
+    ('rmm-csv', 'torch-snapshot')
+    """
+    if data[:1] == b"\x80":
+        return "torch-snapshot"
+    head = data[:4096].lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head.startswith(b"Thread,Time,Action"):
+        return "rmm-csv"
+    if head.startswith(b"{"):
+        first = data.lstrip().split(b"\n", 1)[0]
+        if b'"jaxmem-trace"' in first:
+            return "jaxmem"
+        return "chrome"
+    if head.startswith(b"["):
+        return "chrome"
+    return None
+
+
+def _text(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def parse_trace(data: bytes, source: str, format: str | None = None) -> Trace:
+    """A Trace from a file's bytes (see `load_trace`)."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:
+            raise TraceError(f"{source}: corrupt or truncated gzip ({err})") from None
+    if not data.strip():
+        raise TraceError(f"{source}: empty file")
+    fmt = _ALIASES.get(format, format) if format else sniff_format(data)
+    if fmt is None:
+        raise TraceError(f"{source}: unknown trace format (expected one of: {', '.join(FORMATS)})")
+    if fmt == "torch-snapshot":
+        from jaxmem.traces.safe_pickle import loads_plain
+        from jaxmem.traces.torch_snapshot import snapshot_to_trace
+
+        return snapshot_to_trace(loads_plain(data, source), source)
+    if fmt == "chrome":
+        from jaxmem.traces.chrome import chrome_to_trace
+
+        try:
+            parsed = json.loads(_text(data, source))
+        except json.JSONDecodeError as err:
+            raise TraceError(f"{source}: corrupt or truncated JSON ({err.msg} at line {err.lineno})") from None
+        return chrome_to_trace(parsed, source)
+    if fmt == "rmm-csv":
+        from jaxmem.traces.rmm_csv import parse_rmm_csv
+
+        return parse_rmm_csv(_text(data, source), source)
+    if fmt == "jaxmem":
+        from jaxmem.traces.jaxmem_format import parse_jaxmem_trace
+
+        return parse_jaxmem_trace(_text(data, source), source)
+    raise TraceError(f"{source}: unknown format {format!r}; one of: {', '.join(FORMATS)}")
+
+
+def load_trace(path: str | Path, format: str | None = None) -> Trace:
+    """Read the trace at `path`; TraceError (one line, naming the file) on anything wrong.
+
+    Args:
+        path: a snapshot pickle, Chrome trace JSON, RMM CSV or jaxmem trace, maybe gzipped.
+        format: one of FORMATS to skip sniffing.
+    Returns:
+        The Trace.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read ({err.strerror or err})") from None
+    return parse_trace(data, str(path), format)

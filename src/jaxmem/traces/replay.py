@@ -52,6 +52,7 @@ class ReplayRun:
     start_reserved_bytes: int = 0
     final_reserved_bytes: int = 0
     events_replayed: int = 0
+    address_matches: int | None = None      # allocs placed at their recorded address (caching on snapshots)
     seconds: float = 0.0
     oom: dict[str, Any] | None = None
     timeline: list[tuple[int, float, int, int]] = field(default_factory=list)
@@ -65,7 +66,7 @@ class ReplayRun:
             "reserved_over_in_use": self.reserved_over_in_use, "xla_fragmentation": self.xla_fragmentation,
             "peak_event_index": self.peak_event_index, "start_reserved_bytes": self.start_reserved_bytes,
             "final_reserved_bytes": self.final_reserved_bytes, "setup_device_allocs": self.setup_device_allocs,
-            "events_replayed": self.events_replayed,
+            "events_replayed": self.events_replayed, "address_matches": self.address_matches,
         }
 
 
@@ -228,7 +229,12 @@ def _oom_info(trace: Trace, event_index: int, request: int, err: OutOfMemory, li
 def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any] | None = None,
                progress: Any = None, ops: tuple | None = None) -> ReplayRun:
     """Replay `trace` through the allocator `name` on a simulated device of `capacity` bytes."""
-    backend = SimulatedBackend(capacity)
+    if name == "caching" and trace.format == "torch-snapshot":
+        from jaxmem.traces.recorded_device import RecordedDevice
+
+        backend: Any = RecordedDevice(trace, capacity)   # the recorded cudaMalloc addresses
+    else:
+        backend = SimulatedBackend(capacity)
     alloc, limit = _make(name, trace, capacity, backend, options)
     run = ReplayRun(name, limit)
     ops = ops if ops is not None else _ops(trace)
@@ -248,10 +254,11 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
     tl_res: list[int] = []
     n = len(idx)
     state = [0, in_use, peak_in, peak_res, peak_at, False, largest_at_peak, res_at_peak]
+    state_matches = [0]
     t0 = time.perf_counter()
     try:
         if hasattr(alloc, "replay_hooks"):
-            _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress)
+            _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress, state_matches)
         else:
             _loop_generic(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress)
     except OutOfMemory as err:
@@ -273,6 +280,8 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
     run.device_alloc_bytes = alloc.device_alloc_bytes - base_bytes
     run.device_frees = alloc.device_frees - base_frees
     run.final_reserved_bytes = backend.reserved
+    if getattr(backend, "kind", "") == "recorded":
+        run.address_matches = state_matches[0]
     run.timeline = _downsample(idx[:len(tl_in)], times[:len(tl_in)], tl_in, tl_res, TIMELINE_POINTS)
     return run
 
@@ -282,9 +291,10 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
 # `_allocate` / `_free` hooks (the public allocate/free would build a Buffer per call). State
 # lives in locals for speed and is written back to `state` (j, in_use, peak_in, peak_res,
 # peak_at, dirty, largest_at_peak, res_at_peak) when the loop ends or raises.
-def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress) -> None:
+def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress, matches) -> None:
     idx, is_free, addrs, sizes, streams, _ = ops
     malloc, free = alloc.replay_hooks()
+    same = 0
     j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak = state
     add_in, add_res = tl_in.append, tl_res.append
     pop = live.pop
@@ -305,6 +315,8 @@ def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progres
                 block = malloc(sizes[j], streams[j])
                 live[rec] = block
                 in_use += block.size
+                if block.addr == rec:
+                    same += 1
                 if in_use > peak_in:
                     peak_in, peak_at, dirty = in_use, j, True
             reserved = backend.reserved
@@ -318,6 +330,7 @@ def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progres
     finally:
         alloc.bytes_in_use = in_use
         state[:] = [j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak]
+        matches[0] = same
 
 
 def _loop_generic(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress) -> None:

@@ -1,0 +1,210 @@
+"""`jaxmem.fit`: rewrite a JAX function to recompute values so that it fits a memory budget.
+
+The search (`remat_search`) proposes a sequence of rewrites, each recomputing one more group of
+values later instead of holding them; XLA is the judge of which one to hand back: each
+candidate is compiled with `jax.jit(...).lower(...).compile()` and its `memory_analysis()`
+total (argument + output + temp - alias) must be within the budget, and so must jaxmem's own
+planned peak (`planner.plan_jaxpr`). Among the rewrites that pass, the one with the least
+recompute is kept; when none passes, the result says so (`fits=False`) and gives the smallest
+budget that was reachable.
+
+>>> import jax, jax.numpy as jnp
+>>> result = fit(step, params, batch, budget="2GiB")        # doctest: +SKIP
+>>> result.fits, result.xla_total_bytes, result.recompute_flops_ratio  # doctest: +SKIP
+>>> new_params = jax.jit(result.fn)(params, batch)         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxmem.compiler.plan_types import SourceLine
+from jaxmem.compiler.remat_graph import Graph, as_function, trace
+from jaxmem.compiler.remat_search import Snapshot, program_flops, search
+from jaxmem.errors import ConfigError
+from jaxmem.units import parse_size
+
+_MATMUL = frozenset({"dot_general", "conv_general_dilated"})
+
+
+@dataclass(frozen=True)
+class RecomputedValue:
+    """One value the rewrite drops after its forward uses and recomputes before its later ones."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    primitive: str                 # what makes it
+    source: SourceLine | None      # where the user's code made it
+    chain: tuple[str, ...]         # the primitives recomputed with it (its group's chain)
+    flops: int                     # FLOPs of that chain
+
+
+@dataclass
+class FitResult:
+    """What `fit` found. `fn` computes the same values as the original; see `fits`."""
+
+    fn: Callable[..., Any]
+    fits: bool
+    budget_bytes: int
+    planned_peak_bytes: int
+    planned_peak_bytes_before: int
+    xla_total_bytes: int
+    xla_total_bytes_before: int
+    recompute_flops_ratio: float
+    extra_flops: int
+    original_flops: int
+    recomputed: list[RecomputedValue]
+    min_reachable_bytes: int
+    policy: str                    # the closest hand-written jax.checkpoint policy
+    policy_code: str               # how to write it
+    policy_xla_total_bytes: int | None
+    rounds: list[dict[str, int]] = field(default_factory=list)  # every candidate XLA judged
+    steps_considered: int = 0      # rewrites the search proposed
+
+
+def _resolve_guard(guard: str) -> str:
+    if guard == "auto":
+        # XLA:CPU drops optimization barriers before its last CSE pass; GPU/TPU keep them
+        # until after scheduling, where the cheaper barrier is enough.
+        return "cond" if jax.default_backend() == "cpu" else "barrier"
+    if guard not in ("cond", "barrier"):
+        raise ConfigError(f"guard must be 'auto', 'cond' or 'barrier', got {guard!r}")
+    return guard
+
+
+def _xla_total(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int, ...]) -> int:
+    from jaxmem.compiler.xla import xla_reference
+
+    return xla_reference(fn, args, donate_argnums=donate_argnums).total_bytes
+
+
+def _planned_peak(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int, ...]) -> int:
+    from jaxmem.compiler.planner import plan
+
+    return plan(fn, *args, donate_argnums=donate_argnums, xla=False).peak_bytes
+
+
+def _recomputed(graph: Graph, snap: Snapshot) -> list[RecomputedValue]:
+    found = []
+    for group in snap.groups:
+        for vid, maker in zip(group.values, group.makers):
+            meta = graph.values[vid]
+            found.append(RecomputedValue(meta.shape, meta.dtype, meta.nbytes, maker, meta.source,
+                                         tuple(group.primitives), group.flops))
+    return found
+
+
+def _policy(snap: Snapshot, graph: Graph) -> tuple[str, str]:
+    """Name the hand-written policy closest to what the rewrite chose, and how to write it."""
+    if not snap.groups:
+        return "everything_saveable", "no jax.checkpoint needed"
+    matmul = any(p in _MATMUL for g in snap.groups for p in g.primitives)
+    if not matmul:
+        return ("dots_saveable", "jax.checkpoint(layer, policy=jax.checkpoint_policies.dots_saveable)")
+    lines = sorted({str(v.source) for v in _recomputed(graph, snap) if v.source is not None})
+    shown = "; ".join(lines[:4]) + (" ..." if len(lines) > 4 else "")
+    return ("save_only_these_names",
+            "tag the values to keep with jax.ad_checkpoint.checkpoint_name(x, 'keep') and wrap the "
+            "layer in jax.checkpoint(layer, policy=jax.checkpoint_policies.save_only_these_names"
+            f"('keep')); recompute the values made at: {shown}")
+
+
+def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
+        donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
+        guard: str = "auto") -> FitResult:
+    """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
+
+    >>> result = fit(train_step, params, batch, budget="2GiB")   # doctest: +SKIP
+    >>> jax.jit(result.fn)(params, batch)                          # doctest: +SKIP
+
+    Args:
+        fn: a JAX-traceable function (typically a training step: forward and backward).
+        *args: its example arguments (pytrees of arrays).
+        budget: bytes (int) or a size such as "2GiB", judged against XLA's total
+            (argument + output + temp - alias) and jaxmem's planned peak.
+        donate_argnums: positional arguments the caller donates, as for `jax.jit`.
+        max_rounds: how many rewrites XLA compiles at most to find the cheapest that fits.
+        guard: how recomputation is kept from being merged back by XLA: "cond", "barrier", or
+            "auto" (cond on CPU, barrier elsewhere).
+
+    Returns:
+        A `FitResult`; `fits=False` (not an exception) when the budget cannot be met, with
+        `min_reachable_bytes` the smallest budget the rewrite reached.
+    """
+    budget_bytes = parse_size(budget)
+    if isinstance(donate_argnums, int):
+        donate_argnums = (donate_argnums,)
+    donate = tuple(int(i) % max(len(args), 1) for i in donate_argnums)
+    if max_rounds < 1:
+        raise ConfigError(f"max_rounds must be at least 1, got {max_rounds}")
+    guard = _resolve_guard(guard)
+    graph = trace(fn, *args, donate_argnums=donate)
+    xla_before = _xla_total(fn, args, donate)
+    planned_before = _planned_peak(fn, args, donate)
+    snaps = search(graph, guard=guard)
+    judged: dict[int, tuple[int, int]] = {0: (xla_before, planned_before)}
+    rounds: list[dict[str, int]] = []
+
+    def judge(i: int) -> tuple[int, int]:
+        if i not in judged:
+            f = as_function(snaps[i].graph)
+            judged[i] = (_xla_total(f, args, donate), _planned_peak(f, args, donate))
+            rounds.append({"step": i, "modelled_peak": snaps[i].peak, "xla_total": judged[i][0],
+                           "planned_peak": judged[i][1]})
+        return judged[i]
+
+    def passes(i: int) -> bool:
+        xla_total, planned = judge(i)
+        return xla_total <= budget_bytes and planned <= budget_bytes
+
+    last = len(snaps) - 1
+    if passes(0):
+        chosen = 0
+    elif last == 0 or not passes(last):
+        chosen = min(judged, key=lambda i: max(judged[i]))
+    else:
+        # Bisect for the first rewrite that passes, starting where the model, scaled by how
+        # XLA's total relates to it on the original, says the budget is met.
+        lo, hi = 0, last
+        scale = xla_before / max(snaps[0].peak, 1)
+        guess = next((i for i, s in enumerate(snaps) if s.peak * scale <= budget_bytes), last)
+        probe = min(max(guess, lo + 1), hi - 1) if hi - lo > 1 else None
+        while probe is not None and len(rounds) < max_rounds:
+            if passes(probe):
+                hi = probe
+            else:
+                lo = probe
+            probe = (lo + hi) // 2 if hi - lo > 1 else None
+        chosen = hi
+    min_reachable = min(max(v) for v in judged.values())
+    snap = snaps[chosen]
+    xla_total, planned = judged[chosen]
+    original_flops = program_flops(graph)
+    policy, code = _policy(snap, graph)
+    policy_total = xla_total if policy != "everything_saveable" else xla_before
+    return FitResult(
+        fn=fn if chosen == 0 else as_function(snap.graph),
+        fits=xla_total <= budget_bytes and planned <= budget_bytes,
+        budget_bytes=budget_bytes,
+        planned_peak_bytes=planned,
+        planned_peak_bytes_before=planned_before,
+        xla_total_bytes=xla_total,
+        xla_total_bytes_before=xla_before,
+        recompute_flops_ratio=snap.extra_flops / max(original_flops, 1),
+        extra_flops=snap.extra_flops,
+        original_flops=original_flops,
+        recomputed=_recomputed(graph, snap),
+        min_reachable_bytes=min_reachable,
+        policy=policy,
+        policy_code=code,
+        policy_xla_total_bytes=policy_total,
+        rounds=rounds,
+        steps_considered=last,
+    )
+
+
+__all__ = ["fit", "FitResult", "RecomputedValue"]

@@ -1,0 +1,459 @@
+"""The greedy rematerialization search: drop values across the peak, recompute them later.
+
+The model is liveness over the flat program (`remat_graph.Graph`): a value occupies its bytes
+from the node that makes it to its last use; arguments and outputs for the whole call (the
+caller holds the arguments; XLA reserves output buffers for the whole call and counts them in
+its total), less outputs that take over a donated argument's buffer. A recompute group holds its intermediates during its
+own step only.
+
+One step of the search looks at the step where live bytes peak, and at the values that are live
+across it without being used there (in a training step: the forward's residuals waiting for the
+backward). For each such value `v` it builds a recompute chain to run right before `v`'s next
+use `u`: `v`'s producer, and recursively the producers of operands that are not live at `u`
+anyway. Values the chain can make with a few more cheap nodes, and that are also waiting for a
+use at or after `u`, join the group (a layer's mask and activation are recomputed together).
+Groups whose chain is all cheap (elementwise, movement, reductions: what XLA fuses) go first,
+largest first; then the rest by bytes freed per FLOP recomputed. The first group that lowers
+the peak (or keeps it and lowers the area under the live-bytes curve) is applied, and the
+search goes on until no group helps. Every accepted step is kept, so a caller can pick the
+least recompute that meets a budget, and the last step is the smallest peak reachable.
+
+>>> import jax, jax.numpy as jnp
+>>> from jaxmem.compiler.remat_graph import trace
+>>> g = trace(lambda x: jnp.sum(jnp.sin(x) * jnp.cos(x)), jnp.ones(4))
+>>> profile(g).peak > 0
+True
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from jaxmem.compiler.costs import REDUCTIONS, eqn_cost, is_cheap, is_recomputable
+from jaxmem.compiler.plan_types import Const
+from jaxmem.compiler.remat_graph import Graph, Node
+
+# A chain may reach this many nodes back from the value it recomputes; deeper chains cost more
+# than they free in every model we measured, and the bound keeps one search step cheap.
+MAX_CHAIN_DEPTH = 6
+MAX_CHAIN_NODES = 48
+# Extra cheap nodes a sibling may add to a group's chain.
+MAX_SIBLING_NODES = 4
+# Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
+MAX_TRIES = 6
+
+
+@dataclass
+class Liveness:
+    """Live bytes per step under the model, and each value's definition and uses."""
+
+    live: list[int]                       # live bytes at steps 0..N (N: the program's exit)
+    defs: dict[int, int]                  # value -> node position (-1: argument or constant)
+    uses: dict[int, list[int]]            # value -> sorted positions that read it (N: output)
+    producer: dict[int, int]              # value -> node position
+    last: dict[int, int]                  # value -> last position it is live
+    virtual: set[int] = field(default_factory=set)  # values XLA fuses into their consumers
+
+    @property
+    def peak(self) -> int:
+        return max(self.live) if self.live else 0
+
+    @property
+    def peak_step(self) -> int:
+        return self.live.index(self.peak)
+
+    @property
+    def area(self) -> int:
+        return sum(self.live)
+
+
+def profile(graph: Graph) -> Liveness:
+    """Live bytes at every step of `graph` under the liveness model (see the module docstring)."""
+    n = len(graph.nodes)
+    defs: dict[int, int] = {}
+    uses: dict[int, list[int]] = {}
+    producer: dict[int, int] = {}
+    scratch: dict[int, int] = {}
+    for vid in graph.invars:
+        defs[vid] = -1
+    for vid in graph.consts:
+        defs[vid] = -1
+    for pos, node in enumerate(graph.nodes):
+        for vid in node.inputs:
+            uses.setdefault(vid, []).append(pos)
+        for vid in node.outs:
+            if vid is not None:
+                defs[vid] = pos
+                if node.eqn is not None:
+                    producer[vid] = pos
+        if node.body:
+            scratch[pos] = _group_scratch(graph, node)
+    for vid in graph.outvars:
+        if not isinstance(vid, Const):
+            uses.setdefault(vid, []).append(n)
+    virtual = _virtual(graph, uses)
+    # A fused value is read where its consumers run: its operands stay live until then.
+    for pos in range(n - 1, -1, -1):
+        node = graph.nodes[pos]
+        if node.outs and node.outs[0] in virtual:
+            later = [u for out in node.outs if out is not None for u in uses.get(out, [])]
+            for w in node.inputs:
+                uses[w] = sorted(set(uses.get(w, [])) | set(later))
+    last = {vid: (uses[vid][-1] if vid in uses else pos) for vid, pos in defs.items()}
+    delta = [0] * (n + 2)
+    delta[0] = _pinned_bytes(graph)
+    pinned = set(graph.invars) | {v for v in graph.outvars if not isinstance(v, Const)}
+    for r, end in last.items():
+        if r in graph.consts or r in pinned or r in virtual:
+            continue
+        start = max(defs[r], 0)
+        size = graph.values[r].nbytes
+        delta[start] += size
+        delta[end + 1] -= size
+    for pos, size in scratch.items():
+        delta[pos] += size
+        delta[pos + 1] -= size
+    live = []
+    running = 0
+    for i in range(n + 1):
+        running += delta[i]
+        live.append(running)
+    return Liveness(live, defs, uses, producer, last, virtual)
+
+
+def _group_scratch(graph: Graph, node: Node) -> int:
+    """Bytes a recompute group holds while it runs, besides its outputs: its intermediates."""
+    outs = set(node.outs)
+    return sum(graph.values[v].nbytes for n in node.body for v in n.outs
+               if v is not None and v not in outs)
+
+
+def _fusible_producer(node: Node) -> bool:
+    return node.eqn is not None and is_cheap(node.eqn) and node.eqn.primitive.name not in REDUCTIONS
+
+
+def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
+    """Values XLA keeps out of memory: made by elementwise or movement ops and read only by
+    fusible ops (elementwise, movement, reductions), so each consumer's fusion recomputes them."""
+    n = len(graph.nodes)
+    virtual = set()
+    for node in graph.nodes:
+        if not _fusible_producer(node):
+            continue
+        outs = [v for v in node.outs if v is not None]
+        ok = True
+        for v in outs:
+            for u in uses.get(v, []):
+                if u >= n or not (graph.nodes[u].eqn is not None and is_cheap(graph.nodes[u].eqn)):
+                    ok = False
+                    break
+        if ok:
+            virtual.update(outs)
+    return virtual
+
+
+def sink(graph: Graph) -> Graph:
+    """Move each elementwise/movement node that does not shrink its operand to just before its
+    first consumer, as XLA's fusion does; values are unchanged, residuals get shorter."""
+    n = len(graph.nodes)
+    consumers: dict[int, list[int]] = {}
+    for pos, node in enumerate(graph.nodes):
+        for w in node.inputs:
+            consumers.setdefault(w, []).append(pos)
+    outputs = {v for v in graph.outvars if not isinstance(v, Const)}
+    key: list[tuple[int, int]] = [(i, i) for i in range(n)]
+    for pos in range(n - 1, -1, -1):
+        node = graph.nodes[pos]
+        outs = [v for v in node.outs if v is not None]
+        if not _fusible_producer(node) or not outs or any(v in outputs for v in outs):
+            continue
+        out_bytes = min(graph.values[v].nbytes for v in outs)
+        if any(graph.values[w].nbytes > out_bytes for w in node.inputs):
+            continue
+        targets = [key[c][0] for v in outs for c in consumers.get(v, [])]
+        if targets:
+            key[pos] = (min(targets), pos)
+    order = sorted(range(n), key=lambda i: key[i])
+    return graph.with_nodes([graph.nodes[i] for i in order], list(graph.outvars))
+
+
+def hoist(graph: Graph) -> Graph:
+    """Move the nodes that make outputs (and the cheap nodes that only feed them) to just after
+    their last operand exists, as XLA's memory-minimizing scheduler does: an output's buffer is
+    held for the whole call anyway, and its operands (a gradient before the optimizer update)
+    die sooner."""
+    n = len(graph.nodes)
+    outputs = {v for v in graph.outvars if not isinstance(v, Const)}
+    consumers: dict[int, list[int]] = {}
+    for pos, node in enumerate(graph.nodes):
+        for w in node.inputs:
+            consumers.setdefault(w, []).append(pos)
+    hoisted = set()
+    for pos in range(n - 1, -1, -1):
+        node = graph.nodes[pos]
+        outs = [v for v in node.outs if v is not None]
+        if not outs or node.eqn is None or not is_recomputable(node.eqn):
+            continue
+        if all(v in outputs for v in outs) or (
+                _fusible_producer(node) and all(c in hoisted for v in outs for c in consumers.get(v, [])
+                                                ) and all(v in consumers for v in outs)):
+            hoisted.add(pos)
+    producer = {v: pos for pos, node in enumerate(graph.nodes) for v in node.outs if v is not None}
+    key: list[tuple[int, int, int]] = [(i, 0, i) for i in range(n)]
+    for pos in sorted(hoisted):
+        after = [key[producer[w]][0] for w in graph.nodes[pos].inputs if w in producer]
+        key[pos] = (max(after, default=-1), 1, pos)
+    order = sorted(range(n), key=lambda i: key[i])
+    return graph.with_nodes([graph.nodes[i] for i in order], list(graph.outvars))
+
+
+def _pinned_bytes(graph: Graph) -> int:
+    """Bytes held for the whole call: arguments and outputs, less outputs that take a donated
+    argument's buffer (same shape and dtype, as XLA's input-output aliasing pairs them)."""
+    outs = list(dict.fromkeys(v for v in graph.outvars if not isinstance(v, Const)))
+    total = sum(graph.values[v].nbytes for v in dict.fromkeys(graph.invars))
+    total += sum(graph.values[v].nbytes for v in outs if v not in graph.invars)
+    free = [graph.values[graph.invars[i]] for i in sorted(graph.donated)]
+    for v in outs:
+        meta = graph.values[v]
+        for i, d in enumerate(free):
+            if d.shape == meta.shape and d.dtype == meta.dtype:
+                total -= meta.nbytes
+                del free[i]
+                break
+    return total
+
+
+def _donated_ids(graph: Graph) -> set[int]:
+    return {graph.invars[i] for i in graph.donated}
+
+
+@dataclass
+class Group:
+    """One rewrite: recompute `chain` (original node positions, in order) before node `at`."""
+
+    values: list[int]          # values dropped across the peak and recomputed
+    chain: list[int]           # node positions to duplicate, topological order
+    at: int                    # insert before this node position
+    freed: int                 # bytes the group frees at the peak step
+    flops: int
+    cheap: bool
+    primitives: list[str] = field(default_factory=list)   # the chain's, in order
+    makers: list[str] = field(default_factory=list)       # what makes each of `values`
+
+    def rank(self) -> tuple:
+        if self.cheap:
+            return (0, -self.freed)
+        return (1, -self.freed / max(self.flops, 1))
+
+
+@dataclass
+class Snapshot:
+    """The program after some search steps, with its modelled peak and recompute cost."""
+
+    graph: Graph
+    peak: int
+    extra_flops: int
+    groups: list[Group] = field(default_factory=list)
+
+
+def _available(graph: Graph, lv: Liveness, vid: int, at: int) -> bool:
+    if lv.defs.get(vid, 0) < 0:
+        return vid in graph.consts or vid not in _donated_ids(graph) or lv.last[vid] >= at
+    return lv.defs[vid] < at and lv.last.get(vid, -1) >= at
+
+
+def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int, None],
+                 depth: int, limit: int, cheap_only: bool) -> bool:
+    pos = lv.producer.get(vid)
+    if pos is None:
+        return False
+    if pos in chain:
+        return True
+    node = graph.nodes[pos]
+    if node.eqn is None or not is_recomputable(node.eqn) or (cheap_only and not is_cheap(node.eqn)):
+        return False
+    if len(chain) >= limit:
+        return False
+    for w in node.inputs:
+        if _available(graph, lv, w, at):
+            continue
+        if depth >= MAX_CHAIN_DEPTH:
+            return False
+        if not _build_chain(graph, lv, w, at, chain, depth + 1, limit, cheap_only):
+            return False
+    chain[pos] = None
+    return True
+
+
+def _first_use_after(lv: Liveness, vid: int, t: int) -> int | None:
+    uses = lv.uses.get(vid, [])
+    i = bisect.bisect_right(uses, t)
+    return uses[i] if i < len(uses) else None
+
+
+def _crossing(graph: Graph, lv: Liveness, t: int, min_bytes: int) -> dict[int, int]:
+    """Values live across step t but not read there, with their next use: value -> position."""
+    found = {}
+    for vid, pos in lv.producer.items():
+        if pos >= t or vid in lv.virtual or graph.values[vid].nbytes < min_bytes:
+            continue
+        uses = lv.uses.get(vid)
+        if not uses or uses[-1] <= t:
+            continue
+        nxt = _first_use_after(lv, vid, t - 1)
+        if nxt is None or nxt == t:
+            continue
+        found[vid] = nxt
+    return found
+
+
+def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4) -> list[Group]:
+    """Ranked groups that could lower the live bytes at the peak step."""
+    t = lv.peak_step
+    crossing = _crossing(graph, lv, t, int(lv.peak * min_fraction))
+    consumers: dict[int, list[int]] = {}
+    for pos, node in enumerate(graph.nodes):
+        for w in node.inputs:
+            consumers.setdefault(w, []).append(pos)
+    groups = []
+    for vid, at in crossing.items():
+        chain: dict[int, None] = {}
+        if not _build_chain(graph, lv, vid, at, chain, 0, MAX_CHAIN_NODES, False):
+            continue
+        if not _has_external_input(graph, lv, chain, at):
+            continue  # a chain of constants would be folded back by XLA
+        values = [vid]
+        # Siblings: other waiting values that the chain's nodes feed with a few cheap nodes.
+        frontier = [out for p in list(chain) for out in graph.nodes[p].outs if out is not None]
+        seen = set(frontier)
+        while frontier:
+            src = frontier.pop()
+            for cpos in consumers.get(src, []):
+                for c in graph.nodes[cpos].outs:
+                    if c is None or c in seen or c not in crossing or crossing[c] < at:
+                        continue
+                    seen.add(c)
+                    trial = dict(chain)
+                    if _build_chain(graph, lv, c, at, trial, 0, len(chain) + MAX_SIBLING_NODES, True):
+                        chain = trial
+                        values.append(c)
+                        frontier.append(c)
+        flops = sum(eqn_cost(graph.nodes[p].eqn).flops for p in chain)
+        cheap = all(is_cheap(graph.nodes[p].eqn) for p in chain)
+        freed = sum(graph.values[v].nbytes for v in values)
+        prims = [graph.nodes[p].primitive for p in chain]
+        makers = [graph.nodes[lv.producer[v]].primitive for v in values]
+        groups.append(Group(values, list(chain), at, freed, flops, cheap, prims, makers))
+    groups.sort(key=Group.rank)
+    return groups
+
+
+def _has_external_input(graph: Graph, lv: Liveness, chain: dict[int, None], at: int) -> bool:
+    inside = {out for p in chain for out in graph.nodes[p].outs}
+    return any(w not in inside and w not in graph.consts
+               for p in chain for w in graph.nodes[p].inputs)
+
+
+def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Graph:
+    """The graph with `group.chain` recomputed by one group node inserted before node `group.at`.
+
+    The group reads the chain's operands that are not themselves recomputed, plus an anchor
+    (the newest value made before `at`) that keeps XLA from running it earlier; later nodes
+    read its copies instead of the originals. `guard` is how XLA is kept from merging the copy
+    back into the original (see `remat_graph._run_group`).
+    """
+    at = group.at
+    inside = {out for p in group.chain for out in graph.nodes[p].outs if out is not None}
+    external: list[int] = []
+    for p in group.chain:
+        for w in graph.nodes[p].inputs:
+            if w not in inside and w not in graph.consts and w not in external:
+                external.append(w)
+    anchor = _anchor(graph, at, set(external))
+    later: dict[int, int] = {}  # original value -> recomputed copy
+    body = []
+    for p in group.chain:
+        node = graph.nodes[p]
+        outs = []
+        for out in node.outs:
+            if out is None:
+                outs.append(None)
+                continue
+            later[out] = graph.new_id(out)
+            outs.append(later[out])
+        ins = tuple(v if isinstance(v, Const) else later.get(v, v) for v in node.ins)
+        body.append(Node(node.eqn, ins, tuple(outs), node.origin, True))
+    used_later = set()
+    nodes = list(graph.nodes[:at])
+    tail = []
+    for node in graph.nodes[at:]:
+        if any(not isinstance(v, Const) and v in later for v in node.ins):
+            used_later.update(v for v in node.ins if not isinstance(v, Const) and v in later)
+            node = Node(node.eqn, tuple(v if isinstance(v, Const) else later.get(v, v) for v in node.ins),
+                        node.outs, node.origin, node.recompute, node.body, node.guard)
+        tail.append(node)
+    used_later.update(v for v in graph.outvars if not isinstance(v, Const) and v in later)
+    outs = tuple(later[v] for v in later if v in used_later)
+    ins = tuple(external + ([anchor] if anchor is not None else external[:1]))
+    nodes.append(Node(None, ins, outs, -1, True, tuple(body), guard))
+    nodes.extend(tail)
+    outvars = [v if isinstance(v, Const) else later.get(v, v) for v in graph.outvars]
+    return graph.with_nodes(nodes, outvars)
+
+
+def _anchor(graph: Graph, at: int, exclude: set[int]) -> int | None:
+    for pos in range(at - 1, -1, -1):
+        for out in graph.nodes[pos].outs:
+            if out is None or out in exclude:
+                continue
+            meta = graph.values[out]
+            if meta.nbytes > 0 and meta.dtype in _PLAIN_DTYPES:
+                return out
+    return None
+
+
+_PLAIN_DTYPES = frozenset({
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint64",
+    "uint32", "uint16", "uint8", "bool", "complex64", "complex128",
+})
+
+
+def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
+           guard: str = "cond") -> list[Snapshot]:
+    """Run the greedy search from `graph` until no group lowers the peak (or it is below `stop_below`).
+
+    Args:
+        graph: the flat program (`remat_graph.trace`).
+        stop_below: stop once the modelled peak is at or below this many bytes.
+        max_steps: a bound on accepted rewrites.
+
+    Returns:
+        The snapshots, the unmodified program first; each later one applies one more group.
+    """
+    graph = hoist(sink(graph))
+    lv = profile(graph)
+    snapshots = [Snapshot(graph, lv.peak, 0)]
+    extra = 0
+    groups: list[Group] = []
+    while len(snapshots) <= max_steps and lv.peak > stop_below:
+        accepted = None
+        for group in candidates(graph, lv)[:MAX_TRIES]:
+            trial = apply(graph, lv, group, guard)
+            tlv = profile(trial)
+            if tlv.peak < lv.peak or (tlv.peak == lv.peak and tlv.area < lv.area):
+                accepted = (group, trial, tlv)
+                break
+        if accepted is None:
+            break
+        group, graph, lv = accepted
+        extra += group.flops
+        groups = groups + [group]
+        snapshots.append(Snapshot(graph, lv.peak, extra, groups))
+    return snapshots
+
+
+def program_flops(graph: Graph) -> int:
+    """FLOPs of the graph's original (not recomputed) nodes."""
+    return sum(eqn_cost(n.eqn).flops for n in graph.nodes if n.eqn is not None and not n.recompute)

@@ -5,10 +5,12 @@
 
 `nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i N` prints MiB. Where
 nvidia-smi is not on PATH the caller falls back to a capacity it was given.
+`JAXMEM_NVIDIA_SMI` names another nvidia-smi, or "none" to skip the query.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -19,7 +21,11 @@ _TIMEOUT_S = 20.0
 
 
 def nvidia_smi() -> str | None:
-    """Path of nvidia-smi on PATH, or None."""
+    """Path of nvidia-smi, or None: `JAXMEM_NVIDIA_SMI` when set ("none" disables the query,
+    e.g. to simulate a device on a GPU machine), else nvidia-smi on PATH."""
+    chosen = os.environ.get("JAXMEM_NVIDIA_SMI")
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "none") else chosen
     return shutil.which("nvidia-smi")
 
 

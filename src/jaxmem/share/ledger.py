@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import select
 import sys
 import time
 from pathlib import Path
@@ -37,10 +38,9 @@ from jaxmem.errors import ConfigError, LedgerError
 from jaxmem.share import gpu, procinfo, store
 from jaxmem.units import format_size, parse_size
 
-# A waiter re-reads the ledger when it changes, and checks every LIVENESS_S that the holders
-# and earlier waiters are alive (a process that died changes no file).
-LIVENESS_S = 0.2
-_POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
+# A waiter wakes when its doorbell rings, and at least every LIVENESS_S to check that holders
+# and earlier waiters are alive (a process that died changes no file and rings no bell).
+LIVENESS_S = 0.25
 
 
 def parse_amount(amount: int | str, capacity: int) -> int:
@@ -115,8 +115,11 @@ def _transaction(device: int, root: Path | None, capacity: int | None = None, *,
         if state is None and paths.history.exists():
             # The file was deleted but its journal is here: rebuild rather than forget.
             from jaxmem.share.repair import rebuild_from_journal
-            txn.state = rebuild_from_journal(paths)
-            txn.dirty = True
+            txn.state, dropped = rebuild_from_journal(paths)
+            for ticket in dropped:
+                txn.log(op="abandon", ticket=ticket, reason="dropped at rebuild")
+            txn.log(op="repair", action="rebuilt", damaged="ledger file missing",
+                    kept=[r["id"] for r in txn.state["reservations"]], dropped=[])
         if txn.state is None:
             if not create:
                 yield txn
@@ -139,6 +142,8 @@ def _transaction(device: int, root: Path | None, capacity: int | None = None, *,
         yield txn
         if txn.dirty:
             store.commit(paths, txn.state, txn.events)
+            if txn.state["waiters"]:
+                store.ring(paths, min(w["ticket"] for w in txn.state["waiters"]))
 
 
 def reserved_bytes(state: dict[str, Any] | None) -> int:
@@ -162,6 +167,7 @@ def _reclaim(txn: _Txn) -> None:
     for w in list(state["waiters"]):
         if not procinfo.is_alive(w["pid"], w["start"]):
             state["waiters"].remove(w)
+            store.close_bell(txn.paths, w["ticket"], None)
             txn.log(op="abandon", ticket=w["ticket"], bytes=w["bytes"], pid=w["pid"],
                     reason=_dead_reason(w["pid"], w["start"]))
 
@@ -269,14 +275,16 @@ def _grant(txn: _Txn, ticket: int, nbytes: int, label: str, me: tuple[int, int])
     return Reservation(txn.paths, record, state["capacity"])
 
 
-def _enqueue(txn: _Txn, nbytes: int, label: str, me: tuple[int, int], requeued: bool = False) -> int:
+def _enqueue(txn: _Txn, nbytes: int, label: str, me: tuple[int, int], requeued: bool = False) -> tuple[int, int]:
+    """Queue a request; returns its ticket and the read end of its doorbell."""
     state = txn.state
     ticket = state["next_ticket"]
     state["next_ticket"] += 1
+    bell = store.open_bell(txn.paths, ticket)  # before the commit that may ring it
     state["waiters"].append({"ticket": ticket, "bytes": nbytes, "label": label, "since": time.time(),
                              "pid": me[0], "start": me[1]})
     txn.log(op="enqueue", ticket=ticket, bytes=nbytes, pid=me[0], label=label, **({"requeued": True} if requeued else {}))
-    return ticket
+    return ticket, bell
 
 
 def describe_holders(state: dict[str, Any], *, before_ticket: int | None = None) -> str:
@@ -353,10 +361,10 @@ def reserve(amount: int | str, *, device: int = 0, capacity: int | str | None = 
             failure = LedgerError(f"device {device}: {format_size(nbytes)} can never be granted while this "
                                   f"process itself holds {format_size(mine)} of {format_size(state['capacity'])}")
         else:
-            ticket = _enqueue(txn, nbytes, label, me)
+            ticket, bell = _enqueue(txn, nbytes, label, me)
     if failure is not None:
         raise failure
-    return _wait_for_turn(txn.paths, ticket, nbytes, label, me, wait)
+    return _wait_for_turn(txn.paths, ticket, bell, nbytes, label, me, wait)
 
 
 def _take_ticket(state: dict[str, Any]) -> int:
@@ -365,61 +373,40 @@ def _take_ticket(state: dict[str, Any]) -> int:
     return ticket
 
 
-def _signature(path: Path) -> tuple[int, int, int] | None:
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return info.st_ino, info.st_mtime_ns, info.st_size
-
-
-def _wait_for_turn(paths: store.LedgerPaths, ticket: int, nbytes: int, label: str,
+def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int, label: str,
                    me: tuple[int, int], wait: float) -> Reservation:
-    """Poll until `ticket` is at the head of the queue and fits, or `wait` seconds pass.
+    """Wait until `ticket` is first in the queue and fits, or `wait` seconds pass.
 
-    Polls read the file without the lock (it is replaced atomically) and only when it changed;
-    the lock is taken when the peek says it is our turn, and every LIVENESS_S to reclaim holders
-    that died without changing the file.
+    Between attempts the waiter sleeps on its doorbell, which the process making the next
+    change rings; it also wakes every LIVENESS_S to reclaim holders that died (a dead process
+    changes no file and rings no bell).
     """
     device, root = paths.device, paths.state.parent
     deadline = time.monotonic() + wait
-    delay, seen = _POLL_MIN_S, None
-    next_liveness = time.monotonic() + LIVENESS_S
     try:
         while True:
-            now = time.monotonic()
-            attempt = now >= next_liveness or now >= deadline
-            if not attempt:
-                sig = _signature(paths.state)
-                if sig != seen:
-                    seen = sig
-                    try:
-                        peek = store.load(paths)
-                    except LedgerError:
-                        peek = None
-                    attempt = peek is None or _my_turn(peek, ticket, nbytes)
-            if attempt:
-                if now >= next_liveness:
-                    next_liveness = now + LIVENESS_S
-                message = None
-                with _transaction(device, root) as txn:
-                    if not any(w["ticket"] == ticket for w in txn.state["waiters"]):
-                        # Our entry is gone (the ledger was repaired): queue again, at the back.
-                        ticket = _enqueue(txn, nbytes, label, me, requeued=True)
-                    if _my_turn(txn.state, ticket, nbytes):
-                        return _grant(txn, ticket, nbytes, label, me)
-                    if now >= deadline:
-                        message = _busy_message(txn.state, nbytes, wait, ticket)
-                        txn.state["waiters"] = [w for w in txn.state["waiters"] if w["ticket"] != ticket]
-                        txn.log(op="abandon", ticket=ticket, bytes=nbytes, pid=me[0], reason="timeout")
-                if message is not None:
-                    raise LedgerError(message)
-                delay = _POLL_MIN_S
-            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 1.5, _POLL_MAX_S)
+            message = None
+            with _transaction(device, root) as txn:
+                if not any(w["ticket"] == ticket for w in txn.state["waiters"]):
+                    # Our entry is gone (the ledger was repaired): queue again, at the back.
+                    store.close_bell(paths, ticket, bell)
+                    ticket, bell = _enqueue(txn, nbytes, label, me, requeued=True)
+                if _my_turn(txn.state, ticket, nbytes):
+                    return _grant(txn, ticket, nbytes, label, me)
+                if time.monotonic() >= deadline:
+                    message = _busy_message(txn.state, nbytes, wait, ticket)
+                    txn.state["waiters"] = [w for w in txn.state["waiters"] if w["ticket"] != ticket]
+                    txn.log(op="abandon", ticket=ticket, bytes=nbytes, pid=me[0], reason="timeout")
+            if message is not None:
+                raise LedgerError(message)
+            remaining = deadline - time.monotonic()
+            select.select([bell], [], [], max(0.0, min(LIVENESS_S, remaining)))
+            store.drain_bell(bell)
     except BaseException:
         _withdraw(device, root, ticket, nbytes, me)
         raise
+    finally:
+        store.close_bell(paths, ticket, bell)
 
 
 def _withdraw(device: int, root: Path, ticket: int, nbytes: int, me: tuple[int, int]) -> None:

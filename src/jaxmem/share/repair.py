@@ -21,10 +21,13 @@ from jaxmem.errors import ConfigError, LedgerError
 from jaxmem.share import procinfo, store
 
 
-def rebuild_from_journal(paths: store.LedgerPaths) -> dict[str, Any]:
+def rebuild_from_journal(paths: store.LedgerPaths) -> tuple[dict[str, Any], list[int]]:
     """The state the journal describes: its last snapshot with every later change applied.
 
-    Call with the lock held. Raises LedgerError when the journal has no snapshot to start from.
+    Call with the lock held. Returns (state, tickets of the requests that were waiting): waiters
+    are not restored, since the processes still waiting notice and queue again; the caller
+    journals their old tickets as given up. Raises LedgerError when the journal has no
+    snapshot to start from.
     """
     events = store.read_history(paths, include_rotated=False)
     starts = [i for i, e in enumerate(events) if e.get("op") == "snapshot" and isinstance(e.get("state"), dict)]
@@ -33,11 +36,16 @@ def rebuild_from_journal(paths: store.LedgerPaths) -> dict[str, Any]:
                           f"`jaxmem share repair --device {paths.device} --reset --capacity SIZE` starts an empty "
                           "ledger (any reservations in it are forgotten)")
     state = events[starts[-1]]["state"]
-    state["waiters"] = []
     by_id = {r["id"]: r for r in state.get("reservations", [])}
+    waiting = {w["ticket"] for w in state.get("waiters", [])}
     for event in events[starts[-1] + 1:]:
         op = event.get("op")
+        if op == "enqueue":
+            waiting.add(event["ticket"])
+        elif op == "abandon":
+            waiting.discard(event["ticket"])
         if op == "grant":
+            waiting.discard(event["ticket"])
             by_id[event["id"]] = {k: event[k] for k in ("id", "ticket", "bytes", "label", "since", "pids")}
         elif op in ("release", "reclaim"):
             by_id.pop(event.get("id"), None)
@@ -46,6 +54,7 @@ def rebuild_from_journal(paths: store.LedgerPaths) -> dict[str, Any]:
         elif op == "capacity":
             state["capacity"] = event["capacity"]
     state["reservations"] = sorted(by_id.values(), key=lambda r: r["id"])
+    state["waiters"] = []
     last_seq = max(e["seq"] for e in events)
     state["next_seq"] = max(state.get("next_seq", 1), last_seq + 1)
     state["next_id"] = max([state.get("next_id", 1)] + [r["id"] + 1 for r in state["reservations"]]
@@ -55,7 +64,7 @@ def rebuild_from_journal(paths: store.LedgerPaths) -> dict[str, Any]:
     problem = store.validate(state, paths.device)
     if problem:
         raise LedgerError(f"cannot rebuild {paths.state} from {paths.history}: {problem}")
-    return state
+    return state, sorted(waiting)
 
 
 def repair(device: int, *, root: Path | None = None, reset: bool = False,
@@ -88,8 +97,9 @@ def repair(device: int, *, root: Path | None = None, reset: bool = False,
                 store.commit(paths, state, txn.events)
             return {"device": device, "action": "ok", "kept": [r["id"] for r in state["reservations"]],
                     "dropped": [e["id"] for e in txn.events if e["op"] == "reclaim"], "moved_to": None}
+        tickets: list[int] = []
         try:
-            state = rebuild_from_journal(paths)
+            state, tickets = rebuild_from_journal(paths)
             action = "rebuilt"
         except LedgerError:
             if not reset:
@@ -111,6 +121,8 @@ def repair(device: int, *, root: Path | None = None, reset: bool = False,
         events = [{"op": "repair", "action": action, "kept": [r["id"] for r in kept],
                    "dropped": [r["id"] for r in dropped], "damaged": damage or "ledger file missing",
                    "reserved": sum(r["bytes"] for r in kept)}]
+        events += [{"op": "abandon", "ticket": t, "reason": "dropped at repair", "reserved": events[0]["reserved"]}
+                   for t in tickets]
         events += [{"op": "reclaim", "id": r["id"], "ticket": r["ticket"], "bytes": r["bytes"], "pids": r["pids"],
                     "label": r["label"], "reason": "dead at repair", "reserved": events[0]["reserved"]} for r in dropped]
         store.commit(paths, state, events)

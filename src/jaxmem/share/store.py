@@ -51,7 +51,10 @@ def state_dir() -> Path:
     """The directory holding the ledgers, created on first use.
 
     `JAXMEM_STATE_DIR` when set (point several users at one shared directory to make them see
-    each other); else `$XDG_RUNTIME_DIR/jaxmem`; else `<tmp>/jaxmem-<uid>`, which must be ours.
+    each other); else `$XDG_RUNTIME_DIR/jaxmem`; else `/dev/shm/jaxmem-<uid>`; else
+    `<tmp>/jaxmem-<uid>`. The last two must belong to us. The defaults are memory file systems
+    where the system has them: a ledger lives no longer than the boot its processes ran in, and
+    its fsyncs cost nothing (on a busy disk each one costs milliseconds).
     """
     env = os.environ.get("JAXMEM_STATE_DIR")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
@@ -59,6 +62,8 @@ def state_dir() -> Path:
         path = Path(env)
     elif runtime and os.path.isdir(runtime):
         path = Path(runtime) / "jaxmem"
+    elif os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        path = Path("/dev/shm") / f"jaxmem-{os.getuid()}"
     else:
         path = Path(tempfile.gettempdir()) / f"jaxmem-{os.getuid()}"
     try:
@@ -68,8 +73,8 @@ def state_dir() -> Path:
         raise ConfigError(f"cannot use state directory {path}: {err.strerror}") from None
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(f"state directory {path} is not a directory")
-    if not env and info.st_uid != os.getuid():
-        # A shared /tmp: someone else made this name first; never write ledgers into it.
+    if not env and not runtime and info.st_uid != os.getuid():
+        # A shared /tmp or /dev/shm: someone else made this name first; never write into it.
         raise ConfigError(f"state directory {path} belongs to uid {info.st_uid}; set JAXMEM_STATE_DIR")
     return path
 
@@ -268,3 +273,47 @@ def read_history(paths: LedgerPaths, *, include_rotated: bool = True) -> list[di
                 raise LedgerError(f"ledger journal {path} is damaged at line {number}") from None
             events.append(event)
     return events
+
+
+# Doorbells: a waiter blocks on a FIFO of its own instead of polling; whoever changes the ledger
+# rings the first waiter's bell (the only one that could now be granted). A bell whose waiter
+# died has no reader, so ringing it fails at once and harmlessly.
+
+def bell_path(paths: LedgerPaths, ticket: int) -> Path:
+    return paths.state.with_name(f"device-{paths.device}.bell-{ticket}")
+
+
+def open_bell(paths: LedgerPaths, ticket: int) -> int:
+    """Create the waiter's FIFO and open it read-write (so it never reads end-of-file)."""
+    path = bell_path(paths, ticket)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale one from a previous ledger generation
+    os.mkfifo(path, 0o622)
+    return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def ring(paths: LedgerPaths, ticket: int) -> None:
+    try:
+        fd = os.open(bell_path(paths, ticket), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # no such bell, or nobody listening (ENXIO)
+        return
+    try:
+        os.write(fd, b"!")
+    except OSError:  # full: the waiter has rings pending already
+        pass
+    finally:
+        os.close(fd)
+
+
+def drain_bell(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, OSError):
+        while os.read(fd, 4096):
+            pass
+
+
+def close_bell(paths: LedgerPaths, ticket: int, fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    with contextlib.suppress(OSError):
+        bell_path(paths, ticket).unlink()

@@ -167,3 +167,30 @@ def train_step_example(width=64, depth=3, batch=16):
     x = jnp.ones((batch, width))
     y = jnp.zeros((batch, 4))
     return step, (params, zeros, [jnp.zeros(s) for s in shapes], x, y)
+
+
+def synthetic_plan(n_buffers=100_000, n_steps=50_000, seed=0) -> Plan:
+    """A plan-shaped object with many buffers (no jaxpr): sizes log-uniform from 256 B to 64 MiB,
+    random live ranges, offsets stacked first-fit per size class; for scale tests of the reports."""
+    rng = np.random.default_rng(seed)
+    sizes = (np.exp(rng.uniform(np.log(256), np.log(64 << 20), n_buffers)).astype(np.int64) // 256 + 1) * 256
+    starts = rng.integers(-1, n_steps, n_buffers)
+    lengths = np.minimum(rng.geometric(1 / 50, n_buffers), n_steps - starts)
+    ends = starts + lengths
+    offsets = rng.integers(0, 8 << 30, n_buffers) // 256 * 256
+    steps = [Step(i, None, ["dot_general", "add", "mul", "reduce_sum"][i % 4], [], []) for i in range(n_steps)]
+    values, buffers = {}, []
+    kinds = ["temp", "output", "argument", "scratch"]
+    for i in range(n_buffers):
+        producer = int(starts[i]) if starts[i] >= 0 else None
+        values[i] = ValueInfo(i, (int(sizes[i]) // 4,), "float32", int(sizes[i]), producer, i,
+                              SourceLine(f"/models/layer_{i % 97}.py", 10 + i % 500, f"block_{i % 13}"))
+        if producer is not None:
+            steps[producer].outputs.append(i)
+        buffers.append(PlannedBuffer(i, int(offsets[i]), int(sizes[i]), int(starts[i]), int(ends[i]), [i],
+                                     kinds[i % 4] if producer is not None else "argument",
+                                     shape=(int(sizes[i]) // 4,), dtype="float32", label="op"))
+    arena = int((offsets + sizes).max())
+    return Plan(peak_bytes=arena, arena_bytes=arena, argument_bytes=0, output_bytes=0, lower_bound_bytes=0,
+                program_order_lower_bound_bytes=0, schedule=steps, buffers=buffers, values=values,
+                invars=[], outvars=[], valid=False)

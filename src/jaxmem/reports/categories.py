@@ -6,7 +6,8 @@ temporaries, outputs. They are derived, not declared, so any traced function get
 1. The backward part. JAX's autodiff builds the backward pass by transposing the linearized
    forward pass, and every equation it emits carries `transpose(...)` in its name stack
    (`eqn.source_info.name_stack`, e.g. `transpose(jvp(loss))`). Steps whose name stack says
-   so are backward steps, and so is `add_any`, which JAX emits only to sum cotangents; the others are forward or update steps. A program without any (an
+   so are backward steps, and so is `add_any`, which JAX emits only to sum cotangents; a
+   step between two backward steps in the data flow is one too (see `backward_steps`); the others are forward or update steps. A program without any (an
    inference function, or a hand-written backward) has no backward part, and then it has no
    residuals and no gradients: everything it makes is a temporary or an output.
 2. Arguments are parameters, except optimizer state: an argument that does not flow into the
@@ -61,6 +62,37 @@ def is_backward(step: Step) -> bool:
 
 
 _READ_FORWARD, _READ_BACKWARD, _RETURNED = 1, 2, 4
+
+
+def backward_steps(plan: Plan) -> set[int]:
+    """Indices of the steps of the backward part.
+
+    The name stack marks most of them, but a few transpose rules emit equations without it
+    (the scatter-add that transposes a gather, for one). So the marked set is closed over the
+    data flow: a step that reads something the backward part made and feeds something the
+    backward part reads lies inside the backward part too. The update steps after it (an
+    optimizer's) read gradients but feed no backward step, so they stay out.
+
+    >>> sorted(backward_steps(plan))[:3]
+    [235, 236, 237]
+    """
+    marked = {s.index for s in plan.schedule if is_backward(s)}
+    if not marked:
+        return marked
+    derived: set[ValueId] = set()
+    for step in plan.schedule:
+        if step.index in marked or any(v in derived for v in step.inputs):
+            derived.update(v for v in step.outputs if v is not None)
+    needed: set[ValueId] = set()
+    closed = set(marked)
+    for step in reversed(plan.schedule):
+        feeds = step.index in marked or any(v in needed for v in step.outputs if v is not None)
+        if not feeds:
+            continue
+        needed.update(step.inputs)
+        if step.index not in marked and any(v in derived for v in step.inputs):
+            closed.add(step.index)
+    return closed
 
 
 def _reads(plan: Plan, backward: set[int]) -> dict[ValueId, int]:
@@ -144,7 +176,7 @@ def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict
     """
     if arg_paths is None:
         arg_paths = plan.extra.get("arg_paths") if isinstance(plan.extra, dict) else None
-    backward = {s.index for s in plan.schedule if is_backward(s)}
+    backward = backward_steps(plan)
     reads = _reads(plan, backward)
 
     gradients: set[ValueId] = set()

@@ -68,9 +68,10 @@
     var span = view.x1 - view.x0 + 1, step = Math.max(1, Math.pow(10, Math.floor(Math.log10(span / 4))));
     while (span / step > 10) step *= 2;
     for (var x = Math.ceil(view.x0 / step) * step; x <= view.x1; x += step) {
-      c.fillText(String(x), ch.px(x) - 4, h - 8);
+      var label = String(x), lw = c.measureText(label).width;
+      c.fillText(label, Math.max(PAD.l - lw / 2, Math.min(ch.px(x) - lw / 2, w - PAD.r - lw)), h - 8);
     }
-    c.fillText(D.xLabel, w - PAD.r - 40, h - 8 - 12);
+    c.fillText(D.xLabel, w - PAD.r - c.measureText(D.xLabel).width, h - 8 - 12);
   }
   function yOf(ch, v, ymax) { return ch.h - PAD.b - (ch.h - PAD.t - PAD.b) * v / Math.max(1, ymax); }
   function peakLine(ch, label) {
@@ -352,6 +353,23 @@
     }
     topTable(mp);
     rendered.push("top:" + D.top.length);
+    // With #selftest in the address, hover the peak of each chart the way a mouse would and
+    // record what the tooltip said and how long it took (headless tests read this back).
+    if (location.hash.indexOf("selftest") >= 0) {
+      var probes = [];
+      charts.forEach(function (ch) {
+        var r = ch.over.getBoundingClientRect(), px = ch.px(D.peak.x + 0.5);
+        var py = ch.host.id === "map" && D.top.length
+          ? ch.h - PAD.b - (D.top[0].address + D.top[0].size / 2) / Math.max(1, D.addressTop) * (ch.h - PAD.t - PAD.b)
+          : ch.h / 2;
+        var t1 = performance.now();
+        ch.over.dispatchEvent(new MouseEvent("mousemove", { clientX: r.left + px, clientY: r.top + py, bubbles: true }));
+        probes.push(ch.host.id + "=" + (performance.now() - t1).toFixed(1));
+        status.setAttribute("data-tip-" + ch.host.id, tip.textContent);
+      });
+      status.setAttribute("data-hover-ms", probes.join(","));
+      hideTip();
+    }
     if (!errors.length) {
       status.setAttribute("data-errors", "0");
       status.setAttribute("data-rendered", rendered.join(","));

@@ -1,0 +1,112 @@
+"""The report data against brute force over the plan, and the writers that read it back."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jax.numpy as jnp
+import pytest
+
+from jaxmem.compiler.planner import plan as jaxmem_plan
+from jaxmem.reports.chrome_trace import write_chrome_trace
+from jaxmem.reports.data import from_plan
+from jaxmem.reports.html import payload, render_html
+from reports_fixtures import naive_plan, train_step_example
+
+
+def brute_live(plan, x):
+    arena = sum(b.size for b in plan.buffers if b.start <= x <= b.end)
+    caller = sum(plan.values[v].nbytes for v in plan.invars if plan.values[v].buffer is None)
+    return arena + caller
+
+
+@pytest.fixture(scope="module", params=["naive", "jaxmem"])
+def plan(request):
+    fn, args = train_step_example()
+    if request.param == "naive":
+        return naive_plan(fn, *args)
+    return jaxmem_plan(fn, *args, donate_argnums=(0, 1, 2), xla=False)
+
+
+def test_stacked_bytes_equal_brute_force(plan):
+    data = from_plan(plan)
+    n = len(plan.schedule)
+    assert (data.x_min, data.x_max) == (-1, n)
+    totals = data.totals
+    for x in range(-1, n + 1):
+        assert totals[x + 1] == brute_live(plan, x), x
+    assert data.peak_bytes == max(totals) == brute_live(plan, data.peak_x)
+    assert data.peak_bytes <= plan.peak_bytes
+
+
+def test_blocks_partition_each_buffer_in_time(plan):
+    data = from_plan(plan)
+    by_buffer = {}
+    for b in data.blocks:
+        if b.region == "arena":
+            by_buffer.setdefault(b.buffer, []).append(b)
+    assert set(by_buffer) == {b.id for b in plan.buffers}
+    for buf in plan.buffers:
+        parts = sorted(by_buffer[buf.id], key=lambda b: b.start)
+        assert parts[0].start == buf.start and parts[-1].end == buf.end
+        for a, b in zip(parts, parts[1:]):
+            assert a.end + 1 == b.start
+        assert all(p.address == buf.offset and p.size == buf.size for p in parts)
+
+
+def test_html_payload_reads_back(plan):
+    data = from_plan(plan)
+    page = render_html(data)
+    m = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
+    got = json.loads(m.group(1))
+    assert got == json.loads(json.dumps(payload(data)))
+    pts = got["points"]
+    assert max(pts["total"]) == data.peak_bytes
+    assert [sum(col[i] for col in pts["cols"]) for i in range(len(pts["x"]))] == pts["total"]
+    drawn = sum(got["blocks"]["size"][i] for i in range(len(got["blocks"]["size"]))
+                if got["blocks"]["start"][i] <= data.peak_x <= got["blocks"]["end"][i])
+    assert drawn == data.peak_bytes
+    assert got["top"][0]["size"] == max(b.size for b in data.live_at(data.peak_x))
+    # Self-contained: no external resources of any kind.
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|https?://", page)
+
+
+def test_chrome_trace_one_counter_series_per_category(plan, tmp_path):
+    data = from_plan(plan)
+    path = tmp_path / "trace.json"
+    write_chrome_trace(path, data)
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    for e in events:
+        assert {"name", "ph", "pid"} <= set(e) and e["ph"] in ("C", "X", "M", "i")
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], (int, float))
+    counters = [e for e in events if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {"live memory"}
+    series = set().union(*(e["args"] for e in counters))
+    assert series == set(data.categories)
+    assert all(isinstance(v, int) for e in counters for v in e["args"].values())
+    ts = [e["ts"] for e in counters]
+    assert ts == sorted(ts) and len(ts) == len(plan.schedule) + 2
+    sums = [sum(e["args"].values()) for e in counters]
+    assert sums == [brute_live(plan, x) for x in range(-1, len(plan.schedule) + 1)]
+
+
+def test_user_names_are_escaped():
+    hostile = '</script><script>document.title="pwned"</script><img src=x onerror=alert(1)>'
+    src = f"def {'f'}(x):\n    return jnp.tanh(x) * 2\n"
+    scope = {"jnp": jnp}
+    exec(compile(src, hostile + ".py", "exec"), scope)
+    fn = scope["f"]
+    fn.__code__ = fn.__code__.replace(co_name="<script>alert(2)</script>", co_qualname="<script>alert(2)</script>")
+    plan = naive_plan(fn, jnp.ones((64, 64)))
+    data = from_plan(plan, title=hostile)
+    assert any(hostile in b.source for b in data.blocks)
+    page = render_html(data)
+    # The only script elements are the report's own two; the title is text.
+    assert page.count("<script") == 2 and page.count("</script>") == 2
+    assert "<img" not in page and "pwned\"</script>" not in page
+    got = json.loads(re.search(r'id="report-data">(.*?)</script>', page, re.S).group(1))
+    assert any(hostile in row["source"] for row in got["top"])
+    assert got["title"] == hostile

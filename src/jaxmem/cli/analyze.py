@@ -272,6 +272,8 @@ def _size(n: int | None) -> str:
 
 
 def _shape(shape: Sequence[int], dtype: str) -> str:
+    if not dtype:   # a loop or cond body's scratch: bytes, not an array
+        return "—"
     return f"{dtype}[{','.join(str(d) for d in shape)}]"
 
 

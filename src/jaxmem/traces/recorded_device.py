@@ -43,7 +43,7 @@ class RecordedDevice:
         self._queue: deque[tuple[int, int]] = deque(initial + window)
         top = max((a + n for a, n in initial + window), default=0)
         self._base = -(-top // (2 << 20)) * (2 << 20) + (2 << 20)
-        self._fallback = SimulatedBackend(capacity)
+        self._fallback = SimulatedBackend(capacity * 64)   # ample addresses; bytes are checked above
         self._held: dict[int, int] = {}        # address -> size, all live allocations
         self._starts: list[int] = []
 

@@ -154,6 +154,19 @@ def _downsample(ev: list[int], t: list[float], inuse: list[int], res: list[int],
 
 
 # ---- allocators -----------------------------------------------------------------------------------
+class PagedDevice(SimulatedBackend):
+    """A simulated GPU whose device allocations fail only when its bytes run out.
+
+    cudaMalloc maps physical pages behind fresh virtual addresses, so free device memory
+    scattered between live allocations still serves a large request. The plain
+    SimulatedBackend carves one contiguous address range and would refuse it.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity * 64)
+        self.capacity = capacity
+
+
 def _make(name: str, trace: Trace, capacity: int, backend: SimulatedBackend, options: dict[str, Any] | None):
     from jaxmem.runtime.registry import make_allocator
 
@@ -234,7 +247,7 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
 
         backend: Any = RecordedDevice(trace, capacity)   # the recorded cudaMalloc addresses
     else:
-        backend = SimulatedBackend(capacity)
+        backend = PagedDevice(capacity)
     alloc, limit = _make(name, trace, capacity, backend, options)
     run = ReplayRun(name, limit)
     ops = ops if ops is not None else _ops(trace)

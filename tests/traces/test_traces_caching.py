@@ -245,7 +245,7 @@ CONFS = ["", "max_split_size_mb:40", "roundup_power2_divisions:4", "roundup_powe
          "garbage_collection_threshold:0.4", "max_split_size_mb:20,garbage_collection_threshold:0.7"]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, conf=st.sampled_from(CONFS), expandable=st.booleans(), capacity=st.sampled_from([300 * MiB, 2 * GiB]))
 def test_invariants_hold_after_every_step(ops, conf, expandable, capacity) -> None:
     alloc = make(conf, capacity=capacity, expandable=expandable)

@@ -516,35 +516,36 @@ class CachingAllocator(Allocator):
             return
         self._remove_free(block)
         start, stop = seg.addr + begin * page, seg.addr + end * page
-        if start > block.addr:
-            before = _Block(block.addr, start - block.addr, block.stream, block.pool, seg)
+        old, old_end = block.addr, block.addr + block.size
+        del self._blocks[old]
+        if start > old:
+            before = _Block(old, start - old, block.stream, block.pool, seg)
             before.prev, before.next = block.prev, block
             if block.prev is not None:
                 block.prev.next = before
             block.prev = before
-            self._blocks[before.addr] = before
+            self._blocks[old] = before
             self._insert_free(before)
-        if stop < block.addr + block.size:
-            after = _Block(stop, block.addr + block.size - stop, block.stream, block.pool, seg)
+        if stop < old_end:
+            after = _Block(stop, old_end - stop, block.stream, block.pool, seg)
             after.prev, after.next = block, block.next
             if block.next is not None:
                 block.next.prev = after
             block.next = after
-            self._blocks[after.addr] = after
+            self._blocks[stop] = after
             self._insert_free(after)
-        if start != block.addr:
-            del self._blocks[block.addr]
         block.addr, block.size, block.mapped = start, stop - start, False
         self._blocks[start] = block
         for p in range(begin, end):
             self.backend.release(seg.pages.pop(p))
-        self._insert_unmapped(block)
+        # merge with unmapped neighbours first, then index the result (its address may move)
         prev = block.prev
         if prev is not None and not prev.allocated and not prev.mapped:
             self._merge(block, prev)
         nxt = block.next
         if nxt is not None and not nxt.allocated and not nxt.mapped:
             self._merge(block, nxt)
+        self._insert_unmapped(block)
         self.reserved_bytes -= stop - start
         self.device_frees += 1
 

@@ -25,7 +25,7 @@ def isolated_env(state: Path, **extra: str) -> dict[str, str]:
 
 
 def jaxmem_cmd(*args: str) -> list[str]:
-    return [PYTHON, "-m", "jaxmem.cli.main", *args]
+    return [PYTHON, "-c", "from jaxmem.cli.main import entry; entry()", *args]
 
 
 def run_cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

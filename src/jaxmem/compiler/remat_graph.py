@@ -38,7 +38,8 @@ _CALLS = {
     "custom_vjp_call_jaxpr": "fun_jaxpr", "custom_lin": None,
 }
 
-_SKIP_DIRS = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep, os.sep + "jaxmem" + os.sep)
+_SKIP_DIRS = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep,
+              os.sep + os.path.join("jaxmem", "compiler") + os.sep, os.sep + os.path.join("jaxmem", "execution") + os.sep)
 
 
 @dataclass(frozen=True)

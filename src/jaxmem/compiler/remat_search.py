@@ -261,6 +261,8 @@ class Snapshot:
 def _available(graph: Graph, lv: Liveness, vid: int, at: int) -> bool:
     if lv.defs.get(vid, 0) < 0:
         return vid in graph.consts or vid not in _donated_ids(graph) or lv.last[vid] >= at
+    if vid in lv.virtual:
+        return False  # fused: reading it later would keep its operands alive; recompute it
     return lv.defs[vid] < at and lv.last.get(vid, -1) >= at
 
 
@@ -340,6 +342,9 @@ def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4) -> list[G
                         chain = trial
                         values.append(c)
                         frontier.append(c)
+        chain = _close_fused(graph, lv, chain, at, consumers)
+        if chain is None:
+            continue
         flops = sum(eqn_cost(graph.nodes[p].eqn).flops for p in chain)
         cheap = all(is_cheap(graph.nodes[p].eqn) for p in chain)
         freed = sum(graph.values[v].nbytes for v in values)
@@ -348,6 +353,40 @@ def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4) -> list[G
         groups.append(Group(values, list(chain), at, freed, flops, cheap, prims, makers))
     groups.sort(key=Group.rank)
     return groups
+
+
+def _close_fused(graph: Graph, lv: Liveness, chain: dict[int, None], at: int,
+                 consumers: dict[int, list[int]]) -> dict[int, None] | None:
+    """Add the fused consumers of the chain's values that still feed uses at or after `at`.
+
+    Such a consumer (say `1 - a` of a dropped `a`) sits before `at` but is fused into its later
+    readers, so it keeps its operand alive; it has to be recomputed with the group, else the
+    original stays live. Returns the chain in program order, or None if one cannot join.
+    """
+    work = [out for p in chain for out in graph.nodes[p].outs if out is not None]
+    while work:
+        src = work.pop()
+        for c in consumers.get(src, []):
+            node = graph.nodes[c]
+            if c >= at or c in chain or not _fusible_producer(node):
+                continue
+            if not any(u >= at for o in node.outs if o is not None for u in lv.uses.get(o, [])):
+                continue
+            trial = dict(chain)
+            trial.pop(c, None)
+            ok = True
+            for w in node.inputs:
+                if w in {o for p in trial for o in graph.nodes[p].outs} or _available(graph, lv, w, at):
+                    continue
+                if not _build_chain(graph, lv, w, at, trial, 0, len(trial) + MAX_SIBLING_NODES, True):
+                    ok = False
+                    break
+            if not ok:
+                return None
+            trial[c] = None
+            chain = trial
+            work.extend(o for o in node.outs if o is not None)
+    return dict.fromkeys(sorted(chain))
 
 
 def _has_external_input(graph: Graph, lv: Liveness, chain: dict[int, None], at: int) -> bool:

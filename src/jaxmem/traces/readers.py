@@ -31,6 +31,8 @@ def sniff_format(data: bytes) -> str | None:
     """
     if data[:1] == b"\x80":
         return "torch-snapshot"
+    if data[:1] in (b"(", b"}", b"]", b"c") and data.rstrip().endswith(b"."):
+        return "torch-snapshot"          # protocol 0/1 pickles: text opcodes, STOP at the end
     head = data[:4096].lstrip(b"\xef\xbb\xbf \t\r\n")
     if head.startswith(b"Thread,Time,Action"):
         return "rmm-csv"
@@ -61,6 +63,8 @@ def parse_trace(data: bytes, source: str, format: str | None = None) -> Trace:
     if not data.strip():
         raise TraceError(f"{source}: empty file")
     fmt = _ALIASES.get(format, format) if format else sniff_format(data)
+    if fmt is None and source.lower().endswith((".pickle", ".pkl")):
+        fmt = "torch-snapshot"
     if fmt is None:
         raise TraceError(f"{source}: unknown trace format (expected one of: {', '.join(FORMATS)})")
     if fmt == "torch-snapshot":

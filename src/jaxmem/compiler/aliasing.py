@@ -23,7 +23,7 @@ from jaxmem.compiler.jaxpr_adapter import CALL_PRIMITIVES, LOOP_PRIMITIVES
 VIEW = frozenset({"reshape", "squeeze", "expand_dims", "bitcast_convert_type"})
 
 ELEMENTWISE = frozenset({
-    "abs", "acos", "acosh", "add", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt",
+    "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt",
     "ceil", "clamp", "complex", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh",
     "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge",
     "gt", "igamma", "igammac", "imag", "integer_pow", "is_finite", "le", "lgamma", "log",
@@ -50,6 +50,9 @@ FUSIBLE_CONSUMERS = FUSIBLE_PRODUCERS | {
     "rev", "dynamic_update_slice", "select_and_scatter_add", "cumsum", "cumprod", "cummax",
     "cumlogsumexp", "cummin",
 }
+
+# Consumers whose operands may be transposed for free (dimension numbers absorb the transpose).
+DOT_LIKE = frozenset({"dot_general", "conv_general_dilated"})
 
 OTHER_KNOWN = frozenset({
     "dot_general", "conv_general_dilated", "transpose", "broadcast_in_dim", "iota", "slice",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmem.compiler.aliasing import FUSIBLE_CONSUMERS, FUSIBLE_PRODUCERS, is_view
+from jaxmem.compiler.aliasing import DOT_LIKE, FUSIBLE_CONSUMERS, FUSIBLE_PRODUCERS, is_view
 from jaxmem.compiler.graph import Graph
 
 MAX_FUSED_CONSUMERS = 8  # beyond this, recomputing a fused value at every consumer is too dear
@@ -48,6 +48,8 @@ def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[b
 
 
 def _fusible_producer(op) -> bool:
+    if op.primitive == "transpose":
+        return True  # folded into dot/conv consumers only (see _absorbs)
     if op.primitive not in FUSIBLE_PRODUCERS:
         return False
     if op.primitive == "reshape" and op.eqn.params.get("dimensions") is not None:
@@ -143,8 +145,10 @@ def choose_fusion(
         v = op.outputs[0]
         if fused[v] or outputs[v] or len(g.users[v]) > MAX_FUSED_CONSUMERS:
             continue
-        if any(g.ops[c].primitive not in FUSIBLE_CONSUMERS for c in g.users[v]):
+        if not all(_absorbs(op.primitive, g.ops[c].primitive) for c in g.users[v]):
             continue
+        if op.primitive == "transpose" and any(fused[u] for u in op.inputs):
+            continue  # a dot reads a transposed operand, not a recomputed one
         ins = _inputs_now(g, fused, memo, v)
         end = last[v]
         lo, hi = start[v] + 1, end + 1
@@ -165,6 +169,14 @@ def choose_fusion(
             last[u] = end
         peak = int(live.max())  # fusing may have lowered it
     return fused
+
+
+def _absorbs(producer: str, consumer: str) -> bool:
+    """Whether `consumer` can compute a fused `producer` value itself. Transposes fold into
+    dot/conv operands (XLA's transpose folding); the rest into loop fusions and reductions."""
+    if producer == "transpose":
+        return consumer in DOT_LIKE
+    return consumer in FUSIBLE_CONSUMERS
 
 
 def _inputs_now(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:

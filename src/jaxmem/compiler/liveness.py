@@ -51,13 +51,15 @@ def assign_buffers(
     outputs: list[bool],
     donated: list[bool],
     allow_inplace: bool = True,
+    carry_of: dict[int, int] | None = None,
 ) -> Liveness:
     """Group values into buffers along a schedule and compute their live intervals.
 
     **Arguments:** the graph; `order`, op indices in execution order; `fused`, per value;
     `reads`, per op the stored values it reads (`fusion.expanded_reads`); `scratch`, op index ->
     bytes of a loop body's temporaries; per value flags: `external` (non-donated argument, outside
-    the arena), `outputs` (program output), `donated` (donated argument, in the arena).
+    the arena), `outputs` (program output), `donated` (donated argument, in the arena);
+    `carry_of`, for a loop body, each new carry -> the old carry input whose buffer it shares.
 
     **Returns:** the `Liveness` (intervals, value -> interval, peak live bytes).
     """
@@ -97,9 +99,20 @@ def assign_buffers(
         rule = storage_rule(op.primitive)
         view = is_view(op.primitive, op.eqn.params)
         cands = inplace_candidates(op.primitive, op.eqn.params, op.operands, len(outs)) if allow_inplace else None
+        if allow_inplace and op.primitive == "transpose" and _dot_result(g, op):
+            # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
+            # the transpose may take over its dying dot result's buffer.
+            rule, cands = "update", [[0]]
         taken: set[int] = set()
         for k, o in enumerate(outs):
             if o is None or fused[o]:
+                continue
+            if external[o]:
+                if _external_output(g, o, oi, p, k, rule, cands, reads, op, carry_of or {}, last,
+                                    group, glast, intervals, taken, fused):
+                    continue
+                # A new loop carry that cannot be written into the loop state yet: a temporary.
+                new_group(o, p, "temp")
                 continue
             target = -1
             if view and op.inputs:
@@ -135,6 +148,34 @@ def assign_buffers(
     profile = live_profile(intervals, n)
     peak = int(profile.max()) if len(profile) else 0
     return Liveness(intervals, group, peak, profile)
+
+
+def _dot_result(g: Graph, op) -> bool:
+    src = op.inputs[0] if op.inputs else None
+    return src is not None and g.producer[src] >= 0 and g.ops[g.producer[src]].primitive == "dot_general"
+
+
+def _external_output(g, o, oi, p, k, rule, cands, reads, op, carry_of, last, group, glast,
+                     intervals, taken, fused) -> bool:
+    """Place an output that lives outside this plan (a loop body's result). True when it needs
+    no buffer here: it is written into its own memory outside, possibly taking over a dying
+    temporary (which then lives there too). False for a new carry that must wait in a temporary
+    because the old carry, in the same outside buffer, is still read later."""
+    old = carry_of.get(o)
+    if old is not None and last[old] > p:
+        return False
+    if old is not None and last[old] == p and rule not in ("elementwise", "update"):
+        return False  # a non-elementwise op cannot overwrite an operand it is reading
+    if cands is not None and cands[k]:
+        pool = reads[oi] if rule == "elementwise" else [op.operands[i] for i in cands[k]]
+        target = _pick_inplace(g, o, pool, p, group, glast, intervals, taken, fused, rule)
+        if target >= 0 and intervals[target].kind == "temp":
+            start = intervals[target].start
+            if old is None or start > last[old]:
+                taken.add(target)
+                intervals[target].kind = "external"
+                intervals[target].size = 0
+    return True
 
 
 def _pick_inplace(g, o, pool, p, group, glast, intervals, taken, fused, rule) -> int:

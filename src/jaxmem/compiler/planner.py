@@ -87,6 +87,8 @@ def plan_jaxpr(
     inplace: bool = True,
     schedulers: Sequence[str] = ("program", "list", "list_late", "dfs", "dfs_reverse"),
     check: bool = True,
+    external_outputs: Sequence[bool] = (),
+    carry_inputs: Sequence[int | None] = (),
 ) -> Plan:
     """Plan a ClosedJaxpr (as `jax.make_jaxpr` makes it).
 
@@ -94,7 +96,10 @@ def plan_jaxpr(
 
     **Arguments:** `closed_jaxpr`; `donated`, one flag per flat input (missing: not donated);
     `fusion`/`inplace` switch those models off (for comparison); `schedulers`, which orders to
-    try; `check`, run the checker (sets `Plan.valid`).
+    try; `check`, run the checker (sets `Plan.valid`); `external_outputs`, per output, True when
+    it is written straight into memory outside this plan (a loop body's results written into
+    the loop's own output buffers), so it costs this plan nothing; `carry_inputs`, per output,
+    the input it is the new value of (a loop carry, sharing the loop state's buffer).
 
     **Returns:** the `Plan` for the schedule with the fewest live bytes.
     """
@@ -114,6 +119,12 @@ def plan_jaxpr(
     for v in g.outvars:
         if not isinstance(v, Const):
             outputs[v] = True
+    carry_of: dict[int, int] = {}
+    for k, (v, ext) in enumerate(zip(g.outvars, external_outputs)):
+        if ext and not isinstance(v, Const) and g.producer[v] >= 0:
+            external[v] = True
+            if k < len(carry_inputs) and carry_inputs[k] is not None:
+                carry_of[v] = g.invars[carry_inputs[k]]
     unknown: set[str] = set()
     scratch = _loop_scratch(g, unknown)
     for op in g.ops:
@@ -125,10 +136,10 @@ def plan_jaxpr(
     def evaluate(order: list[int]) -> tuple[int, list[bool], list[list[int]], Liveness]:
         fused = choose_fusion(g, order, external, outputs, base) if fusion else base
         reads = expanded_reads(g, fused)
-        live = assign_buffers(g, order, fused, reads, scratch, external, outputs, is_donated, inplace)
+        live = assign_buffers(g, order, fused, reads, scratch, external, outputs, is_donated, inplace, carry_of)
         if fusion:  # fusion can cost in-place opportunities; keep it only where it pays
             reads0 = expanded_reads(g, base)
-            live0 = assign_buffers(g, order, base, reads0, scratch, external, outputs, is_donated, inplace)
+            live0 = assign_buffers(g, order, base, reads0, scratch, external, outputs, is_donated, inplace, carry_of)
             if live0.peak < live.peak:
                 return live0.peak, base, reads0, live0
         return live.peak, fused, reads, live
@@ -171,14 +182,24 @@ def plan_jaxpr(
 
 
 def _loop_scratch(g: Graph, unknown: set[str]) -> dict[int, int]:
-    """Bytes of each loop/cond body's own temporaries, planned recursively (bodies planned once)."""
-    cache: dict[int, Plan] = {}
+    """Bytes of each loop/cond body's own temporaries, planned recursively (bodies planned once).
 
-    def body_arena(closed: Any) -> int:
-        key = id(closed)
+    A body's results are written into the loop's own buffers, which the outer plan already
+    holds: cond branches write their outputs straight into the cond's outputs, a scan body its
+    ys into the stacked outputs, and a loop body its new carries into the loop state, in place
+    where the old carry is dead by then (else the new carry needs a temporary of its own, as
+    XLA's while loops copy)."""
+    cache: dict[tuple, Plan] = {}
+
+    def body_arena(closed: Any, pairs: tuple[int | None, ...] | None) -> int:
+        key = (id(closed), pairs)
         sub = cache.get(key)
         if sub is None:
-            sub = plan_jaxpr(ja.as_closed(closed), check=False)
+            jaxpr = ja.as_closed(closed)
+            if pairs is None:
+                sub = plan_jaxpr(jaxpr, check=False)
+            else:
+                sub = plan_jaxpr(jaxpr, check=False, external_outputs=[True] * len(pairs), carry_inputs=pairs)
             cache[key] = sub
             unknown.update(sub.unknown_primitives)
         return sub.arena_bytes
@@ -186,14 +207,22 @@ def _loop_scratch(g: Graph, unknown: set[str]) -> dict[int, int]:
     scratch: dict[int, int] = {}
     for op in g.ops:
         bodies = ja.loop_bodies(op.eqn) if op.primitive in ja.LOOP_PRIMITIVES else []
-        if bodies:
-            scratch[op.index] = max(body_arena(b) for b in bodies)
+        if op.primitive == "cond":
+            scratch[op.index] = max(body_arena(b, (None,) * len(op.outputs)) for b in bodies)
+        elif op.primitive == "scan":
+            num_consts, num_carry = ja.scan_counts(op.eqn)
+            pairs = tuple(num_consts + k if k < num_carry else None for k in range(len(op.outputs)))
+            scratch[op.index] = body_arena(bodies[0], pairs)
+        elif op.primitive == "while":
+            cond_nconsts, body_nconsts = ja.while_counts(op.eqn)
+            pairs = tuple(body_nconsts + k for k in range(len(op.outputs)))
+            scratch[op.index] = max(body_arena(bodies[0], None), body_arena(bodies[1], pairs))
         elif storage_rule(op.primitive) in ("unknown", "fresh"):
             # Opaque primitives with their own jaxprs (custom_linear_solve, ...) get the largest
             # of them as scratch, conservatively.
             subs = ja.nested_jaxprs(op.eqn)
             if subs:
-                scratch[op.index] = max(body_arena(ja.as_closed(s)) for s in subs)
+                scratch[op.index] = max(body_arena(ja.as_closed(s), None) for s in subs)
     return scratch
 
 

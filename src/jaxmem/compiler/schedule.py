@@ -33,7 +33,7 @@ def _alloc_bytes(g: Graph, oi: int, fused: list[bool], external: list[bool]) -> 
     op = g.ops[oi]
     if is_view(op.primitive, op.eqn.params) and op.inputs and not external[op.inputs[0]]:
         return 0
-    return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
+    return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v] and not external[v])
 
 
 def list_schedule(

@@ -358,8 +358,10 @@
     if (location.hash.indexOf("selftest") >= 0) {
       var probes = [];
       charts.forEach(function (ch) {
-        var r = ch.over.getBoundingClientRect(), px = ch.px(D.peak.x + 0.5);
-        var py = ch.host.id === "map" && D.top.length
+        var onMap = ch.host.id === "map" && D.top.length;
+        var r = ch.over.getBoundingClientRect();
+        var px = onMap ? ch.px((Math.max(D.top[0].start, view.x0) + Math.min(D.top[0].end, view.x1) + 1) / 2) : ch.px(D.peak.x + 0.5);
+        var py = onMap
           ? ch.h - PAD.b - (D.top[0].address + D.top[0].size / 2) / Math.max(1, D.addressTop) * (ch.h - PAD.t - PAD.b)
           : ch.h / 2;
         var t1 = performance.now();

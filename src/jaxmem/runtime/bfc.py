@@ -32,10 +32,9 @@ from typing import Iterator
 
 from jaxmem.errors import AllocationError, OutOfMemory
 from jaxmem.runtime.allocator import Allocator, Backend, Chunk
+from jaxmem.runtime.dump import MIN_ALLOCATION, NUM_BINS, PoolOutOfMemory, bin_for_size  # noqa: F401 (re-exported)
 from jaxmem.units import format_size
 
-MIN_ALLOCATION = 256
-NUM_BINS = 21
 MAX_INTERNAL_FRAGMENTATION = 128 << 20   # split anyway when the leftover is this big
 INITIAL_REGION = 2 << 20                 # growth mode's first region
 BACKPEDAL = 0.9                          # shrink factor when the device refuses a region
@@ -52,15 +51,6 @@ def round_bytes(size: int) -> int:
     (256, 256, 512)
     """
     return (size + MIN_ALLOCATION - 1) & -MIN_ALLOCATION
-
-
-def bin_for_size(size: int) -> int:
-    """The bin a chunk of `size` bytes belongs in: floor(log2(size / 256)), capped at 20.
-
-    >>> bin_for_size(256), bin_for_size(511), bin_for_size(512), bin_for_size(1 << 40)
-    (0, 0, 1, 20)
-    """
-    return min(NUM_BINS - 1, (max(size, MIN_ALLOCATION) >> 8).bit_length() - 1)
 
 
 class BFCAllocator(Allocator):
@@ -269,18 +259,7 @@ class BFCAllocator(Allocator):
         return self._maxes[-1] >> _SHIFT if self._maxes else 0
 
     def _chunks(self) -> Iterator[Chunk]:
-        free, used = self._free_size, self._used
-        for index, start in enumerate(sorted(self._regions)):
-            end = self._regions[start]
-            address = start
-            while address < end:
-                size = free.get(address)
-                if size is not None:
-                    yield Chunk(address, size, False, index)
-                else:
-                    size = used[address]
-                    yield Chunk(address, size, True, index)
-                address += size
+        return _walk(sorted(self._regions.items()), self._free_size, self._used)
 
     def _empty_cache(self) -> int:
         """Return every wholly free region to the backend (growth mode; a preallocated pool
@@ -356,7 +335,6 @@ class BFCAllocator(Allocator):
         return sorted(self._regions.items())
 
     def _out_of_memory(self, size: int, rounded: int) -> OutOfMemory:
-        chunks = list(self._chunks())
         largest = self._largest_free_block()
         free_total = self.pool_bytes - self.bytes_in_use
         fragmented = free_total >= rounded
@@ -367,66 +345,24 @@ class BFCAllocator(Allocator):
             f"rounded to {rounded}); in use {format_size(self.bytes_in_use)}, pool "
             f"{format_size(self.pool_bytes)} of limit {format_size(self.limit)}, largest free "
             f"block {format_size(largest)}{cause}")
-        return OutOfMemory(
-            message, requested=size, rounded=rounded, in_use=self.bytes_in_use,
-            pool_bytes=self.pool_bytes, limit=self.limit, largest_free_block=largest,
-            fragmentation=fragmented, bins=bin_summary(chunks), occupancy=occupancy(chunks))
+        # The dump is built only if someone reads it, from a copy of the pool taken now: callers
+        # such as RMM's benchmark recipe catch out-of-memory often and never look.
+        regions, free, used = sorted(self._regions.items()), dict(self._free_size), dict(self._used)
+        return PoolOutOfMemory(
+            message, lambda: list(_walk(regions, free, used)), requested=size, rounded=rounded,
+            in_use=self.bytes_in_use, pool_bytes=self.pool_bytes, limit=self.limit,
+            largest_free_block=largest, fragmentation=fragmented)
 
 
-def bin_summary(chunks: list[Chunk]) -> list[dict[str, int]]:
-    """One row per BFC bin, as XLA's out-of-memory dump prints them.
-
-    Each row: bin, min_size, chunks, chunks_in_use, bytes (in all its chunks), bytes_in_use,
-    free_chunks, largest_free.
-    """
-    rows = [dict(bin=b, min_size=MIN_ALLOCATION << b, chunks=0, chunks_in_use=0, bytes=0,
-                 bytes_in_use=0, free_chunks=0, largest_free=0) for b in range(NUM_BINS)]
-    for chunk in chunks:
-        row = rows[bin_for_size(chunk.size)]
-        row["chunks"] += 1
-        row["bytes"] += chunk.size
-        if chunk.in_use:
-            row["chunks_in_use"] += 1
-            row["bytes_in_use"] += chunk.size
-        else:
-            row["free_chunks"] += 1
-            row["largest_free"] = max(row["largest_free"], chunk.size)
-    return rows
-
-
-def occupancy(chunks: list[Chunk], width: int = 100) -> str:
-    """One line over the pool's bytes, regions end to end: '*' where a cell is at least half in
-    use, '_' otherwise.
-
-    >>> occupancy([Chunk(0, 512, True, 0), Chunk(512, 512, False, 0)], width=4)
-    '**__'
-    """
-    total = sum(c.size for c in chunks)
-    if total == 0 or width <= 0:
-        return ""
-    used = [0] * width
-    offset = 0
-    for chunk in chunks:
-        if chunk.in_use:
-            lo, hi = offset, offset + chunk.size
-            first, last = lo * width // total, (hi - 1) * width // total
-            for cell in range(first, last + 1):
-                cell_lo, cell_hi = cell * total / width, (cell + 1) * total / width
-                used[cell] += min(hi, cell_hi) - max(lo, cell_lo)
-        offset += chunk.size
-    cell_bytes = total / width
-    return "".join("*" if u * 2 >= cell_bytes else "_" for u in used)
-
-
-def dump(chunks: list[Chunk], bins: list[dict[str, int]] | None = None) -> str:
-    """The per-bin table and the occupancy strip as text, like XLA's BFC dump."""
-    bins = bin_summary(chunks) if bins is None else bins
-    lines = []
-    for row in bins:
-        if row["chunks"]:
-            lines.append(
-                f"Bin ({format_size(row['min_size'])}): {row['chunks']} chunks, "
-                f"{row['chunks_in_use']} in use; {format_size(row['bytes'])} in chunks, "
-                f"{format_size(row['bytes_in_use'])} in use; largest free {format_size(row['largest_free'])}")
-    lines.append("occupancy: " + occupancy(chunks))
-    return "\n".join(lines)
+def _walk(regions: list[tuple[int, int]], free: dict[int, int], used: dict[int, int]) -> Iterator[Chunk]:
+    """Every chunk of the given regions, address order, from the free and used tables."""
+    for index, (start, end) in enumerate(regions):
+        address = start
+        while address < end:
+            size = free.get(address)
+            if size is not None:
+                yield Chunk(address, size, False, index)
+            else:
+                size = used[address]
+                yield Chunk(address, size, True, index)
+            address += size

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping
 from jaxmem.errors import AllocationError
 from jaxmem.runtime.allocator import Allocator, Buffer, Chunk
 from jaxmem.runtime.backends import make_backend
-from jaxmem.runtime.bfc import occupancy
+from jaxmem.runtime.dump import occupancy
 from jaxmem.runtime.config import DEFAULT_MEM_FRACTION, check_mem_fraction, config_from_env
 from jaxmem.runtime.registry import make_allocator
 from jaxmem.units import format_size, parse_size

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from jaxmem.errors import OutOfMemory
 from jaxmem.runtime.allocator import Allocator, Backend, Chunk
+from jaxmem.runtime.dump import PoolOutOfMemory
 from jaxmem.units import format_size
 
 
@@ -70,7 +70,7 @@ class PlatformAllocator(Allocator):
         for index, address in enumerate(sorted(self._live)):
             yield Chunk(address, self._live[address], True, index)
 
-    def _out_of_memory(self, size: int) -> OutOfMemory:
+    def _out_of_memory(self, size: int) -> PoolOutOfMemory:
         reserved = getattr(self.backend, "reserved", self.bytes_in_use)
         capacity = getattr(self.backend, "capacity", self.limit)
         free_total = min(self.limit - self.bytes_in_use, capacity - reserved)
@@ -81,10 +81,8 @@ class PlatformAllocator(Allocator):
             f"rounded to {size}); in use {format_size(self.bytes_in_use)}, pool "
             f"{format_size(self.bytes_in_use)} of limit {format_size(self.limit)}, largest free "
             f"block 0 B (no pool){cause}")
-        chunks = list(self._chunks())
-        from jaxmem.runtime.bfc import bin_summary, occupancy
-
-        return OutOfMemory(
-            message, requested=size, rounded=size, in_use=self.bytes_in_use,
-            pool_bytes=self.bytes_in_use, limit=self.limit, largest_free_block=0,
-            fragmentation=fragmented, bins=bin_summary(chunks), occupancy=occupancy(chunks))
+        live = dict(self._live)
+        return PoolOutOfMemory(
+            message, lambda: [Chunk(a, live[a], True, i) for i, a in enumerate(sorted(live))],
+            requested=size, rounded=size, in_use=self.bytes_in_use, pool_bytes=self.bytes_in_use,
+            limit=self.limit, largest_free_block=0, fragmentation=fragmented)

@@ -51,9 +51,10 @@ def render_table(report, console) -> None:
 
     title = f"{report.source}  ({report.format}, {report.events:,} events, capacity {format_size(report.capacity)})"
     table = Table(title=title, title_justify="left")
-    for col in ("allocator", "peak in use", "peak reserved", "reserved / in use", "XLA frag.",
-                "device allocs", "device alloc bytes", "out of memory"):
-        table.add_column(col, justify="left" if col in ("allocator", "out of memory") else "right")
+    for col in ("allocator", "peak in use", "peak reserved", "reserved/in use", "XLA frag",
+                "device allocs", "device alloc bytes", "first OOM"):
+        table.add_column(col, justify="left" if col in ("allocator", "first OOM") else "right",
+                         no_wrap=col in ("allocator", "device allocs", "first OOM"))
     rec = report.recorded
     if rec is not None:
         table.add_row("recorded", "-", format_size(rec.peak_reserved_bytes), "-", "-", f"{rec.device_allocs:,}",
@@ -61,7 +62,7 @@ def render_table(report, console) -> None:
     for name, run in report.runs.items():
         oom = f"event {run.oom['event_index']}: {format_size(run.oom['request'])}" if run.oom else "-"
         same = ""
-        if rec is not None and name == "caching":
+        if rec is not None and name == "caching" and not run.oom:
             same = " (=)" if (run.device_allocs, run.device_alloc_bytes) == (rec.device_allocs, rec.device_alloc_bytes) else " (differs)"
         table.add_row(name, format_size(run.peak_in_use_bytes), format_size(run.peak_reserved_bytes),
                       _pct(run.reserved_over_in_use), _pct(run.xla_fragmentation), f"{run.device_allocs:,}{same}",
@@ -107,6 +108,6 @@ def main(argv: list[str]) -> int:
     else:
         from rich.console import Console
 
-        render_table(report, Console())
+        render_table(report, Console(width=None if sys.stdout.isatty() else 140))
     write_replay_reports(args, report, trace=trace)
     return 0

@@ -96,6 +96,7 @@ class _Txn:
         self.state = state
         self.events: list[dict[str, Any]] = []
         self.dirty = False
+        self.created = False
 
     def log(self, **event: Any) -> None:
         event["reserved"] = reserved_bytes(self.state)
@@ -128,8 +129,7 @@ def _transaction(device: int, root: Path | None, capacity: int | None = None, *,
                 raise ConfigError(f"device {device} has no ledger yet and its capacity is unknown "
                                   "(no nvidia-smi on PATH): pass a capacity such as '16GiB' or 'h100-80gb'")
             txn.state = store.new_state(device, capacity)
-            store.write_snapshot(paths, txn.state, reason="created")
-            txn.dirty = True
+            txn.created = True
         elif capacity is not None and capacity != txn.state["capacity"]:
             if txn.state["reservations"] or txn.state["waiters"]:
                 _reclaim(txn)
@@ -141,6 +141,11 @@ def _transaction(device: int, root: Path | None, capacity: int | None = None, *,
         _reclaim(txn)
         yield txn
         if txn.dirty:
+            if txn.created:
+                # The journal of a new ledger starts with its empty state: a rebuild replays from it.
+                fresh = store.new_state(device, txn.state["capacity"])
+                store.write_snapshot(paths, fresh, reason="created")
+                txn.state["next_seq"] = fresh["next_seq"]
             store.commit(paths, txn.state, txn.events)
             if txn.state["waiters"]:
                 store.ring(paths, min(w["ticket"] for w in txn.state["waiters"]))
@@ -386,17 +391,22 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
     try:
         while True:
             message = None
-            with _transaction(device, root) as txn:
-                if not any(w["ticket"] == ticket for w in txn.state["waiters"]):
-                    # Our entry is gone (the ledger was repaired): queue again, at the back.
-                    store.close_bell(paths, ticket, bell)
-                    ticket, bell = _enqueue(txn, nbytes, label, me, requeued=True)
-                if _my_turn(txn.state, ticket, nbytes):
-                    return _grant(txn, ticket, nbytes, label, me)
+            try:
+                with _transaction(device, root) as txn:
+                    if not any(w["ticket"] == ticket for w in txn.state["waiters"]):
+                        # Our entry is gone (the ledger was repaired): queue again, at the back.
+                        store.close_bell(paths, ticket, bell)
+                        ticket, bell = _enqueue(txn, nbytes, label, me, requeued=True)
+                    if _my_turn(txn.state, ticket, nbytes):
+                        return _grant(txn, ticket, nbytes, label, me)
+                    if time.monotonic() >= deadline:
+                        message = _busy_message(txn.state, nbytes, wait, ticket)
+                        txn.state["waiters"] = [w for w in txn.state["waiters"] if w["ticket"] != ticket]
+                        txn.log(op="abandon", ticket=ticket, bytes=nbytes, pid=me[0], reason="timeout")
+            except store.LedgerCorrupt:
+                # Keep waiting: someone may run `jaxmem share repair` meanwhile. Out of time, say so.
                 if time.monotonic() >= deadline:
-                    message = _busy_message(txn.state, nbytes, wait, ticket)
-                    txn.state["waiters"] = [w for w in txn.state["waiters"] if w["ticket"] != ticket]
-                    txn.log(op="abandon", ticket=ticket, bytes=nbytes, pid=me[0], reason="timeout")
+                    raise
             if message is not None:
                 raise LedgerError(message)
             remaining = deadline - time.monotonic()

@@ -39,6 +39,10 @@ FORMAT = "jaxmem-ledger/1"
 HISTORY_MAX_BYTES = 8 << 20  # module-level so a test can shrink it to exercise rotation
 
 
+class LedgerCorrupt(LedgerError):
+    """The ledger file cannot be trusted; the message names it and the repair command."""
+
+
 class LedgerPaths(NamedTuple):
     device: int
     state: Path
@@ -139,7 +143,7 @@ def load(paths: LedgerPaths) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError) as err:
         problem = f"not JSON ({err})"
     if problem:
-        raise LedgerError(f"ledger {paths.state} is corrupt: {problem}; {repair_hint(paths)}")
+        raise LedgerCorrupt(f"ledger {paths.state} is corrupt: {problem}; {repair_hint(paths)}")
     return state
 
 

@@ -1,0 +1,268 @@
+"""`jaxmem run`: the environment a real JAX program is given, exit codes, signals, and who holds
+the reservation when the wrapper or the command dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from share_helpers import PYTHON, isolated_env, jaxmem_cmd, journal, run_cli
+
+import jaxmem
+from jaxmem.share import ledger
+from jaxmem.units import GiB, MiB
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "state"
+    monkeypatch.setenv("JAXMEM_STATE_DIR", str(path))
+    monkeypatch.setenv("JAXMEM_NVIDIA_SMI", "none")
+    return path
+
+
+def _reserved(device: int = 0) -> int:
+    rows = [r for r in ledger.status() if r["device"] == device]
+    return rows[0]["reserved"] if rows else 0
+
+
+def _until(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.02)
+
+
+SHOW_ENV = textwrap.dedent("""\
+    import json, os, jax
+    from jaxlib import xla_client
+    from jaxmem.share.ledger import status
+    names = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUDA_VISIBLE_DEVICES",
+             "CUDA_DEVICE_ORDER", "JAXMEM_RESERVATION", "XLA_PYTHON_CLIENT_PREALLOCATE")
+    print(json.dumps({"env": {n: os.environ.get(n) for n in names},
+                      "sum": float(jax.numpy.ones(3).sum()), "pid": os.getpid(), "ppid": os.getppid(),
+                      "gpu_options": xla_client.generate_pjrt_gpu_plugin_options(),
+                      "status": status()}))
+    """)
+
+
+def test_share_run_real_jax_program(state: Path) -> None:
+    # The brief's own one-liner first: the fraction JAX sees, and JAX really running.
+    done = subprocess.run(jaxmem_cmd("run", "--memory", "30%", "--capacity", "16GiB", "--",
+                                     PYTHON, "-c", "import os, jax; print(os.environ['XLA_CLIENT_MEM_FRACTION'], jax.numpy.ones(3).sum())"),
+                          env=isolated_env(state), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.3", "3.0"]
+    assert "reserved 4.80 GiB of device 0 (16.00 GiB); XLA_CLIENT_MEM_FRACTION=0.3" in done.stderr
+
+    done = subprocess.run(jaxmem_cmd("run", "--memory", "6GiB", "--label", "jaxjob", "--", PYTHON, "-c", SHOW_ENV),
+                          env=isolated_env(state), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    env = seen["env"]
+    assert env["XLA_CLIENT_MEM_FRACTION"] == "0.375"  # 6 / 16
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None  # never both: JAX would refuse the pair
+    assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == ("0", "PCI_BUS_ID")
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] is None  # preallocation left at JAX's default: on
+    assert seen["sum"] == 3.0
+    # JAX's own reading of that environment for its GPU client: the fraction, nothing else.
+    assert seen["gpu_options"]["memory_fraction"] == 0.375
+    assert "preallocate" not in seen["gpu_options"]
+    # While it ran, the command itself was a holder of the reservation, next to the wrapper.
+    (row,) = seen["status"]
+    (held,) = row["reservations"]
+    assert held["label"] == "jaxjob" and held["bytes"] == 6 * GiB
+    assert sorted(held["pids"]) == sorted([seen["ppid"], seen["pid"]])
+    assert env["JAXMEM_RESERVATION"] == f"0:{held['id']}"
+    assert _reserved() == 0  # released when it ended
+
+
+def test_share_jax_refuses_both_fraction_variables() -> None:
+    """Why `jaxmem run` sets one spelling only: JAX's GPU option reader rejects the pair."""
+    from jaxlib import xla_client
+    saved = {n: os.environ.get(n) for n in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
+    try:
+        os.environ["XLA_CLIENT_MEM_FRACTION"] = os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.3"
+        with pytest.raises(ValueError, match="specified together"):
+            xla_client.generate_pjrt_gpu_plugin_options()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    from jaxmem.cli.run import NEW_VAR, fraction_variable
+    assert fraction_variable() == NEW_VAR  # this jaxlib knows the current name
+
+
+def test_share_run_replaces_user_settings_and_keeps_preallocate_choice(state: Path) -> None:
+    env = isolated_env(state, XLA_PYTHON_CLIENT_MEM_FRACTION="0.9", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                       CUDA_VISIBLE_DEVICES="3")
+    done = subprocess.run(jaxmem_cmd("run", "--memory", "4GiB", "--capacity", "16GiB", "--", PYTHON, "-c", SHOW_ENV),
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["env"]["XLA_CLIENT_MEM_FRACTION"] == "0.25" and seen["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None
+    assert seen["env"]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and seen["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert seen["gpu_options"]["memory_fraction"] == 0.25 and seen["gpu_options"]["preallocate"] is False
+    assert "replacing XLA_PYTHON_CLIENT_MEM_FRACTION=0.9" in done.stderr
+    assert "XLA_PYTHON_CLIENT_PREALLOCATE is false" in done.stderr
+    assert "replacing CUDA_VISIBLE_DEVICES=3 with 0" in done.stderr
+    # For an older JAX: the old spelling only.
+    done = subprocess.run(jaxmem_cmd("run", "-q", "--memory", "4GiB", "--fraction-var", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                                     "--", PYTHON, "-c", SHOW_ENV), env=isolated_env(state), capture_output=True, text=True, timeout=120)
+    seen = json.loads(done.stdout)
+    assert (seen["env"]["XLA_CLIENT_MEM_FRACTION"], seen["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == (None, "0.25")
+    assert seen["gpu_options"]["memory_fraction"] == 0.25
+    assert done.stderr == ""
+
+
+def test_share_run_capacity_from_fake_nvidia_smi(tmp_path: Path, state: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text('#!/bin/sh\ncase "$*" in *"-i 1"*) echo 81559 ;; *) exit 3 ;; esac\n')
+    (bindir / "nvidia-smi").chmod(0o755)
+    env = isolated_env(state, PATH=f"{bindir}:{os.environ['PATH']}")
+    del env["JAXMEM_NVIDIA_SMI"]
+    code = "import os; print(os.environ['XLA_CLIENT_MEM_FRACTION'], os.environ['CUDA_VISIBLE_DEVICES'])"
+    done = subprocess.run(jaxmem_cmd("run", "--memory", "25%", "--device", "1", "--", PYTHON, "-c", code),
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.25", "1"]
+    assert "of device 1 (79.65 GiB)" in done.stderr  # 81559 MiB
+    assert [e for e in journal(state, device=1) if e["op"] == "grant"][0]["bytes"] == 81559 * MiB // 4
+
+
+@pytest.mark.parametrize("script, code", [("exit 0", 0), ("exit 1", 1), ("exit 7", 7), ("exit 255", 255),
+                                          ("kill -TERM $$", 128 + 15), ("kill -KILL $$", 128 + 9)])
+def test_share_run_exit_codes_pass_through(state: Path, script: str, code: int) -> None:
+    done = run_cli(isolated_env(state), "run", "-q", "--memory", "1GiB", "--capacity", "16GiB", "--", "sh", "-c", script)
+    assert done.returncode == code, done.stderr
+    assert _reserved() == 0
+    assert [e["op"] for e in journal(state)][-1] == "release"
+
+
+def test_share_run_errors_are_one_line(state: Path) -> None:
+    env = isolated_env(state)
+    for args, text in ((["run", "--memory", "1GiB", "--capacity", "16GiB"], "no command to run"),
+                       (["run", "--memory", "lots", "--capacity", "16GiB", "--", "true"], "cannot read size 'lots'"),
+                       (["run", "--memory", "1GiB", "--", "true"], "capacity is unknown"),
+                       (["run", "--memory", "20GiB", "--capacity", "16GiB", "--", "true"], "exceeds the whole device")):
+        done = run_cli(env, *args)
+        assert done.returncode == 2 and text in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    done = run_cli(env, "run", "-q", "--memory", "1GiB", "--capacity", "16GiB", "--", "no-such-command-xyz")
+    assert done.returncode == 127 and "cannot run 'no-such-command-xyz'" in done.stderr
+    assert _reserved() == 0
+
+
+TRAP = textwrap.dedent("""\
+    import os, signal, sys, time
+    def stop(signum, frame):
+        open(sys.argv[1], "w").write(str(signum))
+        os._exit(40 + signum)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    """)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_share_run_signals_reach_the_command_and_release(tmp_path: Path, state: Path, signum: int) -> None:
+    marker = tmp_path / "got"
+    wrapper = subprocess.Popen(jaxmem_cmd("run", "-q", "--memory", "4GiB", "--capacity", "16GiB", "--",
+                                          PYTHON, "-c", TRAP, str(marker)),
+                               env=isolated_env(state), stdout=subprocess.PIPE, text=True)
+    child = int(wrapper.stdout.readline())
+    assert _reserved() == 4 * GiB
+    wrapper.send_signal(signum)
+    assert wrapper.wait(timeout=20) == 40 + signum  # the command's own exit code
+    assert marker.read_text() == str(int(signum))  # it got the signal, once
+    assert _reserved() == 0
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1][:3]
+
+
+def test_share_run_default_sigterm_kills_command(state: Path) -> None:
+    wrapper = subprocess.Popen(jaxmem_cmd("run", "-q", "--memory", "4GiB", "--capacity", "16GiB", "--",
+                                          PYTHON, "-c", "import time; print('up', flush=True); time.sleep(60)"),
+                               env=isolated_env(state), stdout=subprocess.PIPE, text=True)
+    assert wrapper.stdout.readline().strip() == "up"
+    wrapper.terminate()
+    assert wrapper.wait(timeout=20) == 128 + signal.SIGTERM
+    assert _reserved() == 0
+
+
+def test_share_run_wrapper_sigkilled_command_keeps_reservation(tmp_path: Path, state: Path) -> None:
+    go = tmp_path / "go"
+    code = f"import os, pathlib, time\nprint(os.getpid(), flush=True)\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
+    wrapper = subprocess.Popen(jaxmem_cmd("run", "-q", "--memory", "5GiB", "--capacity", "16GiB", "--label", "orphan",
+                                          "--", PYTHON, "-c", code),
+                               env=isolated_env(state), stdout=subprocess.PIPE, text=True)
+    child = int(wrapper.stdout.readline())
+    wrapper.kill()
+    wrapper.wait(timeout=10)
+    # The wrapper is gone; the command lives on, and so does its memory.
+    time.sleep(0.3)
+    assert _reserved() == 5 * GiB
+    (held,) = ledger.status()[0]["reservations"]
+    assert held["pids"] == [wrapper.pid, child] and held["label"] == "orphan"
+    with pytest.raises(jaxmem.LedgerError, match="'orphan' 5.00 GiB"):
+        jaxmem.reserve("12GiB")
+    go.touch()
+    _until(lambda: _reserved() == 0)  # reclaimed once the command has exited
+    (event,) = [e for e in journal(state) if e["op"] == "reclaim"]
+    assert event["reason"] == "dead" and event["label"] == "orphan"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_share_run_signal_while_waiting_leaves_queue(state: Path, signum: int) -> None:
+    with jaxmem.reserve("12GiB", capacity="16GiB", label="big"):
+        wrapper = subprocess.Popen(jaxmem_cmd("run", "-q", "--memory", "8GiB", "--wait", "60", "--",
+                                              "sh", "-c", "echo ran"),
+                                   env=isolated_env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _until(lambda: ledger.status()[0]["waiters"])
+        wrapper.send_signal(signum)
+        assert wrapper.wait(timeout=20) == 128 + signum
+        assert wrapper.stdout.read() == ""  # the command never ran
+        assert ledger.status()[0]["waiters"] == []
+    events = journal(state)
+    assert [e["reason"] for e in events if e["op"] == "abandon"] == ["interrupted"]
+
+
+def test_share_run_waits_then_runs(state: Path) -> None:
+    held = jaxmem.reserve("12GiB", capacity="16GiB", label="big")
+    wrapper = subprocess.Popen(jaxmem_cmd("run", "-q", "--memory", "8GiB", "--wait", "60", "--", "sh", "-c", "echo ran"),
+                               env=isolated_env(state), stdout=subprocess.PIPE, text=True)
+    _until(lambda: ledger.status()[0]["waiters"])
+    held.release()
+    assert wrapper.wait(timeout=30) == 0
+    assert wrapper.stdout.read() == "ran\n"
+    done = run_cli(isolated_env(state), "run", "--memory", "12GiB", "--wait", "0.5", "--", "true")
+    assert done.returncode == 0
+
+
+def test_share_status_cli(state: Path) -> None:
+    with jaxmem.reserve("25%", capacity="16GiB", label="shown"):
+        env = isolated_env(state)
+        done = run_cli(env, "share", "status", "--json")
+        assert done.returncode == 0
+        data = json.loads(done.stdout)
+        assert data["state_dir"] == str(state)
+        (row,) = data["devices"]
+        assert (row["capacity"], row["reserved"], row["free"]) == (16 * GiB, 4 * GiB, 12 * GiB)
+        assert row["reservations"][0]["label"] == "shown" and row["reservations"][0]["pids"] == [os.getpid()]
+        done = run_cli(env, "share", "status")
+        assert done.returncode == 0
+        assert "device 0: 16.00 GiB total, 4.00 GiB reserved, 12.00 GiB free" in done.stdout
+        assert "shown" in done.stdout and "25.0%" in done.stdout
+    done = run_cli(isolated_env(state), "share", "bogus")
+    assert done.returncode == 2 and "Traceback" not in done.stderr

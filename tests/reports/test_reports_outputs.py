@@ -141,3 +141,17 @@ def test_replay_data_blocks_and_lines():
     assert data.allocators[0].peak_in_use >= max(expect)
     top = data.live_at(data.peak_x)
     assert top[0].size == 8192 and top[1].source == "/w/a.py:3 (f)"
+
+
+def test_compacted_addresses_keep_order_and_overlap():
+    from jaxmem.reports.data import Block, compact_addresses
+
+    base = 0x7F00_0000_0000
+    raw = [(base, 4 << 20), (base + (2 << 20), 1 << 20), (base + (4 << 20), 2 << 20),
+           (base + (1 << 30), 8 << 20), (base + (1 << 30) + (9 << 20), 1 << 20)]
+    blocks = [Block(a, s, i, i + 3, "allocations") for i, (a, s) in enumerate(raw)]
+    assert compact_addresses(blocks) == 1
+    got = [b.address for b in blocks]
+    assert got[0] == 0 and got[1] == 2 << 20 and got[2] == 4 << 20
+    # The 1 GiB hole is gone; the 1 MiB hole inside the second cluster stays.
+    assert got[3] == 6 << 20 and got[4] == got[3] + (9 << 20)

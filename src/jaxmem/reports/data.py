@@ -12,6 +12,7 @@ exit); for a trace, the event index. A `Block` occupies [start, end], both inclu
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -40,9 +41,11 @@ class Block:
 
     @property
     def source(self) -> str:
+        """The innermost frame with a real line (recorded stacks often start in C++ frames
+        such as '??:0'), else the innermost."""
         if not self.frames:
             return ""
-        file, line, function = self.frames[0]
+        file, line, function = next((f for f in self.frames if f[1] > 0 and f[0] not in ("", "??")), self.frames[0])
         return f"{file}:{line} ({function})"
 
 
@@ -283,6 +286,30 @@ def trace_blocks(trace: Any) -> list[Block]:
     return blocks
 
 
+def compact_addresses(blocks: list[Block], min_gap: int = 16 << 20) -> int:
+    """Move blocks down so that the address ranges no block ever uses, when at least `min_gap`
+    bytes long, vanish: device addresses sit near 2**47 in segments far apart, and a map of
+    that range would be one thin line. Order and adjacency are kept; smaller holes stay
+    visible. Returns the number of gaps removed (the space below the lowest block is not one).
+    """
+    if not blocks:
+        return 0
+    clusters: list[list[int]] = []
+    for lo, hi in sorted((b.address, b.address + b.size) for b in blocks):
+        if clusters and lo - clusters[-1][1] < min_gap:
+            clusters[-1][1] = max(clusters[-1][1], hi)
+        else:
+            clusters.append([lo, hi])
+    starts, shifts, compact = [], [], 0
+    for lo, hi in clusters:
+        starts.append(lo)
+        shifts.append(lo - compact)
+        compact += hi - lo
+    for b in blocks:
+        b.address -= shifts[bisect.bisect_right(starts, b.address) - 1]
+    return len(clusters) - 1
+
+
 def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
     """Report data for a replay: in use and reserved per allocator (and the recorded allocator's
     own, for snapshots), and, given the trace, its blocks at their recorded addresses.
@@ -316,6 +343,7 @@ def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
             oom_text=str(oom.get("message", "out of memory")) if oom else "",
         ))
     blocks = trace_blocks(trace) if trace is not None else []
+    gaps = compact_addresses(blocks)
     n_events = len(trace.events) if trace is not None else max((max(s.xs, default=0) for s in series), default=0) + 1
     names = [e.action + (f" {e.label}" if e.label else "") for e in trace.events] if trace is not None else [""] * n_events
     data = ReportData(
@@ -339,5 +367,7 @@ def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
         rows.append((s.name, f"peak in use {format_size(s.peak_in_use)}, peak reserved {format_size(s.peak_reserved)}{oom}"))
     if blocks:
         rows.append(("recorded blocks live at the peak", f"{format_size(data.peak_bytes)} at event {data.peak_x}"))
+    if gaps:
+        rows.append(("placement map", f"recorded addresses with {gaps} unused gaps between them removed"))
     data.summary = rows
     return data

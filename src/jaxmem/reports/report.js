@@ -316,12 +316,12 @@
       tr.appendChild(el("td", rank + 1, "num"));
       tr.appendChild(el("td", fmt(t.size), "num"));
       tr.appendChild(el("td", t.category.replace("_", " ")));
-      tr.appendChild(el("td", t.dtype + (t.shape !== null ? "[" + t.shape + "]" : "")));
+      tr.appendChild(el("td", t.dtype || t.shape ? t.dtype + "[" + t.shape + "]" : "\u2014"));
       tr.appendChild(el("td", t.label));
       tr.appendChild(el("td", t.start + " .. " + t.end, "num"));
       tr.appendChild(el("td", t.source || "unknown", "src"));
       tr.addEventListener("mouseenter", function (ev) {
-        var lines = [fmt(t.size) + "  " + t.category, t.dtype + "[" + t.shape + "]", "op: " + t.label,
+        var lines = [fmt(t.size) + "  " + t.category, t.dtype || t.shape ? t.dtype + "[" + t.shape + "]" : "", "op: " + (t.label || "\u2014"),
                      D.xLabel + "s " + t.start + " .. " + t.end, "source: " + (t.source || "unknown")];
         showTip(ev, lines);
         if (mapChart && t.block >= 0) { mapChart.octx.clearRect(0, 0, mapChart.w, mapChart.h); outline(mapChart, t.block); }

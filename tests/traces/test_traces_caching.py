@@ -189,6 +189,7 @@ def test_refuses_alignment_it_cannot_give() -> None:
 # ---- invariants on every step ---------------------------------------------------------------------
 def check(alloc: CachingAllocator, live: list) -> None:
     segs = alloc.segments()
+    objs = {b.addr: b for seg in alloc._segments.values() for b in seg.blocks()}
     end = -1
     allocated = {}
     mapped_total = 0
@@ -202,7 +203,7 @@ def check(alloc: CachingAllocator, live: list) -> None:
             assert x["allocated"] or y["allocated"] or x["mapped"] != y["mapped"], "free neighbours not merged"
         assert blocks[-1]["addr"] + blocks[-1]["size"] == end
         for b in blocks:
-            blk = alloc._blocks[b["addr"]]
+            blk = objs[b["addr"]]
             assert blk.seg.addr == s["addr"] and blk.pool == (SMALL if s["pool"] == "small" else LARGE)
             if b["mapped"]:
                 mapped_total += b["size"]

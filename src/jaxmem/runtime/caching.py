@@ -69,7 +69,7 @@ class _Block:
 class _Segment:
     """One cudaMalloc (or one reserved range of an expandable segment)."""
 
-    __slots__ = ("addr", "size", "pool", "stream", "expandable", "pages", "index")
+    __slots__ = ("addr", "size", "pool", "stream", "expandable", "pages", "index", "ref")
 
     def __init__(self, addr: int, size: int, pool: int, stream: int, expandable: bool, index: int) -> None:
         self.addr = addr
@@ -79,6 +79,16 @@ class _Segment:
         self.expandable = expandable
         self.pages: dict[int, int] = {}   # page number -> backend address of its physical memory
         self.index = index
+        self.ref: _Block | None = None    # some live block of the segment (walk prev to its head)
+
+    def blocks(self) -> Iterator["_Block"]:
+        """Its blocks in address order."""
+        b = self.ref
+        while b is not None and b.prev is not None:
+            b = b.prev
+        while b is not None:
+            yield b
+            b = b.next
 
 
 class CachingAllocator(Allocator):
@@ -114,13 +124,13 @@ class CachingAllocator(Allocator):
         self._max_round = cfg.max_non_split_rounding_size
         self._plain_round = not any(cfg.roundup_power2_divisions)
         self._gc = cfg.garbage_collection_threshold > 0.0
+        self._fast = not (self._gc or self._expandable or self._max_split != NO_LIMIT)  # malloc's inline path
         # per pool: stream -> sorted keys (size << 64 | addr) of mapped free blocks
         self._freelists: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
         self._free_block: dict[int, _Block] = {}     # addr -> mapped free block
         # expandable only: per pool, stream -> sorted addresses of unmapped blocks
         self._unmapped: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
         self._unmapped_block: dict[int, _Block] = {}
-        self._blocks: dict[int, _Block] = {}         # addr -> every block, any state
         self._segments: dict[int, _Segment] = {}     # segment addr -> segment
         self._next_index = 0
         self._next_virtual = _VIRTUAL_BASE
@@ -162,11 +172,9 @@ class CachingAllocator(Allocator):
 
     def _chunks(self) -> Iterator[Chunk]:
         for seg in sorted(self._segments.values(), key=lambda s: s.addr):
-            b: _Block | None = self._blocks[seg.addr]
-            while b is not None:
+            for b in seg.blocks():
                 if b.mapped:
                     yield Chunk(b.addr, b.size, b.allocated, seg.index)
-                b = b.next
 
     # ---- malloc ----------------------------------------------------------------------------
     def malloc(self, orig_size: int, stream: int = 0) -> _Block:
@@ -176,7 +184,15 @@ class CachingAllocator(Allocator):
         else:
             size = round_size(orig_size, self.config)
         pool = SMALL if size <= K_SMALL_SIZE else LARGE
-        block = self._get_free_block(pool, size, stream)
+        # the common case inline: a non-expandable cached block, no max_split_size
+        keys = self._freelists[pool].get(stream)
+        block = None
+        if keys and self._fast:
+            i = bisect_left(keys, size << _SHIFT)
+            if i < len(keys):
+                block = self._free_block.pop(keys.pop(i) & _MASK)
+        else:
+            block = self._get_free_block(pool, size, stream)
         if block is None:
             block = self._malloc_slow(pool, size, stream, orig_size)
         remaining = block.size - size
@@ -196,9 +212,12 @@ class CachingAllocator(Allocator):
             rest.prev = block
             rest.addr += size
             rest.size = remaining
-            self._blocks[block.addr] = block
-            self._blocks[rest.addr] = rest
-            self._insert_free(rest)
+            rest.gc_base = self._gc_calls[pool]
+            keys = self._freelists[pool].get(stream)
+            if keys is None:
+                keys = self._freelists[pool][stream] = []
+            insort(keys, (remaining << _SHIFT) | rest.addr)
+            self._free_block[rest.addr] = rest
         block.allocated = True
         block.requested = orig_size
         return block
@@ -274,7 +293,7 @@ class CachingAllocator(Allocator):
         self._next_index += 1
         self._segments[addr] = seg
         block = _Block(addr, alloc_size, stream, pool, seg)
-        self._blocks[addr] = block
+        seg.ref = block
         self.reserved_bytes += alloc_size
         if self.reserved_bytes > self.peak_pool_bytes:
             self.peak_pool_bytes = self.reserved_bytes
@@ -293,7 +312,13 @@ class CachingAllocator(Allocator):
         nxt = block.next
         if nxt is not None and not nxt.allocated and nxt.mapped == block.mapped:
             self._merge(block, nxt)
-        self._insert_free(block)
+        pool = block.pool
+        block.gc_base = self._gc_calls[pool]
+        keys = self._freelists[pool].get(block.stream)
+        if keys is None:
+            keys = self._freelists[pool][block.stream] = []
+        insort(keys, (block.size << _SHIFT) | block.addr)
+        self._free_block[block.addr] = block
 
     def _insert_free(self, block: _Block) -> None:
         block.gc_base = self._gc_calls[block.pool]
@@ -311,29 +336,28 @@ class CachingAllocator(Allocator):
     def _merge(self, dst: _Block, src: _Block) -> None:
         """dst absorbs its free neighbour src (both mapped, or both unmapped)."""
         if src.mapped:
-            self._remove_free(src)
+            keys = self._freelists[src.pool][src.stream]
+            del keys[bisect_left(keys, (src.size << _SHIFT) | src.addr)]
+            del self._free_block[src.addr]
         else:
             self._remove_unmapped(src)
-        blocks = self._blocks
         if dst.prev is src:
-            del blocks[dst.addr]
             dst.addr = src.addr
-            blocks[dst.addr] = dst
             dst.prev = src.prev
             if dst.prev is not None:
                 dst.prev.next = dst
         else:
-            del blocks[src.addr]
             dst.next = src.next
             if dst.next is not None:
                 dst.next.prev = dst
         dst.size += src.size
+        if dst.seg.ref is src:
+            dst.seg.ref = dst
 
     # ---- giving memory back ----------------------------------------------------------------
     def _release_block(self, block: _Block) -> None:
         """cudaFree a cached block that is a whole (non-expandable) segment."""
         self._remove_free(block)
-        del self._blocks[block.addr]
         del self._segments[block.addr]
         self.backend.release(block.addr)
         self.reserved_bytes -= block.size
@@ -449,7 +473,7 @@ class CachingAllocator(Allocator):
         self._segments[seg.addr] = seg
         block = _Block(seg.addr, span, stream, pool, seg)
         block.mapped = False
-        self._blocks[seg.addr] = block
+        seg.ref = block
         self._insert_unmapped(block)
         return block
 
@@ -478,7 +502,6 @@ class CachingAllocator(Allocator):
                 to_map.next.prev = rest
             to_map.next = rest
             to_map.size = mapped
-            self._blocks[rest.addr] = rest
             self._insert_unmapped(rest)
         prev = to_map.prev
         if prev is not None and not prev.allocated and prev.mapped:
@@ -517,14 +540,12 @@ class CachingAllocator(Allocator):
         self._remove_free(block)
         start, stop = seg.addr + begin * page, seg.addr + end * page
         old, old_end = block.addr, block.addr + block.size
-        del self._blocks[old]
         if start > old:
             before = _Block(old, start - old, block.stream, block.pool, seg)
             before.prev, before.next = block.prev, block
             if block.prev is not None:
                 block.prev.next = before
             block.prev = before
-            self._blocks[old] = before
             self._insert_free(before)
         if stop < old_end:
             after = _Block(stop, old_end - stop, block.stream, block.pool, seg)
@@ -532,10 +553,8 @@ class CachingAllocator(Allocator):
             if block.next is not None:
                 block.next.prev = after
             block.next = after
-            self._blocks[stop] = after
             self._insert_free(after)
         block.addr, block.size, block.mapped = start, stop - start, False
-        self._blocks[start] = block
         for p in range(begin, end):
             self.backend.release(seg.pages.pop(p))
         # merge with unmapped neighbours first, then index the result (its address may move)
@@ -551,7 +570,6 @@ class CachingAllocator(Allocator):
 
     def _release_expandable_segment(self, block: _Block) -> None:
         self._remove_unmapped(block)
-        del self._blocks[block.addr]
         del self._segments[block.seg.addr]
 
     # ---- a recorded start state --------------------------------------------------------------
@@ -593,18 +611,17 @@ class CachingAllocator(Allocator):
             b.prev = prev
             if prev is not None:
                 prev.next = b
-            self._blocks[b.addr] = b
+            if seg.ref is None:
+                seg.ref = b
             if allocated:
                 b.requested = bsize
                 out[offset] = b
                 self.bytes_in_use += bsize
                 self.num_allocs += 1
             prev = b
-        b2: _Block | None = self._blocks[addr]
-        while b2 is not None:
+        for b2 in list(seg.blocks()):
             if not b2.allocated:
                 self._insert_free(b2)
-            b2 = b2.next
         self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
         return out
 
@@ -613,11 +630,8 @@ class CachingAllocator(Allocator):
         """Plain-data view: each segment with its pool, stream and blocks, address order."""
         out = []
         for seg in sorted(self._segments.values(), key=lambda s: s.addr):
-            blocks = []
-            b: _Block | None = self._blocks[seg.addr]
-            while b is not None:
-                blocks.append({"addr": b.addr, "size": b.size, "allocated": b.allocated, "mapped": b.mapped})
-                b = b.next
+            blocks = [{"addr": b.addr, "size": b.size, "allocated": b.allocated, "mapped": b.mapped}
+                      for b in seg.blocks()]
             out.append({"addr": seg.addr, "size": seg.size, "pool": "small" if seg.pool == SMALL else "large",
                         "stream": seg.stream, "expandable": seg.expandable, "blocks": blocks})
         return out

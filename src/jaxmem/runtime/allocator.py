@@ -64,6 +64,16 @@ class Buffer:
         return f"Buffer(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}{state})"
 
 
+def _check_request(size: object, alignment: object) -> None:
+    """Raise the AllocationError that says what is wrong with an allocate() call."""
+    if type(size) is not int:  # bool and float are refused too
+        raise AllocationError(f"allocation size must be an int, got {size!r}")
+    if size <= 0:
+        raise AllocationError(f"allocation size must be positive, got {size}")
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise AllocationError(f"alignment must be a power of two, got {alignment!r}")
+
+
 class Allocator:
     """Base class: the public allocate/free pair and the statistics; subclasses give the policy.
 
@@ -92,12 +102,11 @@ class Allocator:
 
     # ---- the one public pair -------------------------------------------------------------
     def allocate(self, size: int, *, alignment: int = 256, stream: int = 0) -> Buffer:
-        if type(size) is not int:  # bool and float are refused too
-            raise AllocationError(f"allocation size must be an int, got {size!r}")
-        if size <= 0:
-            raise AllocationError(f"allocation size must be positive, got {size}")
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise AllocationError(f"alignment must be a power of two, got {alignment}")
+        """A buffer of at least `size` bytes (raises OutOfMemory; the pool is then unchanged)."""
+        # One test on the common path; the slow path says exactly what is wrong.
+        if type(size) is not int or size <= 0 or (alignment != 256 and (
+                type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1))):
+            _check_request(size, alignment)
         address, reserved, handle = self._allocate(size, alignment, stream)
         self.num_allocs += 1
         in_use = self.bytes_in_use + reserved
@@ -109,15 +118,20 @@ class Allocator:
         return Buffer(address, reserved, size, stream, self, handle)
 
     def free(self, buffer: Buffer) -> None:
+        """Give `buffer` back; a double free or a buffer of another allocator is refused."""
+        if type(buffer) is not Buffer or buffer.owner is not self or not buffer.live:
+            self._check_free(buffer)
+        self._free(buffer.address, buffer.size, buffer.handle, buffer.stream)
+        buffer.live = False
+        self.bytes_in_use -= buffer.size
+
+    def _check_free(self, buffer: object) -> None:
         if not isinstance(buffer, Buffer):
             raise AllocationError(f"free() takes a Buffer, got {type(buffer).__name__}")
         if buffer.owner is not self:
             raise AllocationError(f"{buffer!r} was not allocated by this device's allocator")
         if not buffer.live:
             raise AllocationError(f"double free of {buffer!r}")
-        self._free(buffer.address, buffer.size, buffer.handle, buffer.stream)
-        buffer.live = False
-        self.bytes_in_use -= buffer.size
 
     def empty_cache(self) -> int:
         """Return wholly free regions to the backend; returns the bytes given back."""

@@ -113,11 +113,15 @@ class BFCAllocator(Allocator):
             sub = self._lists[pos]
             insort(sub, key)
         if len(sub) > 2 * _LOAD:
-            half = sub[_LOAD:]
-            del sub[_LOAD:]
-            maxes[pos] = sub[-1]
-            self._lists.insert(pos + 1, half)
-            maxes.insert(pos + 1, half[-1])
+            self._split_sublist(pos)
+
+    def _split_sublist(self, pos: int) -> None:
+        sub = self._lists[pos]
+        half = sub[_LOAD:]
+        del sub[_LOAD:]
+        self._maxes[pos] = sub[-1]
+        self._lists.insert(pos + 1, half)
+        self._maxes.insert(pos + 1, half[-1])
 
     def _remove(self, key: int) -> None:
         maxes = self._maxes
@@ -236,21 +240,59 @@ class BFCAllocator(Allocator):
         free = self._free_size
         free_end = self._free_end
         end = address + size
+        old = 0                        # key of a merged neighbour, whose slot the result may take
         after = free.get(end)
         if after is not None:          # merge with the free chunk that follows
-            self._remove(after << _SHIFT | end)
             del free[end]
+            old = after << _SHIFT | end
             end += after
         before = free_end.get(address)
         if before is not None:         # merge with the free chunk that precedes
-            self._remove(free[before] << _SHIFT | before)
-            del free[before]
             del free_end[address]
+            if old:
+                self._remove(old)
+            old = free[before] << _SHIFT | before
             address = before
         size = end - address
         free[address] = size
         free_end[end] = address
-        self._insert(size << _SHIFT | address)
+        new = size << _SHIFT | address
+        maxes = self._maxes
+        if old:
+            # The merged key is bigger than the neighbour's; if nothing lies between them it
+            # takes the neighbour's slot and the container needs no reshuffle.
+            pos = bisect_left(maxes, old)
+            sub = self._lists[pos]
+            i = bisect_left(sub, old)
+            if i + 1 < len(sub):
+                if sub[i + 1] > new:
+                    sub[i] = new
+                    return
+            elif pos + 1 == len(maxes) or self._lists[pos + 1][0] > new:
+                sub[i] = new
+                maxes[pos] = new
+                return
+            del sub[i]
+            if not sub:
+                del self._lists[pos]
+                del maxes[pos]
+            elif i == len(sub):
+                maxes[pos] = sub[-1]
+        pos = bisect_left(maxes, new)
+        if pos == len(maxes):
+            if not maxes:
+                self._lists.append([new])
+                maxes.append(new)
+                return
+            pos -= 1
+            sub = self._lists[pos]
+            sub.append(new)
+            maxes[pos] = new
+        else:
+            sub = self._lists[pos]
+            insort(sub, new)
+        if len(sub) > 2 * _LOAD:
+            self._split_sublist(pos)
 
     def _pool_bytes(self) -> int:
         return self.pool_bytes

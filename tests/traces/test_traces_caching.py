@@ -181,13 +181,24 @@ def test_settings_and_conf_parsing() -> None:
             parse_alloc_conf(bad)
 
 
-def test_refuses_alignment_it_cannot_give() -> None:
+def test_alignment_beyond_512_is_honoured_and_the_front_is_cached() -> None:
+    alloc = make()
+    live = [alloc.allocate(300)]
+    for alignment in (1024, 4096, 1 << 20):
+        for size in (1, 5000, 3 * MiB):
+            buf = alloc.allocate(size, alignment=alignment)
+            assert buf.address % alignment == 0 and buf.size >= size
+            live.append(buf)
+            check(alloc, live, aligned=True)
+    for b in live:
+        alloc.free(b)
+    check(alloc, [], aligned=True)
     with pytest.raises(AllocationError):
-        make().allocate(100, alignment=4096)
+        alloc.allocate(100, alignment=3000)
 
 
 # ---- invariants on every step ---------------------------------------------------------------------
-def check(alloc: CachingAllocator, live: list) -> None:
+def check(alloc: CachingAllocator, live: list, aligned: bool = False) -> None:
     segs = alloc.segments()
     objs = {b.addr: b for seg in alloc._segments.values() for b in seg.blocks()}
     end = -1
@@ -212,7 +223,7 @@ def check(alloc: CachingAllocator, live: list) -> None:
             elif b["mapped"]:
                 key = (b["size"] << _SHIFT) | b["addr"]
                 assert key in alloc._freelists[blk.pool][blk.stream] and alloc._free_block[b["addr"]] is blk
-                if s["pool"] == "large" and not s["expandable"]:
+                if s["pool"] == "large" and not s["expandable"] and not aligned:
                     assert b["size"] > MiB, "a free large-pool block of 1 MiB or less"
             else:
                 assert alloc._unmapped_block[b["addr"]] is blk
@@ -229,7 +240,7 @@ def check(alloc: CachingAllocator, live: list) -> None:
     assert alloc.bytes_in_use == sum(allocated.values())
     assert alloc.reserved_bytes == mapped_total == alloc.backend.reserved
     assert alloc.reserved_bytes <= alloc.limit
-    for b in live:
+    for b in live if not aligned else ():
         rounded = round_size(b.requested_size, alloc.config)
         assert b.size >= rounded and b.address % 512 == 0
         slack = MiB if rounded > MiB and not alloc.config.expandable_segments else 511

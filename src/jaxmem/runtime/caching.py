@@ -141,10 +141,27 @@ class CachingAllocator(Allocator):
 
     # ---- the hooks -----------------------------------------------------------------------
     def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
-        if alignment > K_MIN_BLOCK_SIZE:
-            raise AllocationError(f"the caching allocator aligns blocks to {K_MIN_BLOCK_SIZE} bytes, not {alignment}")
-        block = self.malloc(size, stream)
+        block = self.malloc(size, stream) if alignment <= K_MIN_BLOCK_SIZE else self._malloc_aligned(size, alignment, stream)
         return block.addr, block.size, block
+
+    def _malloc_aligned(self, size: int, alignment: int, stream: int) -> _Block:
+        """An alignment PyTorch never asks for (its blocks are 512-aligned): take a block with
+        room for it and give the bytes in front of the aligned address back to the cache."""
+        block = self.malloc(size + alignment, stream)
+        aligned = -(-block.addr // alignment) * alignment
+        front = aligned - block.addr
+        if front:
+            # the block's neighbours are never free (free neighbours are always merged), so the
+            # front piece stands alone
+            piece = _Block(block.addr, front, block.stream, block.pool, block.seg)
+            piece.prev, piece.next = block.prev, block
+            if block.prev is not None:
+                block.prev.next = piece
+            block.prev = piece
+            block.addr, block.size = aligned, block.size - front
+            self._insert_free(piece)
+        block.requested = size
+        return block
 
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
         self.free_block(handle)  # type: ignore[arg-type]
@@ -271,14 +288,16 @@ class CachingAllocator(Allocator):
         return block  # type: ignore[return-value]
 
     def _raise_oom(self, orig_size: int, size: int) -> None:
+        from jaxmem.runtime.dump import PoolOutOfMemory
+
         free = self.reserved_bytes - self.bytes_in_use
         largest = self._largest_free_block()
-        raise OutOfMemory(
+        chunks = list(self._chunks())   # the pool as it was when it failed: bins/occupancy built on read
+        raise PoolOutOfMemory(
             f"caching allocator out of memory: tried to allocate {allocation_size(size)} bytes for a "
             f"{orig_size}-byte request; {self.bytes_in_use} in use, {self.reserved_bytes} reserved, limit {self.limit}",
-            requested=orig_size, rounded=size, in_use=self.bytes_in_use, pool_bytes=self.reserved_bytes,
-            limit=self.limit, largest_free_block=largest, fragmentation=free >= size,
-            bins=[], occupancy="")
+            lambda: chunks, requested=orig_size, rounded=size, in_use=self.bytes_in_use, pool_bytes=self.reserved_bytes,
+            limit=self.limit, largest_free_block=largest, fragmentation=free >= size)
 
     def _alloc_block(self, pool: int, size: int, stream: int) -> _Block | None:
         alloc_size = allocation_size(size)

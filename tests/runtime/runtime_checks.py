@@ -25,6 +25,7 @@ FACTORIES = {
     "bfc": _factory("bfc"),
     "bfc-growth": _factory("bfc-growth"),
     "platform": _factory("platform"),
+    "caching": _factory("caching"),
 }
 
 # Allocators that keep a pool of regions (not one allocation per buffer).

@@ -110,3 +110,25 @@ def test_user_names_are_escaped():
     got = json.loads(re.search(r'id="report-data">(.*?)</script>', page, re.S).group(1))
     assert any(hostile in row["source"] for row in got["top"])
     assert got["title"] == hostile
+
+
+def test_aggregates_account_for_every_hidden_block():
+    from jaxmem.reports.html import aggregate, split_visible
+    from reports_fixtures import synthetic_plan
+
+    data = from_plan(synthetic_plan(5000, 2000, seed=3))
+    shown, rest = split_visible(data, max_blocks=500)
+    assert len(shown) + len(rest) == len(data.blocks) and len(shown) >= 500
+    peak_live = {id(b) for b in data.live_at(data.peak_x)[:40]}
+    assert peak_live <= {id(b) for b in shown}
+    top = max(b.address + b.size for b in data.blocks)
+    agg = aggregate(data, rest, top)
+    assert sum(agg["count"]) == len(rest)
+    assert sum(agg["bytes"]) == sum(b.size for b in rest)
+    # Brute force: each hidden block lies inside the box of some aggregate of its category.
+    boxes = list(zip(agg["addr"], agg["size"], agg["start"], agg["end"], agg["cat"]))
+    for b in rest[:300]:
+        c = data.categories.index(b.category)
+        assert any(a <= b.address and b.address + b.size <= a + s and st <= b.start and b.end <= en and k == c
+                   for a, s, st, en, k in boxes)
+    assert all(0 < f <= 1.0001 for f in agg["fill"])

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmem.reports.data import ReportData
+from jaxmem.reports.html import MAX_POINTS, downsample
 
 PID = 1
 
@@ -61,10 +62,12 @@ def _replay_events(data: ReportData) -> list[dict[str, Any]]:
             events.append({"name": f"{series.name}: out of memory", "ph": "i", "s": "g", "ts": ts, "pid": PID,
                            "tid": 1, "args": {"event": series.oom_x, "detail": series.oom_text}})
     if data.categories:
-        cols = [data.stacked[c] for c in data.categories]
-        for i in range(len(data.x_names)):
-            args = {c: col[i] for c, col in zip(data.categories, cols)}
-            events.append({"name": "recorded live memory", "ph": "C", "ts": i, "pid": PID + 1, "tid": 1, "args": args})
+        # The recorded blocks, by event index: per bucket of events the busiest one, as many
+        # points as the replayed lines keep (a million counter events would not load).
+        pts = downsample(data, MAX_POINTS)
+        for x, *values in zip(pts["x"], *pts["cols"]):
+            args = dict(zip(data.categories, values))
+            events.append({"name": "recorded live memory", "ph": "C", "ts": x, "pid": PID + 1, "tid": 1, "args": args})
         events += [{"name": "process_name", "ph": "M", "pid": PID + 1, "tid": 1,
                     "args": {"name": "recorded trace (by event index)"}}]
     return events

@@ -13,8 +13,10 @@ exit); for a trace, the event index. A `Block` occupies [start, end], both inclu
 from __future__ import annotations
 
 import bisect
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from jaxmem.compiler.plan_types import Plan, SourceLine
 from jaxmem.errors import PlanError
@@ -23,7 +25,21 @@ from jaxmem.reports.categories import CATEGORIES, buffer_category, value_categor
 Frame = tuple[str, int, str]   # (file, line, function), innermost first in a stack
 
 
-@dataclass
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many small objects: with a million
+    trace events alive, each automatic collection walks them all, and building the blocks of
+    a big trace spent most of its time there."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclass(slots=True)
 class Block:
     """One rectangle of the placement map: `size` bytes at `address` during [start, end]."""
 
@@ -230,8 +246,9 @@ def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -
     """
     from jaxmem.units import format_size
 
-    cats = value_categories(plan, arg_paths)
-    blocks = plan_blocks(plan, cats)
+    with paused_gc():
+        cats = value_categories(plan, arg_paths)
+        blocks = plan_blocks(plan, cats)
     n = len(plan.schedule)
     names = ["entry"] + [s.primitive for s in plan.schedule] + ["exit"]
     data = ReportData(
@@ -239,7 +256,8 @@ def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -
         categories=_order(b.category for b in blocks), stacked={}, blocks=blocks,
         arena_bytes=plan.arena_bytes, peak_x=-1, peak_bytes=0,
     )
-    _stack(data, blocks)
+    with paused_gc():
+        _stack(data, blocks)
     _peak(data)
     caller = sum(b.size for b in blocks if b.region == "caller")
     rows = [
@@ -342,10 +360,11 @@ def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
             oom_x=int(oom["event_index"]) if oom else None,
             oom_text=str(oom.get("message", "out of memory")) if oom else "",
         ))
-    blocks = trace_blocks(trace) if trace is not None else []
-    gaps = compact_addresses(blocks)
+    with paused_gc():
+        blocks = trace_blocks(trace) if trace is not None else []
+        gaps = compact_addresses(blocks)
     n_events = len(trace.events) if trace is not None else max((max(s.xs, default=0) for s in series), default=0) + 1
-    names = [e.action + (f" {e.label}" if e.label else "") for e in trace.events] if trace is not None else [""] * n_events
+    names = [e.action for e in trace.events] if trace is not None else [""] * n_events
     data = ReportData(
         kind="replay", title=title or getattr(report, "source", "") or "replay", x_label="event",
         x_min=0, x_max=max(0, n_events - 1), x_names=names, categories=_order(b.category for b in blocks),
@@ -353,7 +372,8 @@ def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
         peak_x=0, peak_bytes=0, allocators=series, capacity=getattr(report, "capacity", None),
     )
     if blocks:
-        _stack(data, blocks)
+        with paused_gc():
+            _stack(data, blocks)
         _peak(data)
     elif series:
         best = max(series, key=lambda s: s.peak_in_use)

@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jaxmem.reports.data import AllocatorSeries, Block, ReportData
+from jaxmem.reports.data import AllocatorSeries, Block, ReportData, paused_gc
 
 MAX_POINTS = 4000
 MAX_BLOCKS = 20000
@@ -103,25 +103,37 @@ def split_visible(data: ReportData, max_blocks: int = MAX_BLOCKS) -> tuple[list[
 def aggregate(data: ReportData, rest: list[Block], top: int) -> dict[str, list]:
     """Merge small blocks per (category, time cell, address cell) into one rectangle each: the
     cell's members' bounding box, with the fraction of it they fill, their count and bytes."""
+    keys = ("addr", "size", "start", "end", "cat", "count", "bytes", "fill")
+    if not rest:
+        return {k: [] for k in keys}
+    import numpy as np
+
     span = max(1, data.x_max - data.x_min + 1)
-    cells: dict[tuple[str, int, int], list[int]] = {}
-    for b in rest:
-        key = (b.category, (b.start - data.x_min) * _GRID_X // span, b.address * _GRID_Y // max(1, top))
-        c = cells.get(key)
-        if c is None:
-            cells[key] = [b.address, b.address + b.size, b.start, b.end, 1, b.size, b.size * (b.end - b.start + 1)]
-        else:
-            c[0] = min(c[0], b.address); c[1] = max(c[1], b.address + b.size)
-            c[2] = min(c[2], b.start); c[3] = max(c[3], b.end)
-            c[4] += 1; c[5] += b.size; c[6] += b.size * (b.end - b.start + 1)
     cat_index = {c: i for i, c in enumerate(data.categories)}
-    out: dict[str, list] = {k: [] for k in ("addr", "size", "start", "end", "cat", "count", "bytes", "fill")}
-    for (cat, _, _), (lo, hi, start, end, count, nbytes, area) in cells.items():
-        out["addr"].append(lo); out["size"].append(hi - lo)
-        out["start"].append(start); out["end"].append(end)
-        out["cat"].append(cat_index[cat]); out["count"].append(count); out["bytes"].append(nbytes)
-        out["fill"].append(round(area / max(1, (hi - lo) * (end - start + 1)), 4))
-    return out
+    cat = np.fromiter((cat_index[b.category] for b in rest), np.int64, len(rest))
+    lo = np.fromiter((b.address for b in rest), np.int64, len(rest))
+    size = np.fromiter((b.size for b in rest), np.int64, len(rest))
+    start = np.fromiter((b.start for b in rest), np.int64, len(rest))
+    end = np.fromiter((b.end for b in rest), np.int64, len(rest))
+    cell = (cat * _GRID_X + (start - data.x_min) * _GRID_X // span) * (_GRID_Y + 1) + lo * _GRID_Y // max(1, top)
+    cells, which = np.unique(cell, return_inverse=True)
+    k = len(cells)
+
+    def reduce(op, values, init):
+        out = np.full(k, init, dtype=np.int64)
+        op.at(out, which, values)
+        return out
+
+    c_lo, c_hi = reduce(np.minimum, lo, np.iinfo(np.int64).max), reduce(np.maximum, lo + size, 0)
+    c_start, c_end = reduce(np.minimum, start, np.iinfo(np.int64).max), reduce(np.maximum, end, np.iinfo(np.int64).min)
+    count = np.bincount(which, minlength=k)
+    nbytes = reduce(np.add, size, 0)
+    area = np.bincount(which, weights=(size * (end - start + 1)).astype(np.float64), minlength=k)
+    c_cat = reduce(np.maximum, cat, 0)
+    fill = area / np.maximum(1, (c_hi - c_lo) * (c_end - c_start + 1))
+    return {"addr": c_lo.tolist(), "size": (c_hi - c_lo).tolist(), "start": c_start.tolist(), "end": c_end.tolist(),
+            "cat": c_cat.tolist(), "count": count.tolist(), "bytes": nbytes.tolist(),
+            "fill": np.round(fill, 4).tolist()}
 
 
 def _series(a: AllocatorSeries, max_points: int = MAX_POINTS) -> dict[str, Any]:
@@ -138,6 +150,11 @@ def _series(a: AllocatorSeries, max_points: int = MAX_POINTS) -> dict[str, Any]:
 
 def payload(data: ReportData) -> dict[str, Any]:
     """The JSON the page draws from (also what the tests read back)."""
+    with paused_gc():
+        return _payload(data)
+
+
+def _payload(data: ReportData) -> dict[str, Any]:
     colors = dict(COLORS)
     for i, c in enumerate(c for c in data.categories if c not in colors):
         colors[c] = _EXTRA[i % len(_EXTRA)]

@@ -130,7 +130,7 @@ def aggregate(data: ReportData, rest: list[Block], top: int) -> dict[str, list]:
     nbytes = reduce(np.add, size, 0)
     area = np.bincount(which, weights=(size * (end - start + 1)).astype(np.float64), minlength=k)
     c_cat = reduce(np.maximum, cat, 0)
-    fill = area / np.maximum(1, (c_hi - c_lo) * (c_end - c_start + 1))
+    fill = np.minimum(1.0, area / np.maximum(1, (c_hi - c_lo) * (c_end - c_start + 1)))  # members may overlap
     return {"addr": c_lo.tolist(), "size": (c_hi - c_lo).tolist(), "start": c_start.tolist(), "end": c_end.tolist(),
             "cat": c_cat.tolist(), "count": count.tolist(), "bytes": nbytes.tolist(),
             "fill": np.round(fill, 4).tolist()}

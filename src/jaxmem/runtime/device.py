@@ -52,6 +52,8 @@ class Device:
         self.allocator: Allocator = make_allocator(
             allocator, self.backend, limit=limit, preallocate=self.preallocate, **options)
         self.allocator_name = allocator
+        # "bfc-growth" never preallocates, whatever was asked: report what the pool does.
+        self.preallocate = bool(getattr(self.allocator, "preallocate", self.preallocate))
 
     @classmethod
     def from_env(cls, capacity: int | str, *, backend: str = "simulated",

@@ -128,3 +128,52 @@ def test_pprof_has_user_frames_as_locations(Profile, tmp_path):
     assert "loss" in names or "step" in names
     # Frames are the user's only: nothing from inside JAX.
     assert not any("/jax/_src/" in name for name in files)
+
+
+def _trace_live(trace, x):
+    live = {b.addr: b.size for b in trace.initial_blocks if b.allocated}
+    for e in trace.events[: x + 1]:
+        if e.action == "alloc":
+            live[e.addr] = e.size
+        elif e.action == "free":
+            live.pop(e.addr, None)
+    return sum(live.values()), len(live)
+
+
+def _traces():
+    from pathlib import Path
+
+    from jaxmem.traces.model import Event, Frame, Trace
+
+    events, addrs = [], []
+    for i in range(400):
+        if addrs and i % 3 == 0:
+            a, s = addrs.pop(len(addrs) // 2)
+            events.append(Event("free", a, s))
+        else:
+            a, s = (1 << 40) + i * (1 << 22), (1 + i % 11) * 512
+            addrs.append((a, s))
+            events.append(Event("alloc", a, s, frames=(Frame("??", 0, "c10::alloc"), Frame("/w/m.py", 7 + i % 5, "fwd"))))
+    found = [Trace(events, source="synthetic", format="jaxmem")]
+    shared = Path(__file__).resolve().parents[3] / "shared" / "traces"
+    for path in sorted(shared.glob("*.pickle"))[:1]:
+        from jaxmem.traces.readers import load_trace
+
+        found.append(load_trace(str(path)))
+    return found
+
+
+def test_replay_pprof_totals_equal_recorded_live_bytes(Profile):
+    from jaxmem.reports.data import from_replay
+    from jaxmem.traces.replay import replay
+
+    for trace in _traces():
+        report = replay(trace, ["platform"], capacity=1 << 42, progress=False)
+        data = from_replay(report, trace)
+        n = len(trace.events)
+        for x in sorted({data.peak_x, 0, n // 2, n - 1}):
+            prof = read(Profile, profile_bytes(data.live_at(x)))
+            assert (sum(s.value[1] for s in prof.sample), sum(s.value[0] for s in prof.sample)) == _trace_live(trace, x)
+        if trace.source == "synthetic":
+            names = {prof.string_table[f.name] for f in prof.function}
+            assert {"fwd", "c10::alloc"} <= names

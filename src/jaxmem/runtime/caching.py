@@ -401,6 +401,17 @@ class CachingAllocator(Allocator):
             j -= 1
         return released >= key_size
 
+    def release_segment_at(self, addr: int) -> bool:
+        """cudaFree the segment at `addr` if it is wholly cached (replaying a recorded cudaFree)."""
+        seg = self._segments.get(addr)
+        if seg is None or seg.expandable:
+            return False
+        head = next(seg.blocks())
+        if head.allocated or head.next is not None or head.prev is not None:
+            return False
+        self._release_block(head)
+        return True
+
     def release_cached_blocks(self) -> None:
         """empty_cache: cudaFree every cached whole segment; unmap free expandable pages."""
         for pool in (LARGE, SMALL):

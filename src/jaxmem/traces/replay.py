@@ -110,9 +110,17 @@ class ReplayReport:
 
 
 # ---- the stream ---------------------------------------------------------------------------------
-def _ops(trace: Trace) -> tuple[list[int], list[bool], list[int], list[int], list[int], list[float]]:
-    """Parallel lists for the hot loop: trace index, is_free, recorded addr, request, stream, time."""
-    idx, is_free, addrs, sizes, streams, times = [], [], [], [], [], []
+def _ops(trace: Trace, segment_frees: bool = False) -> tuple[list[int], list, list[int], list[int], list[int], list[float]]:
+    """Parallel lists for the hot loop: trace index, is_free, recorded addr, request, stream, time.
+
+    With `segment_frees`, recorded segment_free events come along with is_free == 2 (for the
+    caching model on a snapshot, which follows the program's empty_cache calls)."""
+    idx: list[int] = []
+    is_free: list = []
+    addrs: list[int] = []
+    sizes: list[int] = []
+    streams: list[int] = []
+    times: list[float] = []
     for i, e in enumerate(trace.events):
         a = e.action
         if a == "alloc":
@@ -124,6 +132,9 @@ def _ops(trace: Trace) -> tuple[list[int], list[bool], list[int], list[int], lis
         elif a == "free":
             is_free.append(True)
             sizes.append(0)
+        elif a == "segment_free" and segment_frees:
+            is_free.append(2)
+            sizes.append(e.size)
         else:
             continue
         idx.append(i)
@@ -251,6 +262,10 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
     alloc, limit = _make(name, trace, capacity, backend, options)
     run = ReplayRun(name, limit)
     ops = ops if ops is not None else _ops(trace)
+    if getattr(backend, "kind", "") == "recorded" and any(e.action == "segment_free" for e in trace.events):
+        # cudaFrees in the window come from the program (empty_cache) or from retries the model
+        # makes itself at the same point; either way the model follows them
+        ops = _ops(trace, segment_frees=True)
     idx, is_free, addrs, sizes, streams, times = ops
     live: dict[int, Any] = {}
     try:
@@ -314,9 +329,15 @@ def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progres
     try:
         for j in range(len(idx)):
             rec = addrs[j]
-            if is_free[j]:
+            kind = is_free[j]
+            if kind:
                 if dirty:   # the state right before the first free after a new peak is the peak
                     largest, res_at_peak, dirty = alloc._largest_free_block(), backend.reserved, False
+                if kind == 2:
+                    alloc.release_segment_at(rec)
+                    add_in(in_use)
+                    add_res(backend.reserved)
+                    continue
                 block = pop(rec, None)
                 if block is None:
                     raise TraceError(f"{trace.source}: event {idx[j]} (free): free of unknown address {rec:#x}")

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from jaxmem.compiler.planner import plan
-from jaxmem.compiler.xla import xla_reference_in_subprocess
+from jaxmem.compiler.xla import YNN_OFF, xla_reference_in_subprocess
 from jaxmem.examples.suite import PROGRAMS, SCALING_LAYERS, transformer_train_step
 from jaxmem.units import MiB
 
@@ -43,8 +43,9 @@ def _mib(n: float) -> str:
     return f"{n / MiB:.1f}"
 
 
-def bench_program(name: str, repeat: int) -> dict[str, Any]:
-    """One suite program: plan it (best plan time of `repeat`), and XLA's DFS and BFS totals."""
+def bench_program(name: str, repeat: int, ynn_off: bool) -> dict[str, Any]:
+    """One suite program: plan it (best plan time of `repeat`), and XLA's DFS and BFS totals
+    (and, with `ynn_off`, the same with XLA's YNNPACK fusions off, see `jaxmem.compiler.xla.YNN_OFF`)."""
     program = PROGRAMS[name]
     fn, args = program.factory()
     best = None
@@ -53,18 +54,24 @@ def bench_program(name: str, repeat: int) -> dict[str, Any]:
         if best is None or result.plan_seconds < best.plan_seconds:
             best = result
     assert best is not None
-    # Both XLA processes at once: they are independent and each mostly waits on its compile.
+    # Two XLA processes at a time: they are independent and each mostly waits on its compile.
+    runs = {("dfs", False): (), ("bfs", False): ()}
+    if ynn_off:
+        runs.update({("dfs", True): YNN_OFF, ("bfs", True): YNN_OFF})
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {s: pool.submit(xla_reference_in_subprocess, program.target,
-                                  donate_argnums=program.donate_argnums, scheduler=s) for s in ("dfs", "bfs")}
-        refs = {s: f.result() for s, f in futures.items()}
-    better = min(refs["dfs"].total_bytes, refs["bfs"].total_bytes)
+        futures = {key: pool.submit(xla_reference_in_subprocess, program.target, donate_argnums=program.donate_argnums,
+                                    scheduler=key[0], extra_flags=flags) for key, flags in runs.items()}
+        refs = {key: f.result().total_bytes for key, f in futures.items()}
+    better = min(refs["dfs", False], refs["bfs", False])
+    better_ynn_off = min(refs["dfs", True], refs["bfs", True]) if ynn_off else None
     return {
         "name": name, "kind": program.kind, "donate_argnums": list(program.donate_argnums),
         "peak_bytes": best.peak_bytes, "lower_bound_bytes": best.lower_bound_bytes,
         "program_order_lower_bound_bytes": best.program_order_lower_bound_bytes,
-        "xla_dfs_bytes": refs["dfs"].total_bytes, "xla_bfs_bytes": refs["bfs"].total_bytes,
+        "xla_dfs_bytes": refs["dfs", False], "xla_bfs_bytes": refs["bfs", False],
         "ratio": best.peak_bytes / better,
+        "xla_ynn_off_bytes": better_ynn_off,
+        "ratio_ynn_off": best.peak_bytes / better_ynn_off if better_ynn_off else None,
         "gap": best.peak_bytes / best.lower_bound_bytes - 1.0 if best.lower_bound_bytes else 0.0,
         "plan_seconds": best.plan_seconds, "num_eqns": best.num_eqns, "valid": bool(best.valid),
         "scheduler": best.scheduler, "placement": best.placement,
@@ -97,13 +104,17 @@ def geomean(values: list[float]) -> float:
 
 def markdown(rows: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> str:
     """The results as markdown tables plus a line per target (met / missed)."""
-    out = ["| program | kind | jaxmem peak MiB | XLA DFS MiB | XLA BFS MiB | jaxmem / better XLA | "
-           "lower bound MiB | gap to bound | plan s | eqns | valid |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    ynn = any(r.get("xla_ynn_off_bytes") for r in rows)
+    extra_head, extra_rule = (" XLA, YNN off MiB | jaxmem / it |", "---:|---:|") if ynn else ("", "")
+    out = ["| program | kind | jaxmem peak MiB | XLA DFS MiB | XLA BFS MiB | jaxmem / better XLA |" + extra_head +
+           " lower bound MiB | gap to bound | plan s | eqns | valid |",
+           "|---|---|---:|---:|---:|---:|" + extra_rule + "---:|---:|---:|---:|---|"]
     for r in rows:
         donate = f" (donate {','.join(map(str, r['donate_argnums']))})" if r["donate_argnums"] else ""
         out.append(f"| {r['name']}{donate} | {r['kind']} | {_mib(r['peak_bytes'])} | {_mib(r['xla_dfs_bytes'])} | "
-                   f"{_mib(r['xla_bfs_bytes'])} | {r['ratio']:.3f} | {_mib(r['lower_bound_bytes'])} | "
+                   f"{_mib(r['xla_bfs_bytes'])} | {r['ratio']:.3f} | "
+                   + (f"{_mib(r['xla_ynn_off_bytes'])} | {r['ratio_ynn_off']:.3f} | " if ynn else "")
+                   + f"{_mib(r['lower_bound_bytes'])} | "
                    f"{100 * r['gap']:.2f}% | {r['plan_seconds']:.2f} | {r['num_eqns']} | {'yes' if r['valid'] else 'NO'} |")
     lines = ["\n".join(out), ""]
     if rows:
@@ -116,6 +127,12 @@ def markdown(rows: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> str:
         lines.append(f"- geometric mean over {len(training)} training steps: {gm:.3f} "
                      f"(target <= {GEOMEAN_TARGET}: {'met' if gm <= GEOMEAN_TARGET else 'MISSED'})")
         lines.append(f"- geometric mean over all {len(rows)} programs: {geomean([r['ratio'] for r in rows]):.3f}")
+        if ynn and training:
+            over_off = [r for r in rows if r["ratio_ynn_off"] > RATIO_TARGET]
+            gm_off = geomean([r["ratio_ynn_off"] for r in rows if r["kind"] == "training"])
+            lines.append(f"- against XLA with its YNNPACK fusions off (every intermediate counted): geometric mean over "
+                         f"training steps {gm_off:.3f}; above it: "
+                         + (", ".join(f"{r['name']} {r['ratio_ynn_off']:.3f}" for r in over_off) or "none"))
         lines.append(f"- within {100 * GAP_TARGET:.0f}% of own lower bound: {'met' if not far else 'MISSED'}"
                      + ("" if not far else " (" + ", ".join(f"{r['name']} {100 * r['gap']:.1f}%" for r in far) + ")"))
         unknown = sorted({p for r in rows for p in r["unknown_primitives"]})
@@ -144,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", default=",".join(map(str, SCALING_LAYERS)), help="layer counts to time")
     parser.add_argument("--repeat", type=int, default=1, help="plan each program this many times, keep the fastest")
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
+    parser.add_argument("--no-ynn-off", action="store_true",
+                        help="skip the extra XLA runs with YNNPACK fusions off (two fewer processes per program)")
     args = parser.parse_args(argv)
 
     names = [n.strip() for n in args.programs.split(",") if n.strip()] or list(PROGRAMS)
@@ -154,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = []
     for name in names:
-        rows.append(bench_program(name, args.repeat))
+        rows.append(bench_program(name, args.repeat, ynn_off=not args.no_ynn_off))
         r = rows[-1]
         print(f"# {name}: jaxmem {_mib(r['peak_bytes'])} MiB, XLA dfs {_mib(r['xla_dfs_bytes'])} / "
               f"bfs {_mib(r['xla_bfs_bytes'])} MiB, ratio {r['ratio']:.3f}, plan {r['plan_seconds']:.2f} s",

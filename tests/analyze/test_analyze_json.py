@@ -103,6 +103,7 @@ def test_analyze_json_donation_and_a_device_that_does_not_fit(tmp_path, capsys):
     assert data["peak_bytes"] < undonated["peak_bytes"]
 
 
+@pytest.mark.slow   # the full default model: compile and plan take ~10 s on a shared CPU
 def test_analyze_json_default_example_is_the_gpt_training_step(capsys):
     data = _analyze_json([], capsys)
     from jaxmem.examples.gpt import default_example

@@ -5,7 +5,8 @@ XLA reads `XLA_FLAGS` once per process, so comparing its schedulers means one su
 `--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED` ("dfs", a memory-minimizing
 depth-first order) and `CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED` ("bfs"). On jax/jaxlib 0.10.2
 the flag exists with these values; `CPU_SCHEDULER_TYPE_DEFAULT` gives the same figures as "bfs"
-on the suite, and an unknown value aborts XLA, so the values are checked here first.
+on the suite, and an unknown value aborts XLA, so the values are checked here first. `YNN_OFF`
+are the extra flags that make XLA count what its YNNPACK fusions hide (see there).
 
 Run as a module, it prints one JSON object (the subprocess side):
 
@@ -29,6 +30,12 @@ SCHEDULER_FLAGS: dict[str, str] = {
     "bfs": "CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED",
 }
 _FLAG = "--xla_cpu_scheduler_type"
+
+# XLA:CPU (jaxlib 0.10.2) hands some dot/convolution subgraphs to YNNPACK as one custom fusion
+# ("__ynn_fusion"); the intermediates inside it are YNNPACK's own allocations and are missing
+# from memory_analysis()'s temp bytes (a whole CNN forward reports 8 KiB of temp). These flags
+# turn those fusions off, so that every intermediate goes through XLA's buffer assignment.
+YNN_OFF: tuple[str, ...] = ("--xla_cpu_experimental_ynn_fusion_type=-dot,-eltwise,-reduce",)
 
 
 def _scheduler_in_env() -> str:
@@ -84,9 +91,11 @@ def xla_reference(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums
     )
 
 
-def scheduler_env(scheduler: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+def scheduler_env(scheduler: str | None, base: dict[str, str] | None = None,
+                  extra_flags: Sequence[str] = ()) -> dict[str, str]:
     """The environment for a child process that compiles on CPU with `scheduler` ("dfs", "bfs" or
-    None for XLA's default): any scheduler flag already in XLA_FLAGS is replaced.
+    None for XLA's default): any scheduler flag already in XLA_FLAGS is replaced, and
+    `extra_flags` (such as `YNN_OFF`) are appended.
 
     >>> scheduler_env("dfs", {"XLA_FLAGS": "--xla_cpu_scheduler_type=X --xla_foo=1"})["XLA_FLAGS"]
     '--xla_foo=1 --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED'
@@ -98,12 +107,13 @@ def scheduler_env(scheduler: str | None, base: dict[str, str] | None = None) -> 
     if scheduler is not None:
         flags.append(f"{_FLAG}={SCHEDULER_FLAGS[scheduler]}")
         env["JAX_PLATFORMS"] = "cpu"   # the flag is XLA:CPU's
+    flags += list(extra_flags)
     env["XLA_FLAGS"] = " ".join(flags)
     return env
 
 
 def xla_reference_in_subprocess(target: str, *, donate_argnums: Sequence[int] = (), scheduler: str | None = None,
-                                timeout: float = 900.0) -> XlaReference:
+                                extra_flags: Sequence[str] = (), timeout: float = 900.0) -> XlaReference:
     """XLA's memory analysis of a TARGET, compiled in a fresh Python with the chosen XLA:CPU scheduler.
 
     >>> ref = xla_reference_in_subprocess("jaxmem.examples.suite:while_cond", scheduler="dfs")
@@ -115,6 +125,7 @@ def xla_reference_in_subprocess(target: str, *, donate_argnums: Sequence[int] = 
         donate_argnums: positional arguments to donate.
         scheduler: "dfs" (CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED), "bfs"
             (CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED) or None (XLA's default).
+        extra_flags: more XLA flags for the child, e.g. `YNN_OFF`.
         timeout: seconds before the child is killed.
 
     Returns:
@@ -123,7 +134,7 @@ def xla_reference_in_subprocess(target: str, *, donate_argnums: Sequence[int] = 
     Raises:
         PlanError: the child failed (its last line of stderr is the message) or timed out.
     """
-    env = scheduler_env(scheduler)
+    env = scheduler_env(scheduler, extra_flags=extra_flags)
     cmd = [sys.executable, "-m", "jaxmem.compiler.xla", target]
     if donate_argnums:
         cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]

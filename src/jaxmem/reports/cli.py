@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pprof", metavar="PATH", help="write a gzipped pprof profile of the buffers live at the peak")
     group.add_argument("--png", metavar="PATH", help="write the memory timeline as a PNG")
     group.add_argument("--chrome-trace", metavar="PATH", help="write memory counters in the Chrome trace event format")
-    group.add_argument("--step", type=int, default=None, help="with --pprof: the step to profile (default: the peak)")
+    group.add_argument("--step", type=int, default=None, help="with --pprof: the step (analyze) or event index (replay) to profile (default: the peak)")
 
 
 def _requested(args: argparse.Namespace) -> list[str]:

@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("trace", metavar="TRACE", help="snapshot .pickle, Chrome trace .json, RMM .csv or jaxmem trace")
     p.add_argument("--allocator", default=",".join(ALLOCATORS),
                    help=f"comma-separated, from: {','.join(ALLOCATORS)} (default: all)")
-    p.add_argument("--capacity", default="80GiB", help="device memory: bytes, '80GiB' or a preset like h100-80gb (default 80GiB)")
+    p.add_argument("--capacity", default=None,
+                   help="device memory: bytes, '80GiB' or a preset like h100-80gb (default: the trace's device, else 80GiB)")
     p.add_argument("--format", default=None, help="trace format, to skip sniffing: torch-snapshot, chrome, rmm-csv, jaxmem")
     p.add_argument("--alloc-conf", default=None, metavar="CONF",
                    help="PYTORCH_CUDA_ALLOC_CONF for the caching models (default: the trace's own settings)")
@@ -69,7 +70,7 @@ def render_table(report, console) -> None:
                       format_size(run.device_alloc_bytes), oom)
     console.print(table)
     if report.settings:
-        console.print(f"caching allocator settings from the trace: {report.settings}")
+        console.print(f"caching allocator settings: {report.settings}")
     for name, run in report.runs.items():
         if not run.oom:
             continue
@@ -94,8 +95,10 @@ def main(argv: list[str]) -> int:
     for n in names:
         if n not in ALLOCATORS:
             raise ConfigError(f"--allocator: unknown allocator {n!r}; one of: {', '.join(ALLOCATORS)}")
-    capacity = parse_size(args.capacity)
+    capacity = parse_size(args.capacity) if args.capacity is not None else None
     trace = load_trace(args.trace, args.format)
+    if capacity is None:
+        capacity = trace.device_capacity or parse_size("80GiB")
     options = None
     if args.alloc_conf is not None:
         from jaxmem.runtime.caching_config import config_from_settings, parse_alloc_conf
@@ -103,6 +106,8 @@ def main(argv: list[str]) -> int:
         cfg = parse_alloc_conf(args.alloc_conf, config_from_settings(trace.allocator_settings or {}))
         options = {"caching": {"config": cfg}, "caching-expandable": {"config": cfg}}
     report = replay(trace, names, capacity=capacity, progress=sys.stderr.isatty(), options=options)
+    if options is not None:
+        report.settings = f"{options['caching']['config'].describe()} (from --alloc-conf)"
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:

@@ -26,8 +26,11 @@ from jaxmem.compiler.graph import Graph, build_graph
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import place
 from jaxmem.compiler.plan_types import Const, PlannedBuffer, Plan, Step, ValueInfo
-from jaxmem.compiler.schedule import dfs_schedule, list_schedule, program_order
+from jaxmem.compiler.schedule import dfs_schedule, list_schedule, program_order, topological_orders
 from jaxmem.errors import PlanError
+
+EXHAUSTIVE_MAX_OPS = 10      # programs this small get every topological order tried ...
+EXHAUSTIVE_MAX_ORDERS = 720  # ... unless they have more orders than this
 
 _CATEGORY = {"argument": "parameters", "output": "outputs", "temp": "temporaries", "scratch": "temporaries"}
 
@@ -174,6 +177,14 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
         order = makers[name]()
         # Scored with the program order's fusion (valid for any order); the winner is re-fused.
         results[name] = (order, evaluate(order, fused0))
+    if len(g.ops) <= EXHAUSTIVE_MAX_OPS:
+        # Tiny programs (loop bodies, tests): try every order, so the schedule is provably the
+        # best under this fusion.
+        orders = topological_orders(g, EXHAUSTIVE_MAX_ORDERS)
+        if orders is not None:
+            scored = [(evaluate(o, fused0), o) for o in orders]
+            (best_eval, best_order) = min(scored, key=lambda item: item[0][0])
+            results["exhaustive"] = (best_order, best_eval)
     best_name = min(results, key=lambda k: (results[k][1][0], k != "program"))
     order, (peak, fused, reads, live) = results[best_name]
     if fusion and best_name != "program":

@@ -180,3 +180,52 @@ def dfs_schedule(
                 stack.pop()
                 order.append(oi)
     return order
+
+
+def topological_orders(g: Graph, limit: int) -> list[list[int]] | None:
+    """Every topological order of the ops, or None when there are more than `limit`.
+
+    For tiny programs this lets the planner prove its schedule optimal by trying them all.
+
+    >>> orders = topological_orders(graph, 1000)   # None: too many to enumerate
+    """
+    nops = len(g.ops)
+    preds = [set(_producers(g, oi)) for oi in range(nops)]
+    indeg = [len(p) for p in preds]
+    succ: list[list[int]] = [[] for _ in range(nops)]
+    for oi in range(nops):
+        for p in preds[oi]:
+            succ[p].append(oi)
+    orders: list[list[int]] = []
+    current: list[int] = []
+    ready = [oi for oi in range(nops) if indeg[oi] == 0]
+
+    def extend() -> bool:
+        if len(current) == nops:
+            orders.append(list(current))
+            return len(orders) <= limit
+        for k in range(len(ready)):
+            oi = ready[k]
+            if oi is None:
+                continue
+            ready[k] = None
+            current.append(oi)
+            added = []
+            for s in succ[oi]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    ready.append(s)
+                    added.append(s)
+            ok = extend()
+            for s in succ[oi]:
+                indeg[s] += 1
+            del ready[len(ready) - len(added):]
+            current.pop()
+            ready[k] = oi
+            if not ok:
+                return False
+        return True
+
+    if not extend():
+        return None
+    return orders

@@ -80,9 +80,10 @@ class BFCAllocator(Allocator):
         self.pool_bytes = 0
         self._maxes: list[int] = []          # last key of each sublist
         self._lists: list[list[int]] = []    # sorted sublists of free-chunk keys
-        self._free_size: dict[int, int] = {}      # free chunk address -> size
-        self._free_end: dict[int, int] = {}  # free chunk end -> address
-        self._used: dict[int, int] = {}      # chunk in use: address -> size
+        # Every chunk, by address: its size when in use, minus its size when free. One table
+        # keeps the hot path to few dictionary operations.
+        self._chunk: dict[int, int] = {}
+        self._free_end: dict[int, int] = {}  # free chunk end -> its address (to merge backwards)
         self._regions: dict[int, int] = {}   # region start -> end (adjacent regions merged)
         self._region_end: dict[int, int] = {}  # region end -> start
         self._parts: dict[int, list[tuple[int, int]]] = {}  # region start -> backend allocations
@@ -135,37 +136,43 @@ class BFCAllocator(Allocator):
         elif i == len(sub):
             maxes[pos] = sub[-1]
 
-    def _free_keys(self) -> Iterator[int]:
-        for sub in self._lists:
-            yield from sub
+    def _take_free(self, address: int, size: int) -> None:
+        """Take the free chunk [address, +size) out of the free set (it becomes used or goes)."""
+        self._remove(size << _SHIFT | address)
+        del self._free_end[address + size]
+
+    def _put_free(self, address: int, size: int) -> None:
+        """Record [address, +size) as a free chunk (its neighbours must not be free)."""
+        self._chunk[address] = -size
+        self._free_end[address + size] = address
+        self._insert(size << _SHIFT | address)
 
     # ---- hooks ------------------------------------------------------------------------------
+    # The two hot hooks are written flat: constants inline (48 = _SHIFT, 0xFFFFFFFFFFFF = _MASK,
+    # 134217728 = MAX_INTERNAL_FRAGMENTATION), no helper calls on the common path.
     def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
         rounded = (size + 255) & -256
-        if alignment > MIN_ALLOCATION:
+        if alignment > 256:
             return self._allocate_aligned(size, rounded, alignment)
-        key = rounded << _SHIFT
+        key = rounded << 48
         maxes = self._maxes
         pos = bisect_left(maxes, key)
-        if pos == len(maxes):
-            if not self._extend(rounded):
-                raise self._out_of_memory(size, rounded)
-            pos = bisect_left(maxes, key)
-        sub = self._lists[pos]
+        try:
+            sub = self._lists[pos]
+        except IndexError:                 # no free chunk is large enough
+            return self._allocate_after_extending(size, rounded, stream)
         i = bisect_left(sub, key)
         found = sub[i]
-        chunk = found >> _SHIFT
-        address = found & _MASK
-        rest = chunk - rounded
-        free = self._free_size
-        if rest >= rounded or rest >= MAX_INTERNAL_FRAGMENTATION:
+        address = found & 0xFFFFFFFFFFFF
+        rest = (found >> 48) - rounded
+        if rest >= rounded or rest >= 134217728:
             # Split: the tail stays free. Its key is smaller than the chunk's; when nothing lies
             # between the two it takes the chunk's slot and the container needs no reshuffle.
             tail = address + rounded
-            new = rest << _SHIFT | tail
+            new = rest << 48 | tail
             if (sub[i - 1] < new) if i else (pos == 0 or maxes[pos - 1] < new):
                 sub[i] = new
-                if i == len(sub) - 1:
+                if found == maxes[pos]:
                     maxes[pos] = new
             else:
                 del sub[i]
@@ -175,31 +182,36 @@ class BFCAllocator(Allocator):
                 elif i == len(sub):
                     maxes[pos] = sub[-1]
                 self._insert(new)
-            del free[address]
-            free[tail] = rest
+            chunks = self._chunk
+            chunks[address] = rounded
+            chunks[tail] = -rest
             self._free_end[tail + rest] = tail
-        else:
-            del sub[i]
-            if not sub:
-                del self._lists[pos]
-                del maxes[pos]
-            elif i == len(sub):
-                maxes[pos] = sub[-1]
-            del free[address]
-            del self._free_end[address + chunk]
-            rounded = chunk
-        self._used[address] = rounded
+            return address, rounded, None
+        del sub[i]
+        if not sub:
+            del self._lists[pos]
+            del maxes[pos]
+        elif i == len(sub):
+            maxes[pos] = sub[-1]
+        rounded += rest
+        self._chunk[address] = rounded
+        del self._free_end[address + rounded]
         return address, rounded, None
+
+    def _allocate_after_extending(self, size: int, rounded: int, stream: int) -> tuple[int, int, object]:
+        if not self._extend(rounded):
+            raise self._out_of_memory(size, rounded)
+        return self._allocate(size, MIN_ALLOCATION, stream)  # a chunk that fits exists now
 
     def _allocate_aligned(self, size: int, rounded: int, alignment: int) -> tuple[int, int, object]:
         """Slow path for alignment above 256: smallest free chunk that holds an aligned block."""
         found = self._find_aligned(rounded, alignment)
         if found is None:
+            # A region this large holds an aligned block wherever the device puts it.
             if not self._extend(rounded + alignment - MIN_ALLOCATION):
                 raise self._out_of_memory(size, rounded)
             found = self._find_aligned(rounded, alignment)
-            if found is None:  # the new region merged oddly; nothing aligned fits
-                raise self._out_of_memory(size, rounded)
+            assert found is not None
         start, chunk = found
         aligned = -(-start // alignment) * alignment
         self._take_free(start, chunk)
@@ -211,7 +223,7 @@ class BFCAllocator(Allocator):
             self._put_free(aligned + rounded, rest)
         else:
             rounded = chunk
-        self._used[aligned] = rounded
+        self._chunk[aligned] = rounded
         return aligned, rounded, None
 
     def _find_aligned(self, rounded: int, alignment: int) -> tuple[int, int] | None:
@@ -225,38 +237,28 @@ class BFCAllocator(Allocator):
             key = 0
         return None
 
-    def _take_free(self, address: int, size: int) -> None:
-        self._remove(size << _SHIFT | address)
-        del self._free_size[address]
-        del self._free_end[address + size]
-
-    def _put_free(self, address: int, size: int) -> None:
-        self._free_size[address] = size
-        self._free_end[address + size] = address
-        self._insert(size << _SHIFT | address)
-
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
-        del self._used[address]
-        free = self._free_size
+        chunks = self._chunk
         free_end = self._free_end
         end = address + size
         old = 0                        # key of a merged neighbour, whose slot the result may take
-        after = free.get(end)
-        if after is not None:          # merge with the free chunk that follows
-            del free[end]
-            old = after << _SHIFT | end
-            end += after
+        after = chunks.get(end, 0)
+        if after < 0:                  # merge with the free chunk that follows
+            del chunks[end]
+            old = -after << 48 | end
+            end -= after
         before = free_end.get(address)
         if before is not None:         # merge with the free chunk that precedes
             del free_end[address]
+            del chunks[address]
             if old:
                 self._remove(old)
-            old = free[before] << _SHIFT | before
+            old = -chunks[before] << 48 | before
             address = before
         size = end - address
-        free[address] = size
+        chunks[address] = -size
         free_end[end] = address
-        new = size << _SHIFT | address
+        new = size << 48 | address
         maxes = self._maxes
         if old:
             # The merged key is bigger than the neighbour's; if nothing lies between them it
@@ -279,7 +281,9 @@ class BFCAllocator(Allocator):
             elif i == len(sub):
                 maxes[pos] = sub[-1]
         pos = bisect_left(maxes, new)
-        if pos == len(maxes):
+        try:
+            sub = self._lists[pos]
+        except IndexError:             # the largest free chunk: goes last
             if not maxes:
                 self._lists.append([new])
                 maxes.append(new)
@@ -289,9 +293,8 @@ class BFCAllocator(Allocator):
             sub.append(new)
             maxes[pos] = new
         else:
-            sub = self._lists[pos]
             insort(sub, new)
-        if len(sub) > 2 * _LOAD:
+        if len(sub) > 512:             # 2 x _LOAD
             self._split_sublist(pos)
 
     def _pool_bytes(self) -> int:
@@ -301,7 +304,7 @@ class BFCAllocator(Allocator):
         return self._maxes[-1] >> _SHIFT if self._maxes else 0
 
     def _chunks(self) -> Iterator[Chunk]:
-        return _walk(sorted(self._regions.items()), self._free_size, self._used)
+        return _walk(sorted(self._regions.items()), self._chunk)
 
     def _empty_cache(self) -> int:
         """Return every wholly free region to the backend (growth mode; a preallocated pool
@@ -310,9 +313,10 @@ class BFCAllocator(Allocator):
             return 0
         released = 0
         for start, end in list(self._regions.items()):
-            if self._free_size.get(start) != end - start:
+            if self._chunk.get(start) != start - end:   # not one free chunk over the region
                 continue
             self._take_free(start, end - start)
+            del self._chunk[start]
             for address, _ in self._parts.pop(start):
                 self.backend.release(address)
                 self.device_frees += 1
@@ -368,7 +372,7 @@ class BFCAllocator(Allocator):
         self._region_end[end] = start
         self._parts[start] = parts
         # The new bytes are a free chunk that merges with free chunks at the seams.
-        self._used[address] = nbytes
+        self._chunk[address] = nbytes
         self._free(address, nbytes, None, 0)
 
     # ---- out of memory ------------------------------------------------------------------------
@@ -389,22 +393,22 @@ class BFCAllocator(Allocator):
             f"block {format_size(largest)}{cause}")
         # The dump is built only if someone reads it, from a copy of the pool taken now: callers
         # such as RMM's benchmark recipe catch out-of-memory often and never look.
-        regions, free, used = sorted(self._regions.items()), dict(self._free_size), dict(self._used)
+        regions, chunks = sorted(self._regions.items()), dict(self._chunk)
         return PoolOutOfMemory(
-            message, lambda: list(_walk(regions, free, used)), requested=size, rounded=rounded,
+            message, lambda: list(_walk(regions, chunks)), requested=size, rounded=rounded,
             in_use=self.bytes_in_use, pool_bytes=self.pool_bytes, limit=self.limit,
             largest_free_block=largest, fragmentation=fragmented)
 
 
-def _walk(regions: list[tuple[int, int]], free: dict[int, int], used: dict[int, int]) -> Iterator[Chunk]:
-    """Every chunk of the given regions, address order, from the free and used tables."""
+def _walk(regions: list[tuple[int, int]], chunks: dict[int, int]) -> Iterator[Chunk]:
+    """Every chunk of the given regions, address order, from the chunk table."""
     for index, (start, end) in enumerate(regions):
         address = start
         while address < end:
-            size = free.get(address)
-            if size is not None:
-                yield Chunk(address, size, False, index)
+            size = chunks[address]
+            if size < 0:
+                yield Chunk(address, -size, False, index)
+                address -= size
             else:
-                size = used[address]
                 yield Chunk(address, size, True, index)
-            address += size
+                address += size

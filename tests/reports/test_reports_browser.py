@@ -108,6 +108,12 @@ def test_gpt_report_renders(tmp_path):
     # (Mouse coordinates are whole pixels, so the hover lands within a pixel's worth of steps.)
     hovered = int(re.match(r"step (-?\d+):", parsed.attrs["data-tip-stacked"]).group(1))
     assert abs(hovered - data.peak_x) <= max(1, (data.x_max - data.x_min) // 900)
+    # Dragging across the middle half zooms both charts to it; a double-click zooms back out.
+    zoom = re.match(r"(-?\d+)\.\.(-?\d+) in [\d.]+ ms; reset (-?\d+)\.\.(-?\d+)", parsed.attrs["data-zoom"])
+    lo, hi, rlo, rhi = map(int, zoom.groups())
+    span = data.x_max - data.x_min + 1
+    assert abs(lo - (data.x_min + span // 4)) <= 2 and abs(hi - (data.x_min + 3 * span // 4)) <= 2
+    assert (rlo, rhi) == (data.x_min, data.x_max)
     biggest = data.live_at(data.peak_x)[0]
     tip = parsed.attrs["data-tip-map"]
     assert biggest.dtype in tip and biggest.category in tip and "source:" in tip
@@ -167,5 +173,7 @@ def test_hundred_thousand_buffers_open_and_respond(tmp_path):
     hover = dict(p.split("=") for p in parsed.attrs["data-hover-ms"].split(","))
     print(f"100k buffers: data+html {build:.2f}s, {size / 2**20:.1f} MiB, browser {seconds:.1f}s, "
           f"first draw {drawn_ms} ms, hover {hover}")
-    assert drawn_ms < 5000 and all(float(v) < 250 for v in hover.values())
+    zoom_ms = float(re.search(r"in ([\d.]+) ms", parsed.attrs["data-zoom"]).group(1))
+    print(f"zoom redraw {zoom_ms} ms")
+    assert drawn_ms < 5000 and all(float(v) < 250 for v in hover.values()) and zoom_ms < 5000
     assert "aggregates" in text and parsed.attrs["data-tip-map"]

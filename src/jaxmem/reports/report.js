@@ -371,6 +371,18 @@
       });
       status.setAttribute("data-hover-ms", probes.join(","));
       hideTip();
+      // Drag across the middle half of the first chart to zoom, then double-click back out.
+      if (charts.length) {
+        var c0 = charts[0], r0 = c0.over.getBoundingClientRect(), y0 = r0.top + c0.h / 2;
+        var xa = r0.left + PAD.l + (c0.w - PAD.l - PAD.r) * 0.25, xb = r0.left + PAD.l + (c0.w - PAD.l - PAD.r) * 0.75;
+        var t2 = performance.now();
+        c0.over.dispatchEvent(new MouseEvent("mousedown", { clientX: xa, clientY: y0, bubbles: true }));
+        c0.over.dispatchEvent(new MouseEvent("mousemove", { clientX: xb, clientY: y0, bubbles: true }));
+        c0.over.dispatchEvent(new MouseEvent("mouseup", { clientX: xb, clientY: y0, bubbles: true }));
+        var zoomed = view.x0 + ".." + view.x1, zoomMs = (performance.now() - t2).toFixed(1);
+        c0.over.dispatchEvent(new MouseEvent("dblclick", { clientX: xb, clientY: y0, bubbles: true }));
+        status.setAttribute("data-zoom", zoomed + " in " + zoomMs + " ms; reset " + view.x0 + ".." + view.x1);
+      }
     }
     if (!errors.length) {
       status.setAttribute("data-errors", "0");

@@ -40,6 +40,7 @@ MAX_CHAIN_DEPTH = 6
 MAX_CHAIN_NODES = 48
 # Extra cheap nodes a sibling may add to a group's chain.
 MAX_SIBLING_NODES = 4
+MATMUL = frozenset({"dot_general", "conv_general_dilated"})
 # Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
 MAX_TRIES = 6
 
@@ -123,10 +124,22 @@ def profile(graph: Graph) -> Liveness:
 
 
 def _group_scratch(graph: Graph, node: Node) -> int:
-    """Bytes a recompute group holds while it runs, besides its outputs: its intermediates."""
+    """Bytes a recompute group holds while it runs, besides its outputs: the most of its own
+    intermediates live at once (each from the body node that makes it to its last reader)."""
     outs = set(node.outs)
-    return sum(graph.values[v].nbytes for n in node.body for v in n.outs
-               if v is not None and v not in outs)
+    last: dict[int, int] = {}
+    for k, inner in enumerate(node.body):
+        for v in inner.inputs:
+            last[v] = k
+    peak = 0
+    for k, inner in enumerate(node.body):
+        live = 0
+        for j in range(k + 1):
+            for v in node.body[j].outs:
+                if v is not None and v not in outs and last.get(v, j) >= k:
+                    live += graph.values[v].nbytes
+        peak = max(peak, live)
+    return peak
 
 
 def _fusible_producer(node: Node) -> bool:
@@ -267,7 +280,7 @@ def _available(graph: Graph, lv: Liveness, vid: int, at: int) -> bool:
 
 
 def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int, None],
-                 depth: int, limit: int, cheap_only: bool) -> bool:
+                 depth: int, limit: int, cheap_only: bool, matmul: bool = True) -> bool:
     pos = lv.producer.get(vid)
     if pos is None:
         return False
@@ -276,6 +289,8 @@ def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int,
     node = graph.nodes[pos]
     if node.eqn is None or not is_recomputable(node.eqn) or (cheap_only and not is_cheap(node.eqn)):
         return False
+    if not matmul and node.eqn.primitive.name in MATMUL:
+        return False
     if len(chain) >= limit:
         return False
     for w in node.inputs:
@@ -283,7 +298,7 @@ def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int,
             continue
         if depth >= MAX_CHAIN_DEPTH:
             return False
-        if not _build_chain(graph, lv, w, at, chain, depth + 1, limit, cheap_only):
+        if not _build_chain(graph, lv, w, at, chain, depth + 1, limit, cheap_only, matmul):
             return False
     chain[pos] = None
     return True
@@ -311,8 +326,13 @@ def _crossing(graph: Graph, lv: Liveness, t: int, min_bytes: int) -> dict[int, i
     return found
 
 
-def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4) -> list[Group]:
-    """Ranked groups that could lower the live bytes at the peak step."""
+def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4,
+               matmul: bool = True) -> list[Group]:
+    """Ranked groups that could lower the live bytes at the peak step.
+
+    With `matmul=False` no chain recomputes a matrix product or convolution: what the
+    `dots_saveable` checkpoint policy allows.
+    """
     t = lv.peak_step
     crossing = _crossing(graph, lv, t, int(lv.peak * min_fraction))
     consumers: dict[int, list[int]] = {}
@@ -322,7 +342,7 @@ def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4) -> list[G
     groups = []
     for vid, at in crossing.items():
         chain: dict[int, None] = {}
-        if not _build_chain(graph, lv, vid, at, chain, 0, MAX_CHAIN_NODES, False):
+        if not _build_chain(graph, lv, vid, at, chain, 0, MAX_CHAIN_NODES, False, matmul):
             continue
         if not _has_external_input(graph, lv, chain, at):
             continue  # a chain of constants would be folded back by XLA
@@ -460,13 +480,15 @@ _PLAIN_DTYPES = frozenset({
 
 
 def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
-           guard: str = "cond") -> list[Snapshot]:
+           guard: str = "cond", matmul: bool = True) -> list[Snapshot]:
     """Run the greedy search from `graph` until no group lowers the peak (or it is below `stop_below`).
 
     Args:
         graph: the flat program (`remat_graph.trace`).
         stop_below: stop once the modelled peak is at or below this many bytes.
         max_steps: a bound on accepted rewrites.
+        guard: how each group is kept from XLA's CSE ("cond" or "barrier").
+        matmul: allow recomputing matrix products and convolutions.
 
     Returns:
         The snapshots, the unmodified program first; each later one applies one more group.
@@ -478,7 +500,7 @@ def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
     groups: list[Group] = []
     while len(snapshots) <= max_steps and lv.peak > stop_below:
         accepted = None
-        for group in candidates(graph, lv)[:MAX_TRIES]:
+        for group in candidates(graph, lv, matmul=matmul)[:MAX_TRIES]:
             trial = apply(graph, lv, group, guard)
             tlv = profile(trial)
             if tlv.peak < lv.peak or (tlv.peak == lv.peak and tlv.area < lv.area):

@@ -1,0 +1,266 @@
+"""`jaxmem.eager`: run a JAX function op by op, every result allocated from a `Device`.
+
+As JAX without jit (or PyTorch) runs a program: the arguments are on the device first; each
+equation's outputs are allocated when it runs and freed after their last use; a loop or cond
+also holds its body's temporaries (XLA's temp buffer for that one executable) while it runs.
+Every allocation and free is recorded as a `jaxmem.traces.model.Trace` (format "jaxmem"), so
+the run can be replayed, reported, or compared with the planned peak.
+
+    >>> device = jaxmem.Device("1GiB", backend="host", allocator="bfc", preallocate=False)
+    >>> run = jaxmem.eager(loss_fn, device)(params, batch)
+    >>> run.outputs, run.peak_bytes_in_use, run.stats["fragmentation"], len(run.trace.events)
+
+With a "host" device each result is computed straight into the numpy view of its buffer; with
+a "simulated" device (addresses only) results live in ordinary numpy memory and only the
+allocations are simulated. `compute=False` skips the arithmetic altogether: the allocation
+sequence of an op-by-op run depends on shapes only, never on values.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.errors import OutOfMemory, PlanError
+from jaxmem.execution.primitives import jax_kernel, kernel_for, storage
+from jaxmem.execution.tracing import FlatProgram, host_inputs, inline, to_user, trace_flat
+from jaxmem.traces.model import Event, Frame, Trace
+
+
+@dataclass
+class EagerRun:
+    """What an op-by-op run did.
+
+    Attributes:
+        outputs: the function's outputs (numpy arrays, in its output structure); None when the
+            run did not compute (`compute=False`) or ran out of memory.
+        trace: every alloc/free, in order, with the primitive and user source line of each.
+        stats: the device's `memory_stats()` at the end of the run, before anything is freed.
+        at_peak: the device's `memory_stats()` at the moment bytes in use peaked.
+        num_ops: equations run; num_allocs: allocations made by this run.
+        oom: the `OutOfMemory` error if the run did not fit, else None.
+        seconds: wall time of the run.
+    """
+
+    outputs: Any
+    trace: Trace
+    stats: dict[str, Any]
+    at_peak: dict[str, Any]
+    num_ops: int = 0
+    num_allocs: int = 0
+    oom: OutOfMemory | None = None
+    seconds: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.oom is None
+
+    @property
+    def peak_bytes_in_use(self) -> int:
+        return int(self.stats.get("peak_bytes_in_use", 0))
+
+
+@dataclass
+class _State:
+    device: Any
+    host: bool
+    events: list[Event] = field(default_factory=list)
+    peak: int = -1
+    at_peak: dict[str, Any] = field(default_factory=dict)
+    allocs: int = 0
+    t0: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def alloc(self, nbytes: int, label: str, frames: tuple[Frame, ...]) -> Any:
+        if nbytes <= 0:
+            return None  # JAX allocates nothing for an empty array
+        try:
+            buf = self.device.allocate(nbytes)
+        except OutOfMemory as err:
+            where = f" at {frames[0]}" if frames else ""
+            self.events.append(Event("oom", 0, nbytes, time_us=self._now(), requested=nbytes, frames=frames,
+                                     label=label))
+            raise OutOfMemory(f"{err} (op by op: allocating {nbytes} bytes for {label}{where})",
+                              **getattr(err, "details", {})) from None
+        self.allocs += 1
+        self.events.append(Event("alloc", buf.address, buf.size, time_us=self._now(), requested=nbytes,
+                                 frames=frames, label=label))
+        in_use = self.device.allocator.bytes_in_use
+        if in_use > self.peak:
+            self.peak = in_use
+            self.at_peak = self.device.memory_stats()
+        return buf
+
+    def free(self, buf: Any, label: str) -> None:
+        if buf is None or not buf.live:
+            return
+        self.events.append(Event("free", buf.address, buf.size, time_us=self._now(), requested=buf.requested_size,
+                                 label=label))
+        self.device.free(buf)
+
+    def _now(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e6
+
+
+def _frames(eqn: Any) -> tuple[Frame, ...]:
+    line = ja.source_line(eqn)
+    return (Frame(line.file, line.line, line.function),) if line is not None else ()
+
+
+def _nbytes(aval: Any) -> int:
+    dtype, shape = storage(aval)
+    return dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+
+
+_SCRATCH: dict[Any, int] = {}
+
+
+def _scratch_bytes(eqn: Any) -> int:
+    """XLA's temp bytes for running a loop/cond equation as one executable (its body's temporaries)."""
+    if eqn.primitive.name not in ja.LOOP_PRIMITIVES:
+        return 0
+    key = id(eqn)
+    if key not in _SCRATCH:
+        kernel = jax_kernel(eqn)
+        try:
+            specs = []
+            for v in eqn.invars:
+                dtype, shape = storage(v.aval)
+                specs.append(jax.ShapeDtypeStruct(shape, dtype))
+            analysis = kernel.jitted.lower(*specs).compile().memory_analysis()
+            _SCRATCH[key] = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
+        except Exception:  # noqa: BLE001 - a backend without memory_analysis: no scratch figure
+            _SCRATCH[key] = 0
+    return _SCRATCH[key]
+
+
+def run_eager(prog: FlatProgram, inputs: list[np.ndarray] | None, device: Any, *, compute: bool = True) -> tuple[list[Any] | None, _State, OutOfMemory | None]:
+    """Run an inlined program op by op on `device`; returns (flat outputs, state, oom)."""
+    host = getattr(device.backend, "kind", "") == "host"
+    state = _State(device, host, t0=time.perf_counter())
+    n = len(prog.avals)
+    buffers: list[Any] = [None] * n
+    values: list[Any] = [None] * n
+    last_use = [-1] * n
+    for k, fe in enumerate(prog.eqns):
+        for op in fe.operands:
+            if isinstance(op, int):
+                last_use[op] = k
+    keep = set(prog.invars) | {v for v in prog.outvars if isinstance(v, int)}
+
+    def slot(v: int) -> np.ndarray | None:
+        if not host or buffers[v] is None:
+            return None
+        dtype, shape = storage(prog.avals[v])
+        return device.view(buffers[v]).view(dtype).reshape(shape)
+
+    oom = None
+    try:
+        for v, k in zip(prog.invars, range(len(prog.invars))):
+            buffers[v] = state.alloc(_nbytes(prog.avals[v]), "argument", ())
+            if compute:
+                view = slot(v)
+                if view is not None:
+                    np.copyto(view, inputs[k])
+                    values[v] = view
+                else:
+                    values[v] = inputs[k]
+        for k, fe in enumerate(prog.eqns):
+            eqn = fe.eqn
+            label = eqn.primitive.name
+            frames = _frames(eqn)
+            outs = [o for o in fe.outputs if o is not None]
+            for o in outs:
+                buffers[o] = state.alloc(_nbytes(prog.avals[o]), label, frames)
+            scratch = state.alloc(_scratch_bytes(eqn), f"{label} scratch", frames)
+            if compute:
+                _compute(fe, values, slot)
+            state.free(scratch, f"{label} scratch")
+            dead = {op for op in fe.operands if isinstance(op, int) and last_use[op] == k and op not in keep}
+            dead |= {o for o in outs if last_use[o] < 0 and o not in keep}
+            for v in sorted(dead):
+                state.free(buffers[v], label)
+                buffers[v] = None
+                values[v] = None
+    except OutOfMemory as err:
+        oom = err
+    stats = device.memory_stats()
+    outputs = None
+    if compute and oom is None:
+        outputs = [np.array(values[v]) if isinstance(v, int) else np.array(v) for v in prog.outvars]
+    for v in range(n):
+        if buffers[v] is not None:
+            state.free(buffers[v], "end")
+    state.stats = stats
+    return outputs, state, oom
+
+
+def _compute(fe: Any, values: list[Any], slot: Callable[[int], "np.ndarray | None"]) -> None:
+    kernel = kernel_for(fe.eqn)
+    ins = [values[op] if isinstance(op, int) else op for op in fe.operands]
+    outs = fe.outputs
+    if len(outs) == 1 and outs[0] is not None and kernel.into is not None:
+        view = slot(outs[0])
+        if view is not None:
+            # A fresh buffer never overlaps a live operand, so writing straight into it is safe.
+            kernel.into(view, *ins)
+            values[outs[0]] = view
+            return
+    result = kernel.compute(*ins)
+    results = result if len(outs) != 1 else (result,)
+    for o, r in zip(outs, results):
+        if o is None:
+            continue
+        view = slot(o)
+        if view is not None:
+            np.copyto(view, r)
+            values[o] = view
+        else:
+            values[o] = r  # simulated device: ordinary numpy memory, never reused under it
+
+
+def eager(fn: Callable[..., Any], device: Any, *, compute: bool = True) -> Callable[..., EagerRun]:
+    """Wrap `fn` to run op by op on `device`, allocating every result from its allocator.
+
+    >>> run = jaxmem.eager(f, jaxmem.Device("1GiB", allocator="bfc-growth"))(x)
+    >>> run.outputs, run.stats["peak_bytes_in_use"], run.trace.events[0].label
+
+    **Arguments:** `fn`, a function of arrays; `device`, a `jaxmem.Device` (host or simulated);
+    `compute`, False to simulate only the allocations (no arithmetic, no outputs).
+
+    **Returns:** a callable taking `fn`'s arguments and returning an `EagerRun`. Running out of
+    device memory does not raise: the run stops there and `EagerRun.oom` holds the error.
+    """
+    if not callable(fn):
+        raise PlanError(f"jaxmem.eager expects a function, got {type(fn).__name__}")
+    if not hasattr(device, "allocate") or not hasattr(device, "memory_stats"):
+        raise PlanError(f"jaxmem.eager needs a jaxmem.Device, got {type(device).__name__}")
+
+    def call(*args: Any) -> EagerRun:
+        traced = trace_flat(fn, args)
+        prog = inline(traced.closed_jaxpr)
+        inputs = host_inputs(args, traced.in_avals) if compute else None
+        t0 = time.perf_counter()
+        flat, state, oom = run_eager(prog, inputs, device, compute=compute)
+        seconds = time.perf_counter() - t0
+        outputs = None
+        if flat is not None:
+            out_avals = [v.aval for v in traced.closed_jaxpr.jaxpr.outvars]
+            outputs = jax.tree_util.tree_unflatten(traced.out_tree, [to_user(x, a) for x, a in zip(flat, out_avals)])
+        trace = Trace(
+            events=state.events, source=getattr(fn, "__name__", "fn"), format="jaxmem",
+            allocator_settings={"allocator": getattr(device, "allocator_name", ""),
+                                "preallocate": getattr(device, "preallocate", None),
+                                "mem_fraction": getattr(device, "mem_fraction", None)},
+            device_capacity=getattr(device, "capacity", None),
+            meta={"mode": "eager", "num_ops": len(prog.eqns), "oom": str(oom) if oom else None},
+        )
+        return EagerRun(outputs=outputs, trace=trace, stats=state.stats, at_peak=state.at_peak or dict(state.stats),
+                        num_ops=len(prog.eqns), num_allocs=state.allocs, oom=oom, seconds=seconds)
+
+    return call

@@ -1,0 +1,932 @@
+"""How to run each JAX primitive on host memory: a rule table from primitive name to kernel.
+
+A rule looks at one equation (its params and abstract values, never its data) and returns a
+`Kernel`, or None when numpy cannot do exactly what the primitive means for these params and
+dtypes; the equation then runs through JAX on the CPU (`jax_kernel`), so an unknown primitive
+is slower, never wrong and never a crash.
+
+    >>> closed = jax.make_jaxpr(lambda a, b: a * b)(np.ones(3, np.float32), np.ones(3, np.float32))
+    >>> kernel = kernel_for(closed.jaxpr.eqns[0])
+    >>> out = np.empty(3, np.float32); kernel.into(out, np.ones(3, np.float32), np.full(3, 2, np.float32))
+    >>> out
+    array([2., 2., 2.], dtype=float32)
+
+Kernels compute either a fresh result (`compute(*ins)`, which may return a view of an input
+when `views` is set) or write straight into an output array (`into(out, *ins)`). `overlap_safe`
+says `into` stays right when `out` shares memory with an input (numpy ufuncs buffer overlapping
+operands themselves); the executor uses a temporary otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import scipy.special as sps
+
+Array = np.ndarray
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """How one equation runs.
+
+    Attributes:
+        compute: `(*inputs) -> output` (a tuple for multi-output primitives).
+        into: `(out, *inputs) -> None` writing the single output in place, or None.
+        overlap_safe: `into` is right even when `out` overlaps an input.
+        views: `compute` may return a view of an input instead of fresh memory.
+        alias_ok: input positions that may be exactly `out`'s memory (an update in place).
+        same_bytes: the output's bytes are input 0's bytes (reshape, bitcast, copy): when the
+            plan puts both at one offset there is nothing to do.
+        ufunc: the numpy ufunc itself when `into` is `ufunc(*inputs, out=out)`, so the executor
+            can call it without a wrapper.
+        name: "numpy" or "jax" (the fallback), for reports and tests.
+    """
+
+    compute: Callable[..., Any]
+    into: Callable[..., None] | None = None
+    overlap_safe: bool = False
+    views: bool = False
+    alias_ok: frozenset[int] = frozenset()
+    same_bytes: bool = False
+    ufunc: Any = None
+    name: str = "numpy"
+    jitted: Any = None
+
+
+Rule = Callable[[Any], "Kernel | None"]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+    return register
+
+
+# ---- abstract values -------------------------------------------------------------------------
+
+def is_key_dtype(dtype: Any) -> bool:
+    """True for JAX's typed PRNG key dtypes (key<fry>), which numpy cannot hold directly."""
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+    except TypeError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _key_impls() -> dict[str, str]:
+    """str(key dtype) -> PRNG implementation name, learned from JAX's public API."""
+    names = {}
+    for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
+        try:
+            names[str(jax.random.key(0, impl=impl).dtype)] = impl
+        except (ValueError, TypeError, KeyError):
+            continue
+    return names
+
+
+def key_impl(dtype: Any) -> str:
+    return _key_impls()[str(dtype)]
+
+
+@functools.lru_cache(maxsize=None)
+def _key_storage(shape: tuple[int, ...], dtype_str: str, dtype: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
+    return np.dtype(data.dtype), tuple(data.shape)
+
+
+def storage(aval: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """(numpy dtype, shape) a value of abstract value `aval` is stored as on the host.
+
+    PRNG keys are stored as their raw key data (uint32[..., 2] for threefry), which is exactly
+    their byte size.
+    """
+    shape = tuple(int(d) for d in aval.shape)
+    if is_key_dtype(aval.dtype):
+        return _key_storage(shape, str(aval.dtype), aval.dtype)
+    return np.dtype(aval.dtype), shape
+
+
+def _in_avals(eqn: Any) -> list[Any]:
+    return [v.aval for v in eqn.invars]
+
+
+def _out_avals(eqn: Any) -> list[Any]:
+    return [v.aval for v in eqn.outvars]
+
+
+def _touches_keys(eqn: Any) -> bool:
+    return any(is_key_dtype(a.dtype) for a in _in_avals(eqn) + _out_avals(eqn) if hasattr(a, "dtype"))
+
+
+def _dt(aval: Any) -> np.dtype:
+    return np.dtype(aval.dtype)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or dtype.kind == "V" or _is_ml_float(dtype)
+
+
+def _is_ml_float(dtype: np.dtype) -> bool:
+    # bfloat16, float8_* from ml_dtypes: numpy does not know they are floats
+    return dtype.kind == "V" or dtype.name.startswith(("bfloat16", "float8", "float4", "float6"))
+
+
+def _numpy_native(dtype: np.dtype) -> bool:
+    """Dtypes numpy computes natively and exactly like XLA (ml_dtypes floats go to JAX)."""
+    return dtype.kind in "biufc" and not _is_ml_float(dtype)
+
+
+# ---- the JAX fallback ------------------------------------------------------------------------
+
+def _hashable_params(params: dict[str, Any]) -> Any:
+    items = []
+    for k in sorted(params):
+        v = params[k]
+        if isinstance(v, np.ndarray):
+            v = (v.dtype.str, v.shape, v.tobytes())
+        hash(v)
+        items.append((k, v))
+    return tuple(items)
+
+
+_JAX_KERNELS: dict[Any, Kernel] = {}
+
+
+def jax_kernel(eqn: Any) -> Kernel:
+    """Run `eqn` with JAX on the CPU: one `jax.jit` of the primitive's bind, cached by signature.
+
+    Key-typed operands travel as their raw key data and are wrapped/unwrapped inside the jitted
+    function, so the host side only ever sees numpy arrays.
+    """
+    in_avals, out_avals = _in_avals(eqn), _out_avals(eqn)
+    try:
+        key = (eqn.primitive.name, _hashable_params(eqn.params),
+               tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in in_avals))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _JAX_KERNELS:
+        return _JAX_KERNELS[key]
+    prim, params = eqn.primitive, dict(eqn.params)
+    in_keys = [key_impl(a.dtype) if is_key_dtype(a.dtype) else None for a in in_avals]
+    out_keys = [is_key_dtype(a.dtype) for a in out_avals]
+    multiple = bool(prim.multiple_results)
+
+    def body(*xs: Any) -> list[Any]:
+        xs = [jax.random.wrap_key_data(x, impl=k) if k else x for x, k in zip(xs, in_keys)]
+        out = prim.bind(*xs, **params)
+        outs = list(out) if multiple else [out]
+        return [jax.random.key_data(o) if isk else o for o, isk in zip(outs, out_keys)]
+
+    jitted = jax.jit(body)
+
+    def compute(*ins: Array) -> Any:
+        res = jitted(*ins)
+        if multiple:
+            return tuple(np.asarray(r) for r in res)
+        return np.asarray(res[0])
+
+    kernel = Kernel(compute=compute, name="jax", jitted=jitted)
+    if key is not None:
+        _JAX_KERNELS[key] = kernel
+    return kernel
+
+
+def kernel_for(eqn: Any) -> Kernel:
+    """The kernel for one equation: its numpy rule when one applies, else the JAX fallback."""
+    name = eqn.primitive.name
+    make = RULES.get(name)
+    if make is not None and not _touches_keys(eqn):
+        try:
+            kernel = make(eqn)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            # A param layout this rule does not know (a newer JAX): JAX runs it instead.
+            kernel = None
+        if kernel is not None:
+            return kernel
+    if name in KEY_COPY and _touches_keys(eqn):
+        return KEY_COPY[name](eqn)
+    return jax_kernel(eqn)
+
+
+# ---- elementwise -----------------------------------------------------------------------------
+
+def _ufunc(f: Callable[..., Any]) -> Kernel:
+    return Kernel(compute=f, into=lambda out, *xs: f(*xs, out=out), overlap_safe=True,
+                  ufunc=f if isinstance(f, np.ufunc) else None)
+
+
+def _native_all(eqn: Any) -> bool:
+    return all(_numpy_native(_dt(a)) for a in _in_avals(eqn) + _out_avals(eqn))
+
+
+def _simple(ufunc: Callable[..., Any], kinds: str = "biufc") -> Rule:
+    def make(eqn: Any) -> Kernel | None:
+        if not _native_all(eqn):
+            return None
+        if any(_dt(a).kind not in kinds for a in _in_avals(eqn)):
+            return None
+        return _ufunc(ufunc)
+    return make
+
+
+for _name, _uf, _kinds in [
+    ("add", np.add, "iufc"), ("add_any", np.add, "iufc"), ("sub", np.subtract, "iufc"),
+    ("mul", np.multiply, "iufc"), ("neg", np.negative, "iufc"),
+    ("max", np.maximum, "biufc"), ("min", np.minimum, "biufc"),
+    ("exp", np.exp, "fc"), ("exp2", np.exp2, "f"), ("log", np.log, "fc"), ("log1p", np.log1p, "fc"),
+    ("expm1", np.expm1, "fc"), ("tanh", np.tanh, "fc"), ("sin", np.sin, "fc"), ("cos", np.cos, "fc"),
+    ("tan", np.tan, "fc"), ("asin", np.arcsin, "f"), ("acos", np.arccos, "f"), ("atan", np.arctan, "f"),
+    ("sinh", np.sinh, "f"), ("cosh", np.cosh, "f"), ("asinh", np.arcsinh, "f"), ("acosh", np.arccosh, "f"),
+    ("atanh", np.arctanh, "f"), ("atan2", np.arctan2, "f"), ("sqrt", np.sqrt, "fc"), ("cbrt", np.cbrt, "f"),
+    ("abs", np.abs, "iuf"), ("floor", np.floor, "f"), ("ceil", np.ceil, "f"),
+    ("is_finite", np.isfinite, "f"), ("nextafter", np.nextafter, "f"),
+    ("eq", np.equal, "biuf"), ("ne", np.not_equal, "biuf"), ("lt", np.less, "biuf"),
+    ("le", np.less_equal, "biuf"), ("gt", np.greater, "biuf"), ("ge", np.greater_equal, "biuf"),
+    ("and", np.bitwise_and, "biu"), ("or", np.bitwise_or, "biu"), ("xor", np.bitwise_xor, "biu"),
+    ("not", np.invert, "biu"), ("square", np.square, "iufc"),
+    ("erf", sps.erf, "f"), ("erfc", sps.erfc, "f"), ("erf_inv", sps.erfinv, "f"),
+    ("lgamma", sps.gammaln, "f"), ("digamma", sps.psi, "f"), ("logistic", sps.expit, "f"),
+    ("real", np.real, "c"), ("imag", np.imag, "c"), ("conj", np.conjugate, "c"),
+]:
+    if _uf is not None:
+        RULES[_name] = _simple(_uf, _kinds)
+
+
+@rule("div")
+def _div(eqn: Any) -> Kernel | None:
+    dtype = _dt(eqn.outvars[0].aval)
+    if not _native_all(eqn):
+        return None
+    if dtype.kind in "fc":
+        return _ufunc(np.true_divide)
+    if dtype.kind in "iu":
+        return Kernel(compute=functools.partial(_int_div, dtype))
+    return None
+
+
+def _int_div(dtype: np.dtype, a: Array, b: Array) -> Array:
+    # XLA integer division truncates toward zero; x / 0 is -1 (all ones for unsigned) and
+    # INT_MIN / -1 wraps to INT_MIN.
+    a, b = np.broadcast_arrays(np.asarray(a, dtype), np.asarray(b, dtype))
+    zero = b == 0
+    safe = np.where(zero, dtype.type(1), b)
+    with np.errstate(all="ignore"):
+        if dtype.kind == "u":
+            q = a // safe
+        else:
+            q = np.fmod(a, safe)  # C remainder keeps the dividend's sign
+            q = (a - q) // safe    # exact: a - rem is a multiple of b
+    minus_one = np.array(-1).astype(dtype) if dtype.kind == "i" else np.array(np.iinfo(dtype).max, dtype)
+    return np.where(zero, minus_one, q).astype(dtype, copy=False)
+
+
+@rule("rem")
+def _rem(eqn: Any) -> Kernel | None:
+    dtype = _dt(eqn.outvars[0].aval)
+    if not _native_all(eqn):
+        return None
+    if dtype.kind == "f":
+        return _ufunc(np.fmod)  # C fmod: the sign of the dividend, as lax.rem
+    if dtype.kind in "iu":
+        return Kernel(compute=functools.partial(_int_rem, dtype))
+    return None
+
+
+def _int_rem(dtype: np.dtype, a: Array, b: Array) -> Array:
+    # XLA: x % 0 is x; INT_MIN % -1 is 0.
+    a, b = np.broadcast_arrays(np.asarray(a, dtype), np.asarray(b, dtype))
+    zero = b == 0
+    safe = np.where(zero, dtype.type(1), b)
+    with np.errstate(all="ignore"):
+        r = np.fmod(a, safe)
+    return np.where(zero, a, r).astype(dtype, copy=False)
+
+
+@rule("pow")
+def _pow(eqn: Any) -> Kernel | None:
+    a, b = _in_avals(eqn)
+    if _dt(a).kind in "fc" and _dt(b) == _dt(a) and _native_all(eqn):
+        return _ufunc(np.power)
+    return None
+
+
+@rule("integer_pow")
+def _integer_pow(eqn: Any) -> Kernel | None:
+    y = int(eqn.params["y"])
+    dtype = _dt(eqn.invars[0].aval)
+    if not _native_all(eqn) or dtype.kind not in "iufc":
+        return None
+    if dtype.kind in "iu" and y < 0:
+        return None
+    if y == 0:
+        return Kernel(compute=lambda x: np.ones_like(x), into=lambda out, x: out.fill(1), overlap_safe=True)
+    if y == 2:
+        return _ufunc(np.square)
+    n = abs(y)
+
+    def compute(x: Array) -> Array:
+        # Square-and-multiply, as XLA expands integer_pow (libm pow is slower and rounds apart).
+        acc = None
+        base = x
+        k = n
+        while k:
+            if k & 1:
+                acc = base.copy() if acc is None else np.multiply(acc, base, out=acc if acc is not x else None)
+            k >>= 1
+            if k:
+                base = np.multiply(base, base)
+        if y < 0:
+            acc = np.reciprocal(acc, out=acc)
+        return acc
+
+    return Kernel(compute=compute)
+
+
+@rule("sign")
+def _sign(eqn: Any) -> Kernel | None:
+    return _ufunc(np.sign) if _native_all(eqn) else None
+
+
+@rule("rsqrt")
+def _rsqrt(eqn: Any) -> Kernel | None:
+    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in "fc":
+        return None
+
+    def into(out: Array, x: Array) -> None:
+        np.sqrt(x, out=out)
+        np.reciprocal(out, out=out)
+
+    return Kernel(compute=lambda x: np.reciprocal(np.sqrt(x)), into=into, overlap_safe=True)
+
+
+@rule("round")
+def _round(eqn: Any) -> Kernel | None:
+    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind != "f":
+        return None
+    method = int(eqn.params.get("rounding_method", 0))
+    if method == 1:  # TO_NEAREST_EVEN
+        return _ufunc(np.rint)
+
+    def away(x: Array) -> Array:
+        t = np.trunc(x)
+        return t + np.where(np.abs(x - t) >= 0.5, np.sign(x), 0).astype(x.dtype)
+
+    return Kernel(compute=away)
+
+
+@rule("clamp")
+def _clamp(eqn: Any) -> Kernel | None:
+    if not _native_all(eqn):
+        return None
+    # lax.clamp(lo, x, hi) = min(max(x, lo), hi)
+    def into(out: Array, lo: Array, x: Array, hi: Array) -> None:
+        if np.may_share_memory(out, lo) or np.may_share_memory(out, hi):
+            np.copyto(out, np.minimum(np.maximum(x, lo), hi))
+            return
+        np.maximum(x, lo, out=out)
+        np.minimum(out, hi, out=out)
+
+    return Kernel(compute=lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi), into=into, overlap_safe=True)
+
+
+@rule("shift_left", "shift_right_logical", "shift_right_arithmetic")
+def _shift(eqn: Any) -> Kernel | None:
+    dtype = _dt(eqn.outvars[0].aval)
+    if dtype.kind not in "iu" or not _native_all(eqn):
+        return None
+    bits = dtype.itemsize * 8
+    name = eqn.primitive.name
+    unsigned = np.dtype(f"u{dtype.itemsize}")
+
+    def compute(x: Array, s: Array) -> Array:
+        x, s = np.broadcast_arrays(np.asarray(x, dtype), np.asarray(s, dtype))
+        big = (s < 0) | (s >= bits) if dtype.kind == "i" else (s >= bits)
+        safe = np.where(big, 0, s).astype(dtype)
+        if name == "shift_left":
+            return np.where(big, dtype.type(0), np.left_shift(x, safe)).astype(dtype)
+        if name == "shift_right_logical":
+            r = np.right_shift(x.view(unsigned), safe.astype(unsigned)).view(dtype)
+            return np.where(big, dtype.type(0), r).astype(dtype)
+        fill = np.where(x < 0, dtype.type(-1), dtype.type(0)) if dtype.kind == "i" else dtype.type(0)
+        return np.where(big, fill, np.right_shift(x, safe)).astype(dtype)
+
+    return Kernel(compute=compute)
+
+
+@rule("select_n")
+def _select_n(eqn: Any) -> Kernel | None:
+    avals = _in_avals(eqn)
+    if not _native_all(eqn):
+        return None
+    if len(avals) == 3 and _dt(avals[0]) == np.bool_:
+        # np.where, not copyto(where=): the output may share memory with either case
+        return Kernel(compute=lambda p, f, t: np.where(p, t, f))
+    if len(avals) == 2:
+        return Kernel(compute=lambda p, c: np.array(c, copy=True), into=lambda out, p, c: np.copyto(out, c),
+                      overlap_safe=True)
+    return Kernel(compute=lambda p, *cases: np.choose(p, cases))
+
+
+# ---- conversion ------------------------------------------------------------------------------
+
+@rule("convert_element_type")
+def _convert(eqn: Any) -> Kernel | None:
+    src, dst = _dt(eqn.invars[0].aval), _dt(eqn.outvars[0].aval)
+    if src == dst:
+        return _identity(eqn)
+    if dst == np.bool_:
+        return Kernel(compute=lambda x: x != 0, into=lambda out, x: np.not_equal(x, 0, out=out),
+                      overlap_safe=True)
+    if src.kind in "fV" and dst.kind in "iu":
+        if not _numpy_native(src):
+            return None
+        info = np.iinfo(dst)
+
+        def f2i(x: Array) -> Array:
+            # XLA converts float to int saturating, NaN to 0, truncating toward zero
+            with np.errstate(invalid="ignore"):
+                y = np.trunc(x)
+                y = np.where(np.isnan(y), 0, np.clip(y, info.min, info.max))
+                # clip in float can round up past the max (2**31 - 1 is not a float32)
+                hi = y >= float(info.max)
+                out = y.astype(dst)
+                out[hi] = info.max
+            return out
+
+        return Kernel(compute=f2i)
+    if src.kind == "c" and dst.kind != "c":
+        return None  # complex -> real takes the real part in XLA; numpy warns: let JAX do it
+
+    def into(out: Array, x: Array) -> None:
+        np.copyto(out, x, casting="unsafe")
+
+    return Kernel(compute=lambda x: x.astype(dst), into=into, overlap_safe=True)
+
+
+@rule("bitcast_convert_type")
+def _bitcast(eqn: Any) -> Kernel | None:
+    src, dst = _dt(eqn.invars[0].aval), _dt(eqn.outvars[0].aval)
+    if src.itemsize != dst.itemsize:
+        return None
+    return Kernel(compute=lambda x: np.ascontiguousarray(x).view(dst),
+                  into=lambda out, x: np.copyto(out.view(src), x), overlap_safe=True, views=True, same_bytes=True)
+
+
+@rule("reduce_precision")
+def _reduce_precision(eqn: Any) -> Kernel | None:
+    dtype = _dt(eqn.invars[0].aval)
+    finfo = np.finfo(dtype) if dtype.kind == "f" else None
+    if finfo is None:
+        return None
+    if int(eqn.params["exponent_bits"]) == finfo.nexp and int(eqn.params["mantissa_bits"]) == finfo.nmant:
+        return _identity(eqn)
+    return None
+
+
+# ---- data movement ---------------------------------------------------------------------------
+
+def _identity(eqn: Any) -> Kernel:
+    return Kernel(compute=lambda x: x, into=lambda out, x: np.copyto(out, x), overlap_safe=True, views=True,
+                  same_bytes=True)
+
+
+for _name in ("copy", "copy_p", "stop_gradient", "device_put_p", "sharding_constraint", "mesh_cast",
+              "reshard", "pvary", "optimization_barrier_single"):
+    RULES[_name] = _identity
+
+
+@rule("device_put")
+def _device_put(eqn: Any) -> Kernel | None:
+    if len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+        return Kernel(compute=lambda *xs: tuple(xs), views=True)
+    return _identity(eqn)
+
+
+@rule("optimization_barrier")
+def _barrier(eqn: Any) -> Kernel | None:
+    return Kernel(compute=lambda *xs: tuple(xs), views=True)
+
+
+@rule("reshape")
+def _reshape(eqn: Any) -> Kernel | None:
+    if eqn.params.get("dimensions") not in (None, ()):
+        return None
+    shape = tuple(eqn.outvars[0].aval.shape)
+
+    def into(out: Array, x: Array, *dyn: Array) -> None:
+        np.copyto(out, x.reshape(shape))
+
+    return Kernel(compute=lambda x, *dyn: x.reshape(shape), into=into, overlap_safe=True, views=True,
+                  same_bytes=True)
+
+
+@rule("squeeze")
+def _squeeze(eqn: Any) -> Kernel | None:
+    shape = tuple(eqn.outvars[0].aval.shape)
+    return Kernel(compute=lambda x: x.reshape(shape), into=lambda out, x: np.copyto(out, x.reshape(shape)),
+                  overlap_safe=True, views=True, same_bytes=True)
+
+
+@rule("expand_dims")
+def _expand_dims(eqn: Any) -> Kernel | None:
+    return _squeeze(eqn)
+
+
+@rule("broadcast_in_dim")
+def _broadcast_in_dim(eqn: Any) -> Kernel | None:
+    if len(eqn.invars) != 1:
+        return None  # dynamic shapes
+    shape = tuple(eqn.params["shape"])
+    dims = tuple(eqn.params["broadcast_dimensions"])
+    in_shape = tuple(eqn.invars[0].aval.shape)
+    expanded = [1] * len(shape)
+    for i, d in enumerate(dims):
+        expanded[d] = in_shape[i]
+    expanded = tuple(expanded)
+
+    def compute(x: Array) -> Array:
+        return np.broadcast_to(np.reshape(x, expanded), shape)
+
+    def into(out: Array, x: Array) -> None:
+        np.copyto(out, np.reshape(x, expanded))
+
+    return Kernel(compute=compute, into=into, overlap_safe=True, views=True)
+
+
+@rule("transpose")
+def _transpose(eqn: Any) -> Kernel | None:
+    perm = tuple(eqn.params["permutation"])
+    return Kernel(compute=lambda x: x.transpose(perm), into=lambda out, x: np.copyto(out, x.transpose(perm)),
+                  views=True)
+
+
+@rule("rev")
+def _rev(eqn: Any) -> Kernel | None:
+    dims = tuple(eqn.params["dimensions"])
+    return Kernel(compute=lambda x: np.flip(x, dims), into=lambda out, x: np.copyto(out, np.flip(x, dims)),
+                  views=True)
+
+
+@rule("slice")
+def _slice(eqn: Any) -> Kernel | None:
+    start, limit = eqn.params["start_indices"], eqn.params["limit_indices"]
+    strides = eqn.params.get("strides") or (1,) * len(start)
+    index = tuple(slice(int(s), int(l), int(st)) for s, l, st in zip(start, limit, strides))
+    return Kernel(compute=lambda x: x[index], into=lambda out, x: np.copyto(out, x[index]), views=True)
+
+
+@rule("concatenate")
+def _concatenate(eqn: Any) -> Kernel | None:
+    axis = int(eqn.params["dimension"])
+    if not _native_all(eqn):
+        dtype = _dt(eqn.outvars[0].aval)
+        if any(_dt(a) != dtype for a in _in_avals(eqn)):
+            return None
+    return Kernel(compute=lambda *xs: np.concatenate(xs, axis=axis),
+                  into=lambda out, *xs: np.concatenate(xs, axis=axis, out=out))
+
+
+@rule("split")
+def _split(eqn: Any) -> Kernel | None:
+    axis = int(eqn.params["axis"])
+    sizes = [int(s) for s in eqn.params["sizes"]]
+    bounds = list(np.cumsum(sizes)[:-1])
+    return Kernel(compute=lambda x: tuple(np.split(x, bounds, axis=axis)), views=True)
+
+
+@rule("pad")
+def _pad(eqn: Any) -> Kernel | None:
+    config = [tuple(int(v) for v in c) for c in eqn.params["padding_config"]]
+    in_shape = tuple(eqn.invars[0].aval.shape)
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    # Pad with every low/high clipped at 0, then crop the negative ones.
+    big_shape, place, crop = [], [], []
+    for n, (lo, hi, interior) in zip(in_shape, config):
+        span = (n - 1) * (interior + 1) + 1 if n else 0
+        plo, phi = max(lo, 0), max(hi, 0)
+        big_shape.append(plo + span + phi)
+        place.append(slice(plo, plo + span, interior + 1))
+        crop.append(slice(-min(lo, 0), plo + span + phi + min(hi, 0)))
+    place, crop, big_shape = tuple(place), tuple(crop), tuple(big_shape)
+    direct = big_shape == out_shape
+
+    def into(out: Array, x: Array, value: Array) -> None:
+        if direct:
+            out[...] = value
+            out[place] = x
+        else:
+            np.copyto(out, compute(x, value))
+
+    def compute(x: Array, value: Array) -> Array:
+        big = np.full(big_shape, value, dtype=x.dtype)
+        big[place] = x
+        return big[crop]
+
+    return Kernel(compute=compute, into=into)
+
+
+@rule("iota")
+def _iota(eqn: Any) -> Kernel | None:
+    dtype = _dt(eqn.outvars[0].aval)
+    if not _numpy_native(dtype):
+        return None
+    shape = tuple(eqn.params["shape"])
+    dim = int(eqn.params["dimension"])
+    expanded = [1] * len(shape)
+    expanded[dim] = shape[dim]
+    values = np.arange(shape[dim], dtype=dtype).reshape(expanded)
+
+    def compute() -> Array:
+        return np.broadcast_to(values, shape)
+
+    return Kernel(compute=compute, into=lambda out: np.copyto(out, values), overlap_safe=True, views=True)
+
+
+@rule("dynamic_slice")
+def _dynamic_slice(eqn: Any) -> Kernel | None:
+    sizes = tuple(int(s) for s in eqn.params["slice_sizes"])
+    shape = tuple(eqn.invars[0].aval.shape)
+    nidx = len(shape)
+    if len(eqn.invars) != 1 + nidx:
+        return None
+
+    def index(starts: tuple[Array, ...]) -> tuple[slice, ...]:
+        # XLA clamps each start into [0, dim - size]
+        out = []
+        for s, n, k in zip(starts, shape, sizes):
+            s = min(max(int(s), 0), n - k)
+            out.append(slice(s, s + k))
+        return tuple(out)
+
+    return Kernel(compute=lambda x, *st: x[index(st)], into=lambda out, x, *st: np.copyto(out, x[index(st)]),
+                  views=True)
+
+
+@rule("dynamic_update_slice")
+def _dynamic_update_slice(eqn: Any) -> Kernel | None:
+    shape = tuple(eqn.invars[0].aval.shape)
+    usize = tuple(eqn.invars[1].aval.shape)
+    if len(eqn.invars) != 2 + len(shape):
+        return None
+
+    def index(starts: tuple[Array, ...]) -> tuple[slice, ...]:
+        out = []
+        for s, n, k in zip(starts, shape, usize):
+            s = min(max(int(s), 0), n - k)
+            out.append(slice(s, s + k))
+        return tuple(out)
+
+    def into(out: Array, x: Array, update: Array, *st: Array) -> None:
+        # When the plan writes in place, `out` is `x`'s memory: copy only what differs.
+        if not (out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+                and out.strides == x.strides):
+            np.copyto(out, x)
+        out[index(st)] = update
+
+    def compute(x: Array, update: Array, *st: Array) -> Array:
+        y = np.array(x, copy=True)
+        y[index(st)] = update
+        return y
+
+    return Kernel(compute=compute, into=into, alias_ok=frozenset({0}))
+
+
+# ---- reductions ------------------------------------------------------------------------------
+
+def _reduction(fn: Callable[..., Any], kinds: str) -> Rule:
+    def make(eqn: Any) -> Kernel | None:
+        if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in kinds:
+            return None
+        axes = tuple(int(a) for a in eqn.params["axes"])
+        dtype = _dt(eqn.outvars[0].aval)
+
+        def compute(x: Array) -> Array:
+            return np.asarray(fn(x, axis=axes, dtype=dtype))
+
+        def into(out: Array, x: Array) -> None:
+            fn(x, axis=axes, dtype=dtype, out=out)
+
+        return Kernel(compute=compute, into=into)
+    return make
+
+
+RULES["reduce_sum"] = _reduction(np.add.reduce, "iufc")
+RULES["reduce_prod"] = _reduction(np.multiply.reduce, "iufc")
+RULES["reduce_max"] = _reduction(np.maximum.reduce, "biuf")
+RULES["reduce_min"] = _reduction(np.minimum.reduce, "biuf")
+RULES["reduce_and"] = _reduction(np.logical_and.reduce, "b")
+RULES["reduce_or"] = _reduction(np.logical_or.reduce, "b")
+RULES["reduce_xor"] = _reduction(np.logical_xor.reduce, "b")
+
+
+@rule("argmax", "argmin")
+def _argminmax(eqn: Any) -> Kernel | None:
+    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in "iuf":
+        return None
+    (axis,) = eqn.params["axes"]
+    axis = int(axis)
+    dtype = np.dtype(eqn.params["index_dtype"])
+    fn = np.argmax if eqn.primitive.name == "argmax" else np.argmin
+    # numpy and XLA both return the first NaN, else the first extreme value
+    return Kernel(compute=lambda x: fn(x, axis=axis).astype(dtype, copy=False))
+
+
+@rule("cumsum", "cumprod", "cummax", "cummin")
+def _cumulative(eqn: Any) -> Kernel | None:
+    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in "iuf":
+        return None
+    axis = int(eqn.params["axis"])
+    reverse = bool(eqn.params.get("reverse", False))
+    op = {"cumsum": np.add, "cumprod": np.multiply, "cummax": np.maximum, "cummin": np.minimum}[eqn.primitive.name]
+    dtype = _dt(eqn.outvars[0].aval)
+
+    def compute(x: Array) -> Array:
+        if reverse:
+            return np.flip(op.accumulate(np.flip(x, axis), axis=axis, dtype=dtype), axis)
+        return op.accumulate(x, axis=axis, dtype=dtype)
+
+    return Kernel(compute=compute)
+
+
+# ---- contractions ----------------------------------------------------------------------------
+
+# Multiply-adds below which numpy's matmul (no dispatch cost) beats a call into XLA.
+SMALL_DOT = 1 << 15
+
+
+@rule("dot_general")
+def _dot_general(eqn: Any) -> Kernel | None:
+    lhs, rhs = _in_avals(eqn)
+    out_dtype = _dt(eqn.outvars[0].aval)
+    if not _native_all(eqn) or _dt(lhs) != _dt(rhs) or _dt(lhs).kind not in "fc":
+        return None  # integer and mixed dots: JAX (numpy int matmul does not overflow alike)
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lc, rc, lb, rb = map(lambda t: tuple(int(i) for i in t), (lc, rc, lb, rb))
+    ls, rs = tuple(lhs.shape), tuple(rhs.shape)
+    lf = tuple(i for i in range(len(ls)) if i not in lc and i not in lb)
+    rf = tuple(i for i in range(len(rs)) if i not in rc and i not in rb)
+    size = lambda shape, idx: math.prod(shape[i] for i in idx)
+    B, M, K, N = size(ls, lb), size(ls, lf), size(ls, lc), size(rs, rf)
+    if B * M * K * N > SMALL_DOT:
+        # XLA's own dot: several times faster than numpy's matmul on batched or transposed
+        # operands (which leave BLAS), and it rounds as jax.jit does.
+        return jax_kernel(eqn)
+    lperm, rperm = lb + lf + lc, rb + rc + rf
+    lid = lperm == tuple(range(len(ls)))
+    rid = rperm == tuple(range(len(rs)))
+    compute_dtype = np.result_type(_dt(lhs), out_dtype)
+
+    def operands(a: Array, b: Array) -> tuple[Array, Array]:
+        a = (a if lid else a.transpose(lperm)).reshape(B, M, K)
+        b = (b if rid else b.transpose(rperm)).reshape(B, K, N)
+        if a.dtype != compute_dtype:
+            a, b = a.astype(compute_dtype), b.astype(compute_dtype)
+        return a, b
+
+    out_shape3 = (B, M, N)
+
+    def compute(a: Array, b: Array) -> Array:
+        x, y = operands(a, b)
+        r = np.matmul(x, y)
+        return r.reshape(tuple(eqn.outvars[0].aval.shape)).astype(out_dtype, copy=False)
+
+    if compute_dtype != out_dtype:
+        return Kernel(compute=compute)
+
+    def into(out: Array, a: Array, b: Array) -> None:
+        x, y = operands(a, b)
+        np.matmul(x, y, out=out.reshape(out_shape3))
+
+    return Kernel(compute=compute, into=into)
+
+
+# ---- sorting ---------------------------------------------------------------------------------
+
+@rule("sort")
+def _sort(eqn: Any) -> Kernel | None:
+    num_keys = int(eqn.params["num_keys"])
+    dim = int(eqn.params["dimension"])
+    avals = _in_avals(eqn)
+    if num_keys != 1 or not _native_all(eqn) or _dt(avals[0]).kind not in "iub" + "f":
+        return None
+    key_float = _dt(avals[0]).kind == "f"
+
+    def order(k: Array) -> Array:
+        if key_float:
+            # XLA/JAX order: -0.0 and 0.0 compare equal (stable), NaNs last
+            k = np.where(k == 0, np.zeros((), k.dtype), k)
+        return np.argsort(k, axis=dim, kind="stable")
+
+    if len(avals) == 1:
+        return Kernel(compute=lambda x: (np.take_along_axis(x, order(x), axis=dim),))
+
+    def compute(*xs: Array) -> tuple[Array, ...]:
+        idx = order(xs[0])
+        return tuple(np.take_along_axis(x, idx, axis=dim) for x in xs)
+
+    return Kernel(compute=compute)
+
+
+# ---- windows ---------------------------------------------------------------------------------
+
+def _window_params(eqn: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]] | None:
+    p = eqn.params
+    if any(int(d) != 1 for d in p.get("base_dilation", ())) or any(int(d) != 1 for d in p.get("window_dilation", ())):
+        return None
+    dims = tuple(int(d) for d in p["window_dimensions"])
+    strides = tuple(int(s) for s in p["window_strides"])
+    padding = tuple((int(lo), int(hi)) for lo, hi in p["padding"])
+    if any(lo < 0 or hi < 0 for lo, hi in padding):
+        return None
+    return dims, strides, padding
+
+
+def _windows(x: Array, dims: tuple[int, ...], strides: tuple[int, ...],
+             padding: tuple[tuple[int, int], ...], fill: Any) -> Array:
+    if any(lo or hi for lo, hi in padding):
+        x = np.pad(x, padding, constant_values=fill)
+    w = np.lib.stride_tricks.sliding_window_view(x, dims)
+    return w[tuple(slice(None, None, s) for s in strides)]
+
+
+@rule("reduce_window_sum", "reduce_window_max", "reduce_window_min")
+def _reduce_window(eqn: Any) -> Kernel | None:
+    parsed = _window_params(eqn)
+    dtype = _dt(eqn.invars[0].aval)
+    if parsed is None or not _native_all(eqn) or dtype.kind not in "iuf":
+        return None
+    dims, strides, padding = parsed
+    name = eqn.primitive.name
+    if name == "reduce_window_sum":
+        fn, fill = np.add.reduce, 0
+    elif name == "reduce_window_max":
+        fn, fill = np.maximum.reduce, (-np.inf if dtype.kind == "f" else np.iinfo(dtype).min)
+    else:
+        fn, fill = np.minimum.reduce, (np.inf if dtype.kind == "f" else np.iinfo(dtype).max)
+    axes = tuple(range(len(dims), 2 * len(dims)))
+
+    def compute(x: Array) -> Array:
+        return fn(_windows(x, dims, strides, padding, fill), axis=axes).astype(dtype, copy=False)
+
+    return Kernel(compute=compute)
+
+
+@rule("select_and_scatter_add")
+def _select_and_scatter_add(eqn: Any) -> Kernel | None:
+    # The gradient of max pooling: each source value goes to the first maximal element of its
+    # window (select_prim ge: the earliest of equal values wins), summed where windows overlap.
+    p = eqn.params
+    select = getattr(p["select_prim"], "name", str(p["select_prim"]))
+    source_aval, operand_aval = _in_avals(eqn)
+    dtype = _dt(operand_aval)
+    if select not in ("ge", "le") or not _native_all(eqn) or dtype.kind != "f":
+        return None
+    dims = tuple(int(d) for d in p["window_dimensions"])
+    strides = tuple(int(s) for s in p["window_strides"])
+    padding = tuple((int(lo), int(hi)) for lo, hi in p["padding"])
+    if any(lo < 0 or hi < 0 for lo, hi in padding):
+        return None
+    shape = tuple(operand_aval.shape)
+    rank = len(shape)
+    padded_shape = tuple(n + lo + hi for n, (lo, hi) in zip(shape, padding))
+    fill = -np.inf if select == "ge" else np.inf
+    pick = np.argmax if select == "ge" else np.argmin
+
+    def compute(source: Array, operand: Array) -> Array:
+        w = _windows(operand, dims, strides, padding, fill)
+        out_shape = w.shape[:rank]
+        flat = w.reshape(out_shape + (-1,))
+        choice = pick(flat, axis=-1)  # first extreme in row-major window order
+        offsets = np.unravel_index(choice, dims)
+        grids = np.indices(out_shape, sparse=True)
+        coords = tuple(g * s + o for g, s, o in zip(grids, strides, offsets))
+        acc = np.zeros(padded_shape, dtype)
+        np.add.at(acc, coords, source)
+        inner = tuple(slice(lo, lo + n) for n, (lo, _) in zip(shape, padding))
+        return acc[inner]
+
+    return Kernel(compute=compute)
+
+
+# ---- PRNG keys: data layout is identical, so wrap/unwrap is a copy ----------------------------
+
+def _key_copy(eqn: Any) -> Kernel:
+    return _identity(eqn)
+
+
+KEY_COPY: dict[str, Callable[[Any], Kernel]] = {"random_wrap": _key_copy, "random_unwrap": _key_copy}
+
+
+def clear_kernel_cache() -> None:
+    """Forget the jitted JAX fallbacks (they hold compiled executables)."""
+    _JAX_KERNELS.clear()

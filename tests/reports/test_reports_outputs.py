@@ -155,3 +155,19 @@ def test_compacted_addresses_keep_order_and_overlap():
     assert got[0] == 0 and got[1] == 2 << 20 and got[2] == 4 << 20
     # The 1 GiB hole is gone; the 1 MiB hole inside the second cluster stays.
     assert got[3] == 6 << 20 and got[4] == got[3] + (9 << 20)
+
+
+def test_eager_trace_report_peak_equals_the_device_own_peak():
+    import jaxmem
+    from jaxmem.execution.eager import eager
+    from jaxmem.reports.pprof import profile_bytes
+    from jaxmem.traces.replay import replay
+
+    fn, args = train_step_example()
+    device = jaxmem.Device("1GiB", backend="simulated", allocator="bfc", preallocate=False)
+    run = eager(fn, device, compute=False)(*args)
+    data = from_replay(replay(run.trace, ["bfc"], capacity=1 << 30, progress=False), run.trace)
+    # The report rebuilds live bytes from the trace alone; the device counted them itself.
+    assert data.peak_bytes == run.stats["peak_bytes_in_use"]
+    assert all(b.source for b in data.live_at(data.peak_x) if b.label not in ("", "argument"))
+    assert len(profile_bytes(data.live_at(data.peak_x))) > 100

@@ -14,6 +14,7 @@ allocator supplies only its policy through the private hooks `_allocate`, `_free
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Iterator, NamedTuple, Protocol
 
 from jaxmem.errors import AllocationError
@@ -22,15 +23,19 @@ from jaxmem.errors import AllocationError
 class Backend(Protocol):
     """Device memory as the driver gives it (cudaMalloc / cudaFree, or their stand-ins).
 
-    `reserve(size)` returns the address of a new device allocation, or None when the device
-    cannot supply it (that is not an error: allocators back off and retry). `release` returns
-    one allocation whole. `view` returns a writable numpy uint8 view (host backend only).
+    `reserve(size, alignment=256)` returns the address of a new device allocation, or None
+    when the device cannot supply it (that is not an error: allocators back off and retry).
+    `release` returns one allocation whole. `view` returns a writable numpy uint8 view (host
+    backend only). `reserved` is the bytes handed out now; `allocations` maps each live
+    allocation's address to its size. A CUDA pool would implement these same members.
     """
 
     kind: str
     capacity: int
+    reserved: int
+    allocations: dict[int, int]
 
-    def reserve(self, size: int) -> int | None: ...
+    def reserve(self, size: int, alignment: int = 256) -> int | None: ...
     def release(self, address: int) -> None: ...
     def view(self, address: int, size: int): ...  # -> numpy.ndarray
 
@@ -74,7 +79,7 @@ def _check_request(size: object, alignment: object) -> None:
         raise AllocationError(f"alignment must be a power of two, got {alignment!r}")
 
 
-class Allocator:
+class Allocator(ABC):
     """Base class: the public allocate/free pair and the statistics; subclasses give the policy.
 
     Subclass hooks:
@@ -165,20 +170,27 @@ class Allocator:
         }
 
     # ---- hooks -----------------------------------------------------------------------------
+    @abstractmethod
     def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
-        raise NotImplementedError  # abstract hook
+        """Place a validated request: (address, bytes reserved, handle), or raise OutOfMemory
+        leaving the pool exactly as it was."""
 
+    @abstractmethod
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
-        raise NotImplementedError  # abstract hook
+        """Take back a live buffer (the public `free` has already checked it)."""
 
+    @abstractmethod
     def _pool_bytes(self) -> int:
-        raise NotImplementedError  # abstract hook
+        """Bytes currently held from the backend."""
 
+    @abstractmethod
     def _largest_free_block(self) -> int:
-        raise NotImplementedError  # abstract hook
+        """Bytes in the largest free block of the pool (0 without a pool)."""
 
     def _empty_cache(self) -> int:
+        """Return what can be returned to the backend; the bytes given back (default: none)."""
         return 0
 
+    @abstractmethod
     def _chunks(self) -> Iterator[Chunk]:
-        raise NotImplementedError  # abstract hook
+        """Every chunk of the pool, address order."""

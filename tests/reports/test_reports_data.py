@@ -132,3 +132,15 @@ def test_aggregates_account_for_every_hidden_block():
         assert any(a <= b.address and b.address + b.size <= a + s and st <= b.start and b.end <= en and k == c
                    for a, s, st, en, k in boxes)
     assert all(0 < f <= 1 for f in agg["fill"])
+
+
+def test_arguments_are_labelled_by_pytree_path():
+    import jax
+
+    fn, args = train_step_example()
+    plan = naive_plan(fn, *args)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+    data = from_plan(plan, arg_paths=paths)
+    labels = {b.label for b in data.blocks if b.region == "caller"}
+    assert labels == set(paths)
+    assert {b.category for b in data.blocks if b.region == "caller" and b.label.startswith("[1]")} == {"optimizer_state"}

@@ -159,7 +159,7 @@ def _last_uses(plan: Plan) -> dict[int, int]:
     return last
 
 
-def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
+def plan_blocks(plan: Plan, cats: dict[int, str] | None = None, arg_paths: list[str] | None = None) -> list[Block]:
     """The plan's memory as blocks: each arena buffer split where a new value takes it over,
     plus one block per non-donated argument in a "caller" region above the arena.
 
@@ -170,6 +170,10 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
     from jaxmem.compiler.jaxpr_adapter import user_frames
 
     cats = value_categories(plan) if cats is None else cats
+    # Arguments are named by their pytree path when the planner recorded it ("params['w']").
+    paths = arg_paths if arg_paths is not None else (plan.extra.get("arg_paths") if isinstance(plan.extra, dict) else None)
+    arg_label = {v: (str(paths[i]) if paths and i < len(paths) and paths[i] else f"argument {i}")
+                 for i, v in enumerate(plan.invars)}
     last = _last_uses(plan)
     steps = plan.schedule
     step_frames: dict[int, tuple[Frame, ...]] = {}
@@ -210,7 +214,7 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
             to = owners[i + 1][0] - 1 if i + 1 < len(owners) else buf.end
             info = plan.values[v]
             producer = steps[info.producer] if info.producer is not None and info.producer < len(steps) else None
-            label = producer.primitive if producer is not None else (buf.label or buf.kind)
+            label = producer.primitive if producer is not None else arg_label.get(v, buf.label or buf.kind)
             source = info.source or (producer.source if producer is not None else None) or buf.source
             frames = frames_of(v, producer, source)
             category = buffer_category(buf.kind, cats.get(v, first_cat))
@@ -219,11 +223,11 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None) -> list[Block]:
     # Non-donated arguments stay in the caller's memory: stack them above the arena.
     top = plan.arena_bytes
     end = len(steps)
-    for position, v in enumerate(plan.invars):
+    for v in plan.invars:
         info = plan.values.get(v)
         if info is None or info.buffer is not None:
             continue
-        blocks.append(Block(top, info.nbytes, -1, end, cats.get(v, "parameters"), f"argument {position}",
+        blocks.append(Block(top, info.nbytes, -1, end, cats.get(v, "parameters"), arg_label[v],
                             tuple(info.shape), info.dtype, _frames(info.source), -1, "caller"))
         top += info.nbytes
     return blocks
@@ -248,7 +252,7 @@ def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -
 
     with paused_gc():
         cats = value_categories(plan, arg_paths)
-        blocks = plan_blocks(plan, cats)
+        blocks = plan_blocks(plan, cats, arg_paths)
     n = len(plan.schedule)
     names = ["entry"] + [s.primitive for s in plan.schedule] + ["exit"]
     data = ReportData(

@@ -13,6 +13,7 @@ allocated before profiling started as blocks live at the window's start.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ CUDA = 1
 
 
 def _num(value: Any, where: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TraceError(f"{where}: '{what}' must be a number, got {value!r}")
     return int(value)
 

@@ -51,7 +51,14 @@ def _parse_time(text: str, where: str) -> float:
 
 def parse_rmm_csv(text: str, source: str = "<rmm csv>") -> Trace:
     """A Trace from the text of an RMM log; frees must name a pointer allocated earlier."""
-    rows = csv.reader(io.StringIO(text.lstrip("\ufeff")))
+    try:
+        return _parse(text, source)
+    except csv.Error as err:
+        raise TraceError(f"{source}: corrupt CSV ({err})") from None
+
+
+def _parse(text: str, source: str) -> Trace:
+    rows = csv.reader(io.StringIO(text.lstrip("\ufeff"), newline=""))
     header = next(rows, None)
     if header is None or [h.strip() for h in header][:6] != HEADER:
         raise TraceError(f"{source}: not an RMM log (expected the header {','.join(HEADER)})")

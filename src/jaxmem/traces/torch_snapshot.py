@@ -21,7 +21,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-from jaxmem.errors import TraceError
+from jaxmem.errors import JaxmemError, TraceError
 from jaxmem.runtime.caching_config import K_SMALL_BUFFER, K_SMALL_SIZE, config_from_settings, round_size
 from jaxmem.traces.model import Block, Event, Frame, Segment, Trace
 from jaxmem.traces.safe_pickle import load_plain_pickle
@@ -79,7 +79,10 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
     if not isinstance(entries, list):
         raise TraceError(f"{source}: device_traces[{device}] is not a list")
     settings = data.get("allocator_settings") if isinstance(data.get("allocator_settings"), dict) else {}
-    cfg = config_from_settings(settings)
+    try:
+        cfg = config_from_settings(settings)
+    except JaxmemError as err:
+        raise TraceError(f"{source}: allocator_settings: {err}") from None
 
     # ---- the dump-time state -------------------------------------------------------------
     dump_segments: dict[int, dict[str, Any]] = {}
@@ -94,17 +97,23 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         size = _int(seg.get("total_size"), source, where, "total_size")
         if size <= 0 or addr < 0:
             raise TraceError(f"{source}: {where}: bad address/size ({addr}, {size})")
-        dump_segments[addr] = {"size": size, "stream": seg.get("stream", 0) or 0,
+        seg_stream = seg.get("stream", 0) or 0
+        if type(seg_stream) is not int:
+            raise TraceError(f"{source}: {where}: stream is not an integer ({seg_stream!r})")
+        blocks = seg.get("blocks") or []
+        if not isinstance(blocks, list):
+            raise TraceError(f"{source}: {where}: blocks is not a list")
+        dump_segments[addr] = {"size": size, "stream": seg_stream,
                                "pool": "small" if seg.get("segment_type") == "small" else "large",
                                "expandable": bool(seg.get("is_expandable", False))}
-        for j, blk in enumerate(seg.get("blocks") or []):
+        for j, blk in enumerate(blocks):
             if not isinstance(blk, dict):
                 raise TraceError(f"{source}: {where} block {j} is not a dict")
             bsize = _int(blk.get("size"), source, f"{where} block {j}", "size")
             if blk.get("state") in _ALLOCATED_STATES:
                 baddr = blk.get("address")
                 if type(baddr) is not int:   # older snapshots list blocks without addresses
-                    baddr = addr + sum(b.get("size", 0) for b in seg["blocks"][:j])
+                    baddr = addr + sum(b["size"] for b in blocks[:j])
                 dump_live[baddr] = (bsize, blk.get("requested_size"))
 
     # ---- the window's events, forward ------------------------------------------------------
@@ -133,6 +142,8 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         if type(stream) is not int:
             raise TraceError(f"{source}: {where}: stream is not an integer ({stream!r})")
         t = e.get("time_us", 0) or 0
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
+            raise TraceError(f"{source}: {where}: time_us is not a number ({t!r})")
         frames = _frames(e.get("frames"), frame_cache)
         if kind == "alloc":
             if size == 0:

@@ -247,6 +247,22 @@ def check(alloc: CachingAllocator, live: list, aligned: bool = False) -> None:
         assert b.size - rounded <= slack or b.size >= alloc.config.max_split_size
 
 
+def brute_force_best_fit(alloc: CachingAllocator, request: int, stream: int) -> int | None:
+    """The address PyTorch's rules pick among the cached blocks, found by scanning every block of
+    every segment (not the allocator's free lists); None when no cached block may serve."""
+    rounded = round_size(request, alloc.config)
+    pool = "small" if rounded <= MiB else "large"
+    free = sorted((b["size"], b["addr"]) for s in alloc.segments() if s["pool"] == pool and s["stream"] == stream
+                  for b in s["blocks"] if not b["allocated"] and b["mapped"] and b["size"] >= rounded)
+    if not free:
+        return None
+    size, addr = free[0]
+    mss = alloc.config.max_split_size
+    if rounded < mss <= size or (rounded >= mss and size >= rounded + alloc.config.max_non_split_rounding_size):
+        return None
+    return addr
+
+
 SIZES = st.one_of(st.integers(1, 1 * MiB), st.integers(1 * MiB + 1, 10 * MiB), st.integers(10 * MiB, 120 * MiB))
 OPS = st.lists(st.one_of(
     st.tuples(st.just("alloc"), SIZES, st.sampled_from([0, 0, 7])),
@@ -265,10 +281,16 @@ def test_invariants_hold_after_every_step(ops, conf, expandable, capacity) -> No
     for op, arg, stream in ops:
         if op == "alloc":
             before = alloc.bytes_in_use
+            expected = None if expandable else brute_force_best_fit(alloc, arg, stream)
+            device_allocs = alloc.device_allocs
             try:
                 live.append(alloc.allocate(arg, stream=stream))
             except OutOfMemory as err:
                 assert alloc.bytes_in_use == before and err.requested == arg
+                assert expected is None
+            else:
+                if expected is not None:   # a cached block fits: best fit by (size, address), no cudaMalloc
+                    assert live[-1].address == expected and alloc.device_allocs == device_allocs
         elif op == "free" and live:
             alloc.free(live.pop(arg % len(live)))
         elif op == "empty":

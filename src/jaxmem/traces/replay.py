@@ -409,7 +409,7 @@ def recorded_run(trace: Trace) -> RecordedRun | None:
     """The recording allocator's own segment traffic in the window, or None without any."""
     if trace.format != "torch-snapshot" and not any(e.action in ("segment_alloc", "segment_free") for e in trace.events):
         return None
-    reserved = start = sum(s.size for s in trace.initial_segments)
+    reserved = start = sum(s.size for s in trace.initial_segments) or int(trace.meta.get("recorded_start_reserved", 0) or 0)
     in_use = sum(b.size for b in trace.initial_blocks if b.allocated)
     peak = reserved
     allocs = alloc_bytes = frees = free_bytes = 0

@@ -61,6 +61,7 @@ class Node:
     recompute: bool = False
     body: tuple["Node", ...] = ()
     guard: str = ""
+    body_ins: tuple[int, ...] = ()   # the ids `body` reads, bound positionally to `ins`
 
     @property
     def primitive(self) -> str:
@@ -266,12 +267,16 @@ def _run_group(node: Node, invals: list[Any], env: dict[int, Any]) -> list[Any]:
     "barrier": the operands pass through `optimization_barrier`, as `jax.checkpoint` does.
     XLA:CPU removes barriers early in its pipeline and a later CSE pass then merges the copy
     with the original (measured: jax.checkpoint saves nothing there), so on CPU the group is the
-    branch of a `cond` on a predicate XLA cannot fold (the anchor equals itself; both branches
-    are the same computation, so the predicate's value does not matter). XLA does not merge
-    across computations, and the cond cannot run before the anchor exists.
+    taken branch of a `cond` whose predicate is always true but not provably so to XLA, read
+    from the anchor. XLA does not CSE across computations, and the cond cannot run before the
+    anchor exists. (Identical branches do not work: XLA hoists code common to all branches
+    out of the cond, and CSE merges it back.)
     """
-    ids = [v for v in node.ins if not isinstance(v, Const)]
-    consts = {vid: env[vid] for n in node.body for vid in n.inputs if vid in env and vid not in ids}
+    # Later rewrites may rename the group's operands (`ins`); its body keeps reading the ids it
+    # was built with, bound here by position. Anything else it reads is a closed-over constant.
+    ids = node.body_ins
+    made = {vid for n in node.body for vid in n.outs}
+    consts = {vid: env[vid] for n in node.body for vid in n.inputs if vid not in ids and vid not in made}
 
     def body(*operands: Any) -> list[Any]:
         inner = dict(consts)
@@ -281,8 +286,17 @@ def _run_group(node: Node, invals: list[Any], env: dict[int, Any]) -> list[Any]:
 
     if node.guard == "barrier":
         return body(*jax.lax.optimization_barrier(tuple(invals)))
-    anchor = jax.numpy.ravel(invals[-1])[0]
-    return list(jax.lax.cond(anchor == anchor, body, body, *invals))
+    # The predicate is always true, but XLA cannot prove it: the population count of any
+    # 32-bit word is at most 32. The other branch returns zeros, so the branches differ and
+    # XLA's conditional code motion cannot hoist the recomputation out of the cond.
+    word = jax.numpy.ravel(jax.numpy.real(invals[-1]))[0].astype(jax.numpy.uint32)
+    pred = jax.lax.population_count(word) <= 32
+    shapes = jax.eval_shape(body, *invals)
+
+    def never(*operands: Any) -> list[Any]:
+        return [jax.numpy.zeros(a.shape, a.dtype) for a in shapes]
+
+    return list(jax.lax.cond(pred, body, never, *invals))
 
 
 def as_function(graph: Graph) -> Callable:

@@ -451,12 +451,12 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
         if any(not isinstance(v, Const) and v in later for v in node.ins):
             used_later.update(v for v in node.ins if not isinstance(v, Const) and v in later)
             node = Node(node.eqn, tuple(v if isinstance(v, Const) else later.get(v, v) for v in node.ins),
-                        node.outs, node.origin, node.recompute, node.body, node.guard)
+                        node.outs, node.origin, node.recompute, node.body, node.guard, node.body_ins)
         tail.append(node)
     used_later.update(v for v in graph.outvars if not isinstance(v, Const) and v in later)
     outs = tuple(later[v] for v in later if v in used_later)
     ins = tuple(external + ([anchor] if anchor is not None else external[:1]))
-    nodes.append(Node(None, ins, outs, -1, True, tuple(body), guard))
+    nodes.append(Node(None, ins, outs, -1, True, tuple(body), guard, ins))
     nodes.extend(tail)
     outvars = [v if isinstance(v, Const) else later.get(v, v) for v in graph.outvars]
     return graph.with_nodes(nodes, outvars)

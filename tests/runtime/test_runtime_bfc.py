@@ -353,3 +353,33 @@ def test_matches_brute_force_reference(preallocate, limit_mib, ops):
         got = [(c.address, c.size, c.in_use) for c in alloc.chunks()]
         assert got == [tuple(c) for c in ref.chunks]
         assert alloc.memory_stats()["pool_bytes"] == ref.pool
+
+
+def test_oom_dump_shows_the_pool_at_the_failure_even_after_it_changes():
+    alloc = pool(16 * MiB)
+    live = [alloc.allocate(MiB) for _ in range(16)]
+    for buf in live[::2]:
+        alloc.free(buf)
+    with pytest.raises(OutOfMemory) as info:
+        alloc.allocate(2 * MiB)
+    at_failure = list(alloc.chunks())
+    for buf in live[1::2]:                   # the pool changes completely afterwards
+        alloc.free(buf)
+    alloc.allocate(10 * MiB)
+    err = info.value
+    assert err.chunks == at_failure
+    assert occupancy(err.chunks, 16) == "_*" * 8
+    assert err.bins[bin_for_size(MiB)]["chunks"] == 16
+
+
+def test_a_dropped_oom_costs_no_copy_of_the_pool():
+    alloc = pool(16 * MiB)
+    keep = alloc.allocate(MiB)
+    try:
+        alloc.allocate(32 * MiB)
+    except OutOfMemory:
+        pass
+    # nothing holds the error any more, so the pool has nothing to freeze for it
+    assert alloc._oom.pending is not None and alloc._oom.pending() is None
+    alloc.free(keep)
+    assert alloc._oom.pending is None

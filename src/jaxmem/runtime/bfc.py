@@ -32,7 +32,7 @@ from typing import Iterator
 
 from jaxmem.errors import AllocationError, OutOfMemory
 from jaxmem.runtime.allocator import Allocator, Backend, Chunk
-from jaxmem.runtime.dump import MIN_ALLOCATION, NUM_BINS, PoolOutOfMemory, bin_for_size  # noqa: F401 (re-exported)
+from jaxmem.runtime.dump import MIN_ALLOCATION, NUM_BINS, OomWatch, PoolOutOfMemory, bin_for_size  # noqa: F401 (re-exported)
 from jaxmem.units import format_size
 
 MAX_INTERNAL_FRAGMENTATION = 128 << 20   # split anyway when the leftover is this big
@@ -87,6 +87,7 @@ class BFCAllocator(Allocator):
         self._regions: dict[int, int] = {}   # region start -> end (adjacent regions merged)
         self._region_end: dict[int, int] = {}  # region end -> start
         self._parts: dict[int, list[tuple[int, int]]] = {}  # region start -> backend allocations
+        self._oom = OomWatch()               # the last OutOfMemory, frozen before the pool changes
         if preallocate:
             self.curr_region_bytes = round_bytes(limit)
             if not self._extend(MIN_ALLOCATION):
@@ -151,6 +152,8 @@ class BFCAllocator(Allocator):
     # The two hot hooks are written flat: constants inline (48 = _SHIFT, 0xFFFFFFFFFFFF = _MASK,
     # 134217728 = MAX_INTERNAL_FRAGMENTATION), no helper calls on the common path.
     def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
+        if self._oom.pending:
+            self._oom.settle()
         rounded = (size + 255) & -256
         if alignment > 256:
             return self._allocate_aligned(size, rounded, alignment)
@@ -238,6 +241,8 @@ class BFCAllocator(Allocator):
         return None
 
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
+        if self._oom.pending:
+            self._oom.settle()
         chunks = self._chunk
         free_end = self._free_end
         end = address + size
@@ -311,6 +316,8 @@ class BFCAllocator(Allocator):
         keeps its one region, as JAX does)."""
         if self.preallocate:
             return 0
+        if self._oom.pending:
+            self._oom.settle()
         released = 0
         for start, end in list(self._regions.items()):
             if self._chunk.get(start) != start - end:   # not one free chunk over the region
@@ -391,13 +398,10 @@ class BFCAllocator(Allocator):
             f"rounded to {rounded}); in use {format_size(self.bytes_in_use)}, pool "
             f"{format_size(self.pool_bytes)} of limit {format_size(self.limit)}, largest free "
             f"block {format_size(largest)}{cause}")
-        # The dump is built only if someone reads it, from a copy of the pool taken now: callers
-        # such as RMM's benchmark recipe catch out-of-memory often and never look.
-        regions, chunks = sorted(self._regions.items()), dict(self._chunk)
-        return PoolOutOfMemory(
-            message, lambda: list(_walk(regions, chunks)), requested=size, rounded=rounded,
+        return self._oom.track(PoolOutOfMemory(
+            message, lambda: list(self._chunks()), requested=size, rounded=rounded,
             in_use=self.bytes_in_use, pool_bytes=self.pool_bytes, limit=self.limit,
-            largest_free_block=largest, fragmentation=fragmented)
+            largest_free_block=largest, fragmentation=fragmented))
 
 
 def _walk(regions: list[tuple[int, int]], chunks: dict[int, int]) -> Iterator[Chunk]:

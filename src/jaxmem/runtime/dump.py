@@ -11,6 +11,7 @@ Both are built from a list of `Chunk`s (address order), so they work for any all
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 from jaxmem.errors import OutOfMemory
@@ -96,25 +97,36 @@ def dump(chunks: list[Chunk], width: int = 100) -> str:
 
 
 class PoolOutOfMemory(OutOfMemory):
-    """`OutOfMemory` whose `chunks`, `bins` and `occupancy` come from a copy of the pool taken
-    when it failed, and are built on first read.
+    """`OutOfMemory` whose `chunks`, `bins` and `occupancy` show the pool as it was when the
+    allocation failed, built only when read.
+
+    Copying a large pool at every failure would make failing cheap allocations expensive (RMM's
+    benchmark recipe fails thousands of times and never looks). So the error reads the live
+    pool, and the allocator calls `freeze()` before its pool next changes, if the error is
+    still alive then (it keeps a weak reference).
 
     Args:
         message: the one-line message.
-        snapshot: returns the pool's chunks as they were at the failure.
+        chunks_now: returns the pool's chunks as they are now.
         details: requested, rounded, in_use, pool_bytes, limit, largest_free_block, fragmentation.
     """
 
-    def __init__(self, message: str, snapshot: Callable[[], list[Chunk]], **details: object) -> None:
+    def __init__(self, message: str, chunks_now: Callable[[], list[Chunk]], **details: object) -> None:
         super().__init__(message, **details)
-        self._snapshot = snapshot
+        self._chunks_now: Callable[[], list[Chunk]] | None = chunks_now
         self._chunks: list[Chunk] | None = None
+
+    def freeze(self) -> None:
+        """Take the chunks now; the allocator calls this before it changes the pool."""
+        if self._chunks is None and self._chunks_now is not None:
+            self._chunks = self._chunks_now()
+        self._chunks_now = None
 
     @property
     def chunks(self) -> list[Chunk]:
         if self._chunks is None:
-            self._chunks = self._snapshot()
-        return self._chunks
+            self.freeze()
+        return self._chunks or []
 
     @property
     def bins(self) -> list[dict[str, int]]:
@@ -127,3 +139,27 @@ class PoolOutOfMemory(OutOfMemory):
     def dump(self) -> str:
         """The per-bin table and the occupancy strip, as XLA prints after the message."""
         return dump(self.chunks)
+
+
+class OomWatch:
+    """The allocator's side of `PoolOutOfMemory`: remembers the last error weakly, and freezes
+    it before the pool changes.
+
+        if self._watch.pending:          # on every path that changes the pool
+            self._watch.settle()
+    """
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: weakref.ref | None = None
+
+    def track(self, err: PoolOutOfMemory) -> PoolOutOfMemory:
+        self.pending = weakref.ref(err)
+        return err
+
+    def settle(self) -> None:
+        err = self.pending() if self.pending is not None else None
+        self.pending = None
+        if err is not None:
+            err.freeze()

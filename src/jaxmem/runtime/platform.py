@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from jaxmem.runtime.allocator import Allocator, Backend, Chunk
-from jaxmem.runtime.dump import PoolOutOfMemory
+from jaxmem.runtime.dump import OomWatch, PoolOutOfMemory
 from jaxmem.units import format_size
 
 
@@ -40,8 +40,11 @@ class PlatformAllocator(Allocator):
         if name is not None:
             self.name = name
         self._live: dict[int, int] = {}  # address -> size, for chunks()
+        self._oom = OomWatch()
 
     def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
+        if self._oom.pending:
+            self._oom.settle()
         address = None
         if self.bytes_in_use + size <= self.limit:
             address = self.backend.reserve(size, alignment)
@@ -56,6 +59,8 @@ class PlatformAllocator(Allocator):
         return address, size, None
 
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
+        if self._oom.pending:
+            self._oom.settle()
         del self._live[address]
         self.backend.release(address)
         self.device_frees += 1
@@ -81,8 +86,7 @@ class PlatformAllocator(Allocator):
             f"rounded to {size}); in use {format_size(self.bytes_in_use)}, pool "
             f"{format_size(self.bytes_in_use)} of limit {format_size(self.limit)}, largest free "
             f"block 0 B (no pool){cause}")
-        live = dict(self._live)
-        return PoolOutOfMemory(
-            message, lambda: [Chunk(a, live[a], True, i) for i, a in enumerate(sorted(live))],
-            requested=size, rounded=size, in_use=self.bytes_in_use, pool_bytes=self.bytes_in_use,
-            limit=self.limit, largest_free_block=0, fragmentation=fragmented)
+        return self._oom.track(PoolOutOfMemory(
+            message, lambda: list(self._chunks()), requested=size, rounded=size,
+            in_use=self.bytes_in_use, pool_bytes=self.bytes_in_use, limit=self.limit,
+            largest_free_block=0, fragmentation=fragmented))

@@ -88,6 +88,23 @@ def test_share_capacity_from_fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest
         jaxmem.reserve("1GiB", device=0)
 
 
+def test_share_status_lists_every_gpu_nvidia_smi_knows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_nvidia_smi(tmp_path / "bin", """\
+        case "$*" in
+          *index,memory.total*) printf '0, 16384\\n1, 81559\\n' ;;
+          *"-i 0"*) echo 16384 ;;
+          *"-i 1"*) echo 81559 ;;
+        esac
+        """)
+    monkeypatch.delenv("JAXMEM_NVIDIA_SMI")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    assert gpu.list_capacities() == {0: 16 * GiB, 1: 81559 * MiB}
+    with jaxmem.reserve("4GiB", device=1, label="on-one"):
+        rows = {row["device"]: row for row in ledger.status()}
+        assert (rows[0]["capacity"], rows[0]["free"], rows[0]["reservations"]) == (16 * GiB, 16 * GiB, [])
+        assert (rows[1]["capacity"], rows[1]["reserved"]) == (81559 * MiB, 4 * GiB)
+
+
 def test_share_parse_memory_total() -> None:
     assert gpu.parse_memory_total("16384\n", 0) == 16 * GiB
     assert gpu.parse_memory_total("  143771 MiB \n", 0) == 143771 * MiB

@@ -266,3 +266,67 @@ def test_share_status_cli(state: Path) -> None:
         assert "shown" in done.stdout and "25.0%" in done.stdout
     done = run_cli(isolated_env(state), "share", "bogus")
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+COUNT_SIGINT = textwrap.dedent("""\
+    import os, signal, sys, time
+    count = 0
+    def bump(signum, frame):
+        global count
+        count += 1
+    signal.signal(signal.SIGINT, bump)
+    print("ready", flush=True)
+    while count == 0:
+        time.sleep(0.01)
+    time.sleep(1.0)  # a second, duplicated delivery would land in this window
+    open(sys.argv[1], "w").write(str(count))
+    """)
+
+
+def test_share_run_terminal_ctrl_c_is_not_delivered_twice(tmp_path: Path, state: Path) -> None:
+    """Ctrl-C at a terminal reaches the whole foreground group, the command included; the wrapper
+    must not forward that one again. A real pseudo-terminal, so the kernel sends it."""
+    import fcntl
+    import pty
+    import termios
+
+    marker = tmp_path / "count"
+    master, slave = pty.openpty()
+
+    def take_terminal() -> None:  # runs in the wrapper's process after setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    wrapper = subprocess.Popen(jaxmem_cmd("run", "-q", "--memory", "1GiB", "--capacity", "16GiB", "--",
+                                          PYTHON, "-c", COUNT_SIGINT, str(marker)),
+                               env=isolated_env(state), stdin=slave, stdout=slave, stderr=slave,
+                               start_new_session=True, preexec_fn=take_terminal)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"ready" not in seen:
+        assert time.monotonic() < deadline, seen
+        seen += os.read(master, 1024)
+    os.write(master, b"\x03")  # the terminal's interrupt character: the kernel signals the group
+    assert wrapper.wait(timeout=30) == 0
+    assert marker.read_text() == "1"
+    os.close(master)
+    assert _reserved() == 0
+
+
+def test_share_run_forwarding_rule() -> None:
+    from jaxmem.cli.run import should_forward
+    kernel, user, queued = 0x80, 0, -1  # SI_KERNEL, SI_USER, SI_QUEUE
+    assert not should_forward(kernel, 100, 100)  # terminal signal, command in our group: it has it
+    assert should_forward(kernel, 200, 100)  # command moved to its own group: it did not get it
+    assert should_forward(user, 100, 100) and should_forward(queued, 100, 100)  # kill()/sigqueue(): ours alone
+
+
+def test_share_run_keeps_exit_code_when_ledger_breaks_meanwhile(state: Path) -> None:
+    ledger_file = state / "device-0.json"
+    done = run_cli(isolated_env(state), "run", "-q", "--memory", "2GiB", "--capacity", "16GiB", "--",
+                   "sh", "-c", f"printf '{{' > {ledger_file}; exit 5")
+    assert done.returncode == 5
+    assert "could not release the reservation" in done.stderr and "jaxmem share repair" in done.stderr
+    done = run_cli(isolated_env(state), "share", "repair")
+    assert done.returncode == 0 and "kept 0 live reservation(s)" in done.stdout and "dropped 1" in done.stdout
+    assert _reserved() == 0

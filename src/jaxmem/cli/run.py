@@ -33,13 +33,14 @@ context and libraries (typically a few hundred MiB) outside the pool.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import os
 import signal
 import sys
 from pathlib import Path
 
-from jaxmem.errors import ConfigError
+from jaxmem.errors import ConfigError, JaxmemError
 from jaxmem.share.ledger import Reservation, reserve
 from jaxmem.units import format_size
 
@@ -196,15 +197,22 @@ def _supervise(child: int) -> int:
         info = signal.sigwaitinfo(waited)
         if info.si_signo == signal.SIGCHLD:
             continue
-        # A signal the kernel sent to our whole process group (Ctrl-C, terminal hang-up)
-        # reached the child already; anything sent to us alone is passed on.
-        same_group = _group_of(child) == os.getpgrp()
-        if info.si_code == _SI_KERNEL and same_group:
+        if not should_forward(info.si_code, _group_of(child), os.getpgrp()):
             continue
         try:
             os.kill(child, info.si_signo)
         except ProcessLookupError:
             pass
+
+
+def should_forward(si_code: int, child_group: int | None, own_group: int) -> bool:
+    """Whether a signal the wrapper received should be sent on to the command.
+
+    A signal the kernel sent (si_code SI_KERNEL: Ctrl-C or a hang-up from our terminal) went to
+    the whole foreground process group, so a command in our group has it already; sending it
+    again would interrupt the command's own clean-up. Anything sent with kill() is passed on.
+    """
+    return not (si_code == _SI_KERNEL and child_group == own_group)
 
 
 def _group_of(pid: int) -> int | None:
@@ -262,7 +270,7 @@ def main(argv: list[str]) -> int:
             os.waitpid(child, 0)
             number, _, message = failure.decode(errors="replace").partition(":")
             print(f"jaxmem run: cannot run {cmd[0]!r}: {message}", file=sys.stderr)
-            return 127 if number == str(2) else 126
+            return 127 if number == str(errno.ENOENT) else 126  # the shell's convention
         return _supervise(child)
     except _Signalled as stop:
         return 128 + stop.signum
@@ -270,7 +278,11 @@ def main(argv: list[str]) -> int:
         return 128 + signal.SIGINT
     finally:
         if reservation is not None:
-            reservation.release()
+            try:
+                reservation.release()
+            except JaxmemError as err:  # keep the command's exit code; liveness reclaims it later
+                print(f"jaxmem run: could not release the reservation ({err}); it is reclaimed "
+                      "at the next access after this wrapper exits", file=sys.stderr)
         # Restore what we changed (matters when main() is called in-process, as tests do).
         if old_mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -1,7 +1,7 @@
 """Reserve a share of a GPU's memory in a node-local ledger, so processes sharing it do not race.
 
     with jaxmem.reserve("30%", capacity="16GiB", wait=60, label="train") as r:
-        print(r.bytes, r.fraction)   # 5153960755 0.3 -- give JAX this fraction
+        print(r.bytes, r.fraction)   # 5153960756 0.30000000005: JAX gets XLA_CLIENT_MEM_FRACTION=0.3
 
 Every process that means to use part of device N first reserves its share here. The ledger is a
 file per device (see `jaxmem.share.store`) changed only under an exclusive lock; no daemon runs.
@@ -391,6 +391,10 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
     try:
         while True:
             message = None
+            if time.monotonic() < deadline and _nothing_to_do(paths, ticket, nbytes):
+                select.select([bell], [], [], max(0.0, min(LIVENESS_S, deadline - time.monotonic())))
+                store.drain_bell(bell)
+                continue
             try:
                 with _transaction(device, root) as txn:
                     if not any(w["ticket"] == ticket for w in txn.state["waiters"]):
@@ -417,6 +421,20 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
         raise
     finally:
         store.close_bell(paths, ticket, bell)
+
+
+def _nothing_to_do(paths: store.LedgerPaths, ticket: int, nbytes: int) -> bool:
+    """A look without the lock: True when we are queued, it is not our turn, and every holder
+    and every earlier waiter is alive, so taking the lock would change nothing. With many
+    waiters this keeps their periodic checks from queueing on the lock."""
+    try:
+        peek = store.load(paths)
+    except LedgerError:
+        return False
+    if peek is None or not any(w["ticket"] == ticket for w in peek["waiters"]) or _my_turn(peek, ticket, nbytes):
+        return False
+    return (all(any(procinfo.is_alive(p, s) for p, s in r["pids"]) for r in peek["reservations"])
+            and all(procinfo.is_alive(w["pid"], w["start"]) for w in peek["waiters"] if w["ticket"] < ticket))
 
 
 def _withdraw(device: int, root: Path, ticket: int, nbytes: int, me: tuple[int, int]) -> None:

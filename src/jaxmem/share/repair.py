@@ -109,6 +109,8 @@ def repair(device: int, *, root: Path | None = None, reset: bool = False,
             state, action = store.new_state(device, capacity), "reset"
             if paths.history.exists():
                 os.replace(paths.history, paths.history.with_name(paths.history.name + f".corrupt-{int(time.time())}"))
+        for stale in paths.state.parent.glob(f"{paths.state.name}.tmp.*"):
+            stale.unlink(missing_ok=True)  # left by writers killed mid-write (we hold the lock)
         moved = None
         if paths.state.exists():
             moved = paths.state.with_name(f"{paths.state.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")

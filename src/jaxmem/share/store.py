@@ -106,7 +106,9 @@ def devices_in(root: Path | None = None) -> list[int]:
 def locked(paths: LedgerPaths) -> Iterator[LedgerPaths]:
     """Hold the device's exclusive lock for the body. Released on any exit, and by the kernel
     if the process dies, so a crashed holder never wedges the ledger."""
-    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    # Read-only is enough for flock, and lets users sharing a state directory lock each
+    # other's lock file.
+    fd = os.open(paths.lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield paths
@@ -192,9 +194,9 @@ def validate(state: Any, device: int) -> str | None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    # Only lock holders write, so one fixed temp name suffices; a stale one left by a writer
-    # that died mid-write is truncated here.
-    tmp = path.with_name(path.name + ".tmp")
+    # Only lock holders write; the pid in the name keeps users who share a directory from
+    # tripping over each other's leftovers (a writer killed mid-write leaves one behind).
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         view = memoryview(data)

@@ -45,6 +45,7 @@ class Graph:
     ops: list[Op] = field(default_factory=list)
     invars: list[ValueId] = field(default_factory=list)
     outvars: list[ValueId | Const] = field(default_factory=list)
+    outvar_bytes: list[int] = field(default_factory=list)  # per output, from its aval
     var_ids: dict[Any, ValueId] = field(default_factory=dict)
     num_eqns: int = 0
     closed_jaxpr: Any = None
@@ -94,6 +95,7 @@ def build_graph(closed_jaxpr: Any) -> Graph:
         g.invars.append(vid)
     _walk(g, jaxpr, env)
     g.outvars = [_resolve(env, atom) for atom in jaxpr.outvars]
+    g.outvar_bytes = [ja.aval_shape_dtype(atom)[2] for atom in jaxpr.outvars]
     g.num_eqns = count_eqns(jaxpr)
     _drop_dead(g)
     return g

@@ -311,9 +311,7 @@ def _build_plan(
             shape=shape, dtype=dtype, source=source, label=label,
         ))
     external_bytes = sum(g.nbytes[v] for v in dict.fromkeys(g.invars) if external[v])
-    output_bytes = 0
-    for v in g.outvars:
-        output_bytes += int(np.asarray(v.value).nbytes) if isinstance(v, Const) else g.nbytes[v]
+    output_bytes = sum(g.outvar_bytes)
     return Plan(
         peak_bytes=external_bytes + arena,
         arena_bytes=arena,

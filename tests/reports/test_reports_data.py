@@ -144,3 +144,62 @@ def test_arguments_are_labelled_by_pytree_path():
     labels = {b.label for b in data.blocks if b.region == "caller"}
     assert labels == set(paths)
     assert {b.category for b in data.blocks if b.region == "caller" and b.label.startswith("[1]")} == {"optimizer_state"}
+
+
+from hypothesis import given, settings, strategies as st
+
+from jaxmem.compiler.plan_types import Plan, PlannedBuffer, Step, ValueInfo
+from jaxmem.reports.categories import CATEGORIES
+
+
+@st.composite
+def random_plans(draw):
+    """Plans of random shape: buffers held by one to three values in turn (as aliasing and
+    donation make them), steps reading random earlier values, some arguments in the caller."""
+    n = draw(st.integers(1, 25))
+    steps = [Step(i, None, draw(st.sampled_from(["add", "mul", "dot_general"])), [], []) for i in range(n)]
+    values, buffers, invars, vid = {}, [], [], 0
+    for bid in range(draw(st.integers(0, 12))):
+        start = draw(st.integers(-1, n - 1))
+        end = draw(st.integers(start, n))
+        lo = max(start, 0)
+        defs = sorted(draw(st.lists(st.integers(lo, max(lo, min(end, n - 1))), min_size=1, max_size=3)))
+        size = draw(st.integers(1, 64)) * 256
+        vals = []
+        for k, d in enumerate(defs):
+            producer = None if (k == 0 and start == -1) else d
+            values[vid] = ValueInfo(vid, (size // 4,), "float32", size, producer, bid)
+            if producer is None:
+                invars.append(vid)
+            else:
+                steps[producer].outputs.append(vid)
+            vals.append(vid)
+            vid += 1
+        buffers.append(PlannedBuffer(bid, draw(st.integers(0, 64)) * 256, size, start, end, vals, "temp"))
+    for _ in range(draw(st.integers(0, 3))):
+        values[vid] = ValueInfo(vid, (4,), "float32", 16 * draw(st.integers(1, 9)), None, None)
+        invars.append(vid)
+        vid += 1
+    for step in steps:
+        earlier = [v for v, info in values.items() if info.producer is None or info.producer < step.index]
+        step.operands = draw(st.lists(st.sampled_from(earlier), max_size=3)) if earlier else []
+    produced = [v for v, info in values.items() if info.producer is not None]
+    outvars = draw(st.lists(st.sampled_from(produced), max_size=3, unique=True)) if produced else []
+    arena = max((b.offset + b.size for b in buffers), default=0)
+    return Plan(arena, arena, 0, 0, 0, 0, steps, buffers, values, invars, outvars)
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_plans())
+def test_random_plans_blocks_and_totals(plan):
+    data = from_plan(plan)
+    n = len(plan.schedule)
+    for x in range(-1, n + 1):
+        assert data.totals[x + 1] == brute_live(plan, x)
+    assert all(b.category in CATEGORIES for b in data.blocks)
+    for buf in plan.buffers:
+        parts = sorted((b for b in data.blocks if b.region == "arena" and b.buffer == buf.id), key=lambda b: b.start)
+        assert parts[0].start == buf.start and parts[-1].end == buf.end
+        assert all(a.end + 1 == b.start for a, b in zip(parts, parts[1:]))
+    caller = [b for b in data.blocks if b.region == "caller"]
+    assert sum(b.size for b in caller) == sum(plan.values[v].nbytes for v in plan.invars if plan.values[v].buffer is None)

@@ -177,3 +177,52 @@ def test_replay_pprof_totals_equal_recorded_live_bytes(Profile):
         if trace.source == "synthetic":
             names = {prof.string_table[f.name] for f in prof.function}
             assert {"fwd", "c10::alloc"} <= names
+
+
+from hypothesis import given, settings, strategies as st
+
+_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_frames = st.lists(st.tuples(_text, st.integers(0, 10**6), _text), max_size=5).map(tuple)
+
+
+def _block(size, frames, category, label):
+    from jaxmem.reports.data import Block
+
+    return Block(0, size, 0, 0, category, label, (2, 3), "float32", frames)
+
+
+_blocks = st.lists(st.builds(_block, st.integers(1, 2**50), _frames, _text, _text), max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_blocks)
+def test_every_sample_decodes_to_its_block(blocks):
+    # Built here, not from the fixture: hypothesis does not mix with function-scoped fixtures.
+    fd = descriptor_pb2.FileDescriptorProto(name="jaxmem_test_profile2.proto", package="perftools.profiles", syntax="proto3")
+    for name, fields in SCHEMA.items():
+        msg = fd.message_type.add(name=name)
+        for fname, number, ftype, label, type_name in fields:
+            f = msg.field.add(name=fname, number=number, type=ftype, label=label)
+            if type_name:
+                f.type_name = f".perftools.profiles.{type_name}"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    prof = read(message_factory.GetMessageClass(pool.FindMessageTypeByName("perftools.profiles.Profile")),
+                profile_bytes(blocks, device="dev:0"))
+    strings = prof.string_table
+    locations = {loc.id: loc for loc in prof.location}
+    functions = {f.id: f for f in prof.function}
+    assert len(prof.sample) == len(blocks)
+    for sample, block in zip(prof.sample, blocks):
+        assert list(sample.value) == [1, block.size]
+        stack = []
+        for lid in sample.location_id:
+            (line,) = locations[lid].line
+            fn = functions[line.function_id]
+            stack.append((strings[fn.filename], line.line, strings[fn.name]))
+        assert tuple(stack) == (block.frames or (("<unknown>", 0, "<unknown source>"),))
+        # proto3 cannot tell str=0 (the empty string) from no str: read by key.
+        labels = {strings[lab.key]: (lab.num if strings[lab.key] == "bytes" else strings[lab.str]) for lab in sample.label}
+        assert labels["bytes"] == block.size
+        assert labels["category"] == block.category and labels["device"] == "dev:0"
+        assert labels.get("op", "") == block.label

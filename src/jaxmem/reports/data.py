@@ -101,7 +101,7 @@ class ReportData:
     @property
     def totals(self) -> list[int]:
         cols = [self.stacked[c] for c in self.categories]
-        return [sum(vals) for vals in zip(*cols)] if cols else []
+        return [sum(vals) for vals in zip(*cols)] if cols else [0] * (self.x_max - self.x_min + 1)
 
     def live_at(self, x: int) -> list[Block]:
         """Blocks live at x, largest first."""

@@ -178,7 +178,7 @@ class PagedDevice(SimulatedBackend):
         self.capacity = capacity
 
 
-def _make(name: str, trace: Trace, capacity: int, backend: SimulatedBackend, options: dict[str, Any] | None):
+def _make(name: str, trace: Trace, capacity: int, backend: Any, options: dict[str, Any] | None) -> tuple[Any, int]:
     from jaxmem.runtime.registry import make_allocator
 
     opts = dict(options or {})
@@ -280,7 +280,6 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
     largest_at_peak = alloc._largest_free_block()
     tl_in: list[int] = []
     tl_res: list[int] = []
-    n = len(idx)
     state = [0, in_use, peak_in, peak_res, peak_at, False, largest_at_peak, res_at_peak]
     state_matches = [0]
     t0 = time.perf_counter()

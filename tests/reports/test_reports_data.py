@@ -203,3 +203,14 @@ def test_random_plans_blocks_and_totals(plan):
         assert all(a.end + 1 == b.start for a, b in zip(parts, parts[1:]))
     caller = [b for b in data.blocks if b.region == "caller"]
     assert sum(b.size for b in caller) == sum(plan.values[v].nbytes for v in plan.invars if plan.values[v].buffer is None)
+
+
+def test_gpt_blocks_name_their_user_source_line():
+    from jaxmem.examples.gpt import make_train_step
+
+    fn, args = make_train_step(n_layers=1, d_model=64, n_heads=2, seq=16, batch=2, vocab=512)
+    data = from_plan(jaxmem_plan(fn, *args, xla=False))
+    made = [b for b in data.blocks if b.region == "arena" and b.start >= 0 and b.label not in ("scratch", "temp")]
+    # Steps inlined from jitted library functions (log_softmax) take their call site's line.
+    assert sum(1 for b in made if "examples/" in b.source) >= 0.95 * len(made)
+    assert all("/jax/" not in f[0] for b in data.blocks for f in b.frames)

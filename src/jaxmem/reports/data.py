@@ -159,6 +159,28 @@ def _last_uses(plan: Plan) -> dict[int, int]:
     return last
 
 
+def _call_site_frames(plan: Plan) -> dict[int, tuple[Frame, ...]]:
+    """For equations inside a call (a jitted library function such as `jax.nn.log_softmax`)
+    whose own traceback ends inside JAX, the user's frames of the call that ran them, keyed by
+    id(eqn): the planner inlines calls, and these equations would otherwise have no source."""
+    from jaxmem.compiler.jaxpr_adapter import call_body, split_closed, user_frames
+
+    found: dict[int, tuple[Frame, ...]] = {}
+    if plan.closed_jaxpr is None:
+        return found
+    pending = [(split_closed(plan.closed_jaxpr)[0], ())]
+    while pending:
+        jaxpr, outer = pending.pop()
+        for eqn in jaxpr.eqns:
+            frames = user_frames(eqn) or outer
+            if frames and frames is outer:
+                found[id(eqn)] = frames
+            body = call_body(eqn)
+            if body is not None:
+                pending.append((body[0], frames))
+    return found
+
+
 def plan_blocks(plan: Plan, cats: dict[int, str] | None = None, arg_paths: list[str] | None = None) -> list[Block]:
     """The plan's memory as blocks: each arena buffer split where a new value takes it over,
     plus one block per non-donated argument in a "caller" region above the arena.
@@ -169,6 +191,7 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None, arg_paths: list[
     """
     from jaxmem.compiler.jaxpr_adapter import user_frames
 
+    inherited = _call_site_frames(plan)
     cats = value_categories(plan) if cats is None else cats
     # Arguments are named by their pytree path when the planner recorded it ("params['w']").
     paths = arg_paths if arg_paths is not None else (plan.extra.get("arg_paths") if isinstance(plan.extra, dict) else None)
@@ -183,7 +206,8 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None, arg_paths: list[
         if step is not None:
             found = step_frames.get(step.index)
             if found is None:
-                found = step_frames[step.index] = user_frames(step.eqn) if step.eqn is not None else ()
+                own = user_frames(step.eqn) if step.eqn is not None else ()
+                found = step_frames[step.index] = own or inherited.get(id(step.eqn), ())
             if found:
                 return found
         return _frames(source)

@@ -17,7 +17,7 @@ from jaxmem.reports.data import from_plan, from_replay
 from jaxmem.reports.png import write_png
 from jaxmem.traces.model import Event, Frame, Trace
 from jaxmem.units import format_size
-from reports_fixtures import naive_plan, synthetic_plan, train_step_example
+from reports_fixtures import synthetic_plan, train_step_example
 
 
 @pytest.fixture(scope="module")

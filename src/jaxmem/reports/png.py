@@ -3,7 +3,8 @@
     write_png("timeline.png", from_plan(plan))
 
 A plan gives two panels: live memory stacked by category with the peak marked, and the
-placement map (address against step). The map is rasterised with numpy, one pixel grid filled
+placement map (address against step); a replay with its trace adds the placement map of the
+recorded blocks. The map is rasterised with numpy, one pixel grid filled
 block by block, so a plan with 100,000 buffers draws as fast as one with ten. A replay gives
 in use (solid) and reserved (dashed) per allocator, the capacity and the out-of-memory points.
 """
@@ -58,7 +59,7 @@ def write_png(path: str | Path, data: ReportData, dpi: int = 110) -> None:
     from matplotlib.figure import Figure
 
     is_plan = data.kind == "plan"
-    panels = (1 if data.categories else 0) + (1 if data.allocators else 0) + (1 if is_plan and data.blocks else 0)
+    panels = (1 if data.categories else 0) + (1 if data.allocators else 0) + (1 if data.blocks else 0)
     # A fixed layout: matplotlib's constrained layout draws the figure twice, doubling the time.
     height = 3.4 * max(1, panels)
     fig = Figure(figsize=(12, height), dpi=dpi)
@@ -78,8 +79,11 @@ def write_png(path: str | Path, data: ReportData, dpi: int = 110) -> None:
             ax.axhline(data.capacity, color="black", ls=":", lw=1, label="capacity")
         ax.set_title(f"{data.title}: in use and reserved per allocator")
         ax.set_xlabel(data.x_label)
+        ax.set_xlim(data.x_min, data.x_max + 1)
+        top = max([data.capacity or 0] + [max(a.reserved + a.in_use, default=0) for a in data.allocators])
+        ax.set_ylim(0, max(1, top) * 1.45)  # room above the lines for the legend
         _bytes_axis(ax)
-        ax.legend(fontsize=8, ncols=2)
+        ax.legend(fontsize=7, ncols=4, loc="upper left")
     if data.categories:
         ax = axes[k]; k += 1
         # At most ~2000 points (the busiest x of each bucket, so the peak stays): a wider
@@ -90,22 +94,24 @@ def write_png(path: str | Path, data: ReportData, dpi: int = 110) -> None:
         ax.stackplot(xs, ys, labels=[c.replace("_", " ") for c in data.categories], step="post",
                      colors=[_color(c, i) for i, c in enumerate(data.categories)])
         ax.axvline(data.peak_x, color="#c62828", ls="--", lw=1)
+        right = data.peak_x - data.x_min > 0.7 * (data.x_max - data.x_min + 1)  # label left of a late peak
         ax.annotate(f"peak {format_size(data.peak_bytes)} at {data.x_label} {data.peak_x}",
-                    (data.peak_x, data.peak_bytes), textcoords="offset points", xytext=(4, 2), color="#c62828")
+                    (data.peak_x, data.peak_bytes), textcoords="offset points", xytext=(-4 if right else 4, 2),
+                    ha="right" if right else "left", color="#c62828")
         ax.set_xlim(data.x_min, data.x_max + 1)
         ax.set_ylim(0, max(1, data.peak_bytes) * 1.18)  # headroom for the legend and the peak's label
         ax.set_title(f"{data.title}: live memory by category" if is_plan else f"{data.title}: live blocks (recorded)")
         ax.set_xlabel(data.x_label)
         _bytes_axis(ax)
-        ax.legend(fontsize=8, loc="upper right", ncols=3)
-    if is_plan and data.blocks:
+        ax.legend(fontsize=8, loc="upper left" if right else "upper right", ncols=3)
+    if data.blocks:
         ax = axes[k]
         img, top = _placement_image(data)
         ax.imshow(img, aspect="auto", extent=(data.x_min, data.x_max + 1, 0, top), interpolation="nearest")
         ax.axvline(data.peak_x, color="#c62828", ls="--", lw=1)
         if data.arena_bytes < top:
             ax.axhline(data.arena_bytes, color="black", ls="--", lw=0.8)
-        ax.set_title("placement map: address against step")
+        ax.set_title("placement map: address against step" if is_plan else "placement map: recorded address (unused gaps removed) against event")
         ax.set_xlabel(data.x_label)
         _bytes_axis(ax)
     fig.savefig(path)

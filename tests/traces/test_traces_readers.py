@@ -73,7 +73,6 @@ def test_pickle_of_any_global_is_refused(tmp_path: Path) -> None:
             loads_plain(pickle.dumps(obj))
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="shared traces not present")
 def test_truncated_and_corrupt_snapshots(tmp_path: Path) -> None:
     data = REAL.read_bytes()
     cut = tmp_path / "cut.pickle"
@@ -161,7 +160,6 @@ def test_writers_write_files_load_trace_reads(tmp_path: Path) -> None:
     assert load_trace(tmp_path / "a.csv", format="rmm").format == "rmm-csv"
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="shared traces not present")
 def test_snapshot_through_jaxmem_format_replays_the_same(tmp_path: Path) -> None:
     from jaxmem.traces.replay import replay
 

@@ -108,7 +108,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="shared traces not present")
 def test_cli_json_and_table_on_a_real_snapshot() -> None:
     out = run_cli("replay", str(REAL), "--json")
     assert out.returncode == 0, out.stderr

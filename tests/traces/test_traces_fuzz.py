@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxmem.errors import TraceError
+from jaxmem.traces.model import ACTIONS as ACTION_NAMES
 from jaxmem.traces.readers import parse_trace
 from jaxmem.traces.torch_snapshot import snapshot_to_trace
 
@@ -40,9 +41,11 @@ SNAPSHOT = st.fixed_dictionaries({"segments": st.one_of(st.lists(SEGMENT, max_si
 @given(snap=SNAPSHOT)
 def test_any_snapshot_shape_reads_or_fails_cleanly(snap) -> None:
     try:
-        snapshot_to_trace(snap, "fuzz.pickle")
+        trace = snapshot_to_trace(snap, "fuzz.pickle")
     except TraceError as err:
         assert "\n" not in str(err) and str(err).startswith("fuzz.pickle")
+    else:
+        assert all(e.size >= 0 and e.action in ACTION_NAMES for e in trace.events)
 
 
 def test_chrome_infinite_numbers_fail_cleanly() -> None:
@@ -63,6 +66,8 @@ def test_chrome_infinite_numbers_fail_cleanly() -> None:
                       st.text(max_size=200).map(lambda t: ("Thread,Time,Action,Pointer,Size,Stream\n" + t).encode())))
 def test_any_bytes_read_or_fail_cleanly(data: bytes) -> None:
     try:
-        parse_trace(data, "fuzz.bin")
+        trace = parse_trace(data, "fuzz.bin")
     except TraceError as err:
         assert "\n" not in str(err) and str(err).startswith("fuzz.bin")
+    else:
+        assert all(e.size >= 0 and e.action in ACTION_NAMES for e in trace.events)

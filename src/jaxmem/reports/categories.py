@@ -7,9 +7,10 @@ temporaries, outputs. They are derived, not declared, so any traced function get
    forward pass, and every equation it emits carries `transpose(...)` in its name stack
    (`eqn.source_info.name_stack`, e.g. `transpose(jvp(loss))`). Steps whose name stack says
    so are backward steps, and so is `add_any`, which JAX emits only to sum cotangents; a
-   step between two backward steps in the data flow is one too (see `backward_steps`); the others are forward or update steps. A program without any (an
-   inference function, or a hand-written backward) has no backward part, and then it has no
-   residuals and no gradients: everything it makes is a temporary or an output.
+   step between two backward steps in the data flow is one too (see `backward_steps`). The
+   others are forward or update steps. A program without any (an inference function, or a
+   hand-written backward) has no backward part, and then it has no residuals and no
+   gradients: everything it makes is a temporary or an output.
 2. Arguments are parameters, except optimizer state: an argument that does not flow into the
    backward part (the differentiated function never reads it) but meets a gradient in some
    update step (Adam's moments and step count, momentum buffers). A pytree path that names

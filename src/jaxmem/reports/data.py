@@ -82,6 +82,13 @@ class AllocatorSeries:
 
 @dataclass
 class ReportData:
+    """Everything a report shows, as plain data: the x range, bytes per category at each x,
+    the blocks (placement map, tables, pprof), replayed allocators' lines and a summary.
+
+    >>> data.categories, data.peak_x, data.peak_bytes
+    (['parameters', 'residuals', 'temporaries', 'outputs'], 236, 3108864)
+    """
+
     kind: str                      # "plan" | "replay"
     title: str
     x_label: str                   # "step" | "event"
@@ -100,13 +107,14 @@ class ReportData:
 
     @property
     def totals(self) -> list[int]:
+        """Live bytes at each x (index x - x_min), all categories together."""
         cols = [self.stacked[c] for c in self.categories]
         return [sum(vals) for vals in zip(*cols)] if cols else [0] * (self.x_max - self.x_min + 1)
 
     def live_at(self, x: int) -> list[Block]:
         """Blocks live at x, largest first."""
         if not self.x_min <= x <= self.x_max:
-            raise PlanError(f"step {x} is outside {self.x_min}..{self.x_max}")
+            raise PlanError(f"{self.x_label} {x} is outside {self.x_min}..{self.x_max}")
         live = [b for b in self.blocks if b.start <= x <= b.end]
         live.sort(key=lambda b: (-b.size, b.address))
         return live

@@ -129,3 +129,36 @@ def test_cli_bad_input_one_line(tmp_path: Path) -> None:
                          ((str(tmp_path / "none.pickle"),), "cannot read")):
         r = run_cli("replay", *args)
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_recorded_device_hands_out_recorded_addresses_then_fresh_ones() -> None:
+    from jaxmem.errors import AllocationError
+    from jaxmem.traces.model import Segment
+    from jaxmem.traces.recorded_device import RecordedDevice
+
+    base = 0x7F0000000000
+    t = Trace([Event("segment_alloc", base + 64 * MiB, 20 * MiB), Event("segment_alloc", base + 100 * MiB, 2 * MiB)],
+              "t", "torch-snapshot", initial_segments=[Segment(base, 2 * MiB)])
+    dev = RecordedDevice(t, capacity=40 * MiB)
+    assert dev.reserve(2 * MiB) == base                       # the start state first
+    assert dev.reserve(2 * MiB) == base + 100 * MiB           # size looked up ahead in the queue
+    assert dev.reserve(20 * MiB) == base + 64 * MiB
+    fresh = dev.reserve(4 * MiB)                              # never recorded: above everything recorded
+    assert fresh >= base + 102 * MiB and dev.fresh == 1 and dev.recorded_hits == 3
+    assert dev.reserve(20 * MiB) is None                      # 28 + 20 > 40 MiB
+    dev.release(base + 64 * MiB)
+    assert dev.reserved == 8 * MiB
+    with pytest.raises(AllocationError):
+        dev.release(12345)
+
+
+def test_snapshot_replay_with_other_settings_diverges_without_error() -> None:
+    from jaxmem.runtime.caching_config import parse_alloc_conf
+    from jaxmem.traces.readers import load_trace
+
+    trace = load_trace(REAL)
+    cfg = parse_alloc_conf("max_split_size_mb:64,roundup_power2_divisions:4")
+    run = replay_one(trace, "caching", capacity=80 * GiB, options={"config": cfg})
+    assert run.oom is None and run.events_replayed > 0
+    assert run.device_allocs != 783 and run.address_matches < sum(e.action == "alloc" for e in trace.events)
+    assert max(p[3] for p in run.timeline) == run.peak_reserved_bytes

@@ -301,6 +301,8 @@ def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -
         ("arena", format_size(plan.arena_bytes)),
         ("arguments kept by the caller", format_size(caller)),
         ("live at the peak step", f"{format_size(data.peak_bytes)} at step {data.peak_x}"),
+        ("by category there", ", ".join(f"{c.replace('_', ' ')} {format_size(data.stacked[c][data.peak_x - data.x_min])}"
+                                         for c in data.categories if data.stacked[c][data.peak_x - data.x_min])),
         ("lower bound", format_size(plan.lower_bound_bytes)),
     ]
     if plan.xla is not None:

@@ -255,7 +255,7 @@ for _name, _uf, _kinds in [
     ("and", np.bitwise_and, "biu"), ("or", np.bitwise_or, "biu"), ("xor", np.bitwise_xor, "biu"),
     ("not", np.invert, "biu"), ("square", np.square, "iufc"),
     ("erf", sps.erf, "f"), ("erfc", sps.erfc, "f"), ("erf_inv", sps.erfinv, "f"),
-    ("lgamma", sps.gammaln, "f"), ("digamma", sps.psi, "f"), ("logistic", sps.expit, "f"),
+    ("logistic", sps.expit, "f"),
     ("real", np.real, "c"), ("imag", np.imag, "c"), ("conj", np.conjugate, "c"),
 ]:
     if _uf is not None:

@@ -383,3 +383,10 @@ def test_a_dropped_oom_costs_no_copy_of_the_pool():
     assert alloc._oom.pending is not None and alloc._oom.pending() is None
     alloc.free(keep)
     assert alloc._oom.pending is None
+
+
+def test_oom_names_a_device_that_cannot_supply_a_region():
+    backend = RecordingBackend(1 << 30, refuse_above=3 * MiB)
+    alloc = BFCAllocator(backend, 512 * MiB, preallocate=False)
+    with pytest.raises(OutOfMemory, match="device could not supply a new region"):
+        alloc.allocate(4 * MiB)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Iterator
 
-from jaxmem.errors import AllocationError, OutOfMemory
+from jaxmem.errors import AllocationError, ConfigError, OutOfMemory
 from jaxmem.runtime.allocator import Allocator, Backend, Chunk
 from jaxmem.runtime.dump import MIN_ALLOCATION, NUM_BINS, OomWatch, PoolOutOfMemory, bin_for_size  # noqa: F401 (re-exported)
 from jaxmem.units import format_size
@@ -73,6 +73,9 @@ class BFCAllocator(Allocator):
     def __init__(self, backend: Backend, limit: int, *, preallocate: bool = True, name: str | None = None) -> None:
         if type(limit) is not int or limit < MIN_ALLOCATION:
             raise AllocationError(f"pool limit must be an int of at least 256 bytes, got {limit!r}")
+        if getattr(backend, "capacity", 0) > _MASK:
+            raise ConfigError(f"a BFC pool addresses at most {_MASK + 1} bytes (256 TiB), "
+                              f"the device has {backend.capacity}")
         super().__init__(backend, limit)
         if name is not None:
             self.name = name
@@ -391,8 +394,13 @@ class BFCAllocator(Allocator):
         largest = self._largest_free_block()
         free_total = self.pool_bytes - self.bytes_in_use
         fragmented = free_total >= rounded
-        cause = (f"; cause: fragmentation ({format_size(free_total)} free in the pool, but no "
-                 f"free block that large)") if fragmented else ""
+        if fragmented:
+            cause = (f"; cause: fragmentation ({format_size(free_total)} free in the pool, but no "
+                     f"free block that large)")
+        elif self.pool_bytes + rounded <= self.limit:
+            cause = "; cause: the device could not supply a new region under the limit"
+        else:
+            cause = ""
         message = (
             f"{self.name} ran out of memory trying to allocate {format_size(size)} ({size} bytes, "
             f"rounded to {rounded}); in use {format_size(self.bytes_in_use)}, pool "

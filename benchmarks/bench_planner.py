@@ -95,6 +95,7 @@ def bench_scaling(layers: int, repeat: int) -> dict[str, Any]:
     assert best is not None
     return {"layers": layers, "num_eqns": best.num_eqns, "num_steps": len(best.schedule),
             "plan_seconds": best.plan_seconds, "trace_seconds": trace_seconds,
+            "plan_trace_seconds": best.extra.get("trace_seconds"),
             "peak_bytes": best.peak_bytes, "lower_bound_bytes": best.lower_bound_bytes, "valid": bool(best.valid)}
 
 
@@ -139,18 +140,22 @@ def markdown(rows: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> str:
         lines.append(f"- primitives planned conservatively (unknown to jaxmem): {', '.join(unknown) or 'none'}")
         lines.append(f"- all plans valid (checker): {'yes' if all(r['valid'] for r in rows) else 'NO'}")
     if scaling:
-        lines += ["", "| layers | equations | steps | plan s | JAX trace s (peer) | plan / trace | peak MiB | valid |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += ["", "| layers | equations | steps | plan s (jaxmem) | JAX trace s (peer) | plan / trace | "
+                  "trace + plan s | peak MiB | valid |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for s in scaling:
             lines.append(f"| {s['layers']} | {s['num_eqns']} | {s['num_steps']} | {s['plan_seconds']:.2f} | "
-                         f"{s['trace_seconds']:.2f} | {s['plan_seconds'] / s['trace_seconds']:.1f} | "
+                         f"{s['trace_seconds']:.2f} | {s['plan_seconds'] / s['trace_seconds']:.2f} | "
+                         f"{s['plan_seconds'] + s['trace_seconds']:.2f} | "
                          f"{_mib(s['peak_bytes'])} | {'yes' if s['valid'] else 'NO'} |")
         twelve = [s for s in scaling if s["layers"] == 12]
         if twelve:
             t = twelve[0]["plan_seconds"]
             lines.append("")
-            lines.append(f"- 12-layer training step plans in {t:.2f} s (target < {PLAN_SECONDS_TARGET:.0f} s: "
-                         f"{'met' if t < PLAN_SECONDS_TARGET else 'MISSED'})")
+            both = t + twelve[0]["trace_seconds"]
+            lines.append(f"- 12-layer training step plans in {t:.2f} s, {both:.2f} s with JAX's tracing "
+                         f"(target < {PLAN_SECONDS_TARGET:.0f} s: {'met' if t < PLAN_SECONDS_TARGET else 'MISSED'} "
+                         f"for planning, {'met' if both < PLAN_SECONDS_TARGET else 'MISSED'} with tracing)")
     return "\n".join(lines)
 
 

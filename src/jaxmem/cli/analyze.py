@@ -138,7 +138,7 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
             continue
         rows.append({
             "size_bytes": info.nbytes, "shape": list(info.shape), "dtype": info.dtype, "kind": "argument",
-            "category": "parameters", "label": names[position] if position < len(names) else "argument",
+            "category": "arguments", "label": names[position] if position < len(names) else "argument",
             "source": "", "offset": None,
         })
     rows.sort(key=lambda r: -r["size_bytes"])
@@ -180,6 +180,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "num_steps": len(plan.schedule),
         "num_buffers": len(plan.buffers),
         "plan_seconds": plan.plan_seconds,
+        "trace_seconds": plan.extra.get("trace_seconds"),   # JAX's make_jaxpr, before planning
         "valid": bool(plan.valid),
         "scheduler": plan.scheduler,
         "placement": plan.placement,
@@ -277,6 +278,11 @@ def _shape(shape: Sequence[int], dtype: str) -> str:
     return f"{dtype}[{','.join(str(d) for d in shape)}]"
 
 
+def _trace_note(data: dict[str, Any]) -> str:
+    trace = data.get("trace_seconds")
+    return f" (+{trace:.2f} s tracing)" if isinstance(trace, (int, float)) else ""
+
+
 def render(data: dict[str, Any], console: Any) -> None:
     """The analysis as rich tables on `console`."""
     from rich.table import Table
@@ -302,7 +308,8 @@ def render(data: dict[str, Any], console: Any) -> None:
                     f"donated arguments: {', '.join(map(str, data['donated'])) or 'none'}")
     verdict = Text("valid", style="green") if data["valid"] else Text("INVALID", style="bold red")
     summary.add_row("plan", verdict,
-                    f"{data['num_eqns']} equations, {data['num_buffers']} buffers, {data['plan_seconds']:.2f} s; "
+                    f"{data['num_eqns']} equations, {data['num_buffers']} buffers, planned in "
+                    f"{data['plan_seconds']:.2f} s{_trace_note(data)}; "
                     f"schedule {data['scheduler'] or '?'}, placement {data['placement'] or '?'}")
     dev = data["device"]
     fit = Text("fits", style="bold green") if dev["fits"] else Text("does not fit", style="bold red")
@@ -322,10 +329,15 @@ def render(data: dict[str, Any], console: Any) -> None:
     table.add_column("array", overflow="fold")
     table.add_column("category", overflow="fold")
     table.add_column("made by", overflow="fold")
-    table.add_column("source line", overflow="fold")
+    # Source lines come from the user's frames; a model whose code has none (jaxmem's own
+    # examples count as library code) gets no empty column.
+    with_source = any(row["source"] for row in data["top_buffers"])
+    if with_source:
+        table.add_column("source line", overflow="fold")
     for i, row in enumerate(data["top_buffers"], 1):
-        table.add_row(str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
-                      row["category"] or row["kind"], row["label"], row["source"] or "—")
+        cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
+                 row["category"] or row["kind"], row["label"]]
+        table.add_row(*cells, *([row["source"] or "—"] if with_source else []))
     console.print(table)
 
 

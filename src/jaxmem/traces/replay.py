@@ -321,6 +321,7 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
 def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress, matches) -> None:
     idx, is_free, addrs, sizes, streams, _ = ops
     malloc, free = alloc.replay_hooks()
+    setdefault = live.setdefault
     same = 0
     j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak = state
     add_in, add_res = tl_in.append, tl_res.append
@@ -343,10 +344,10 @@ def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progres
                 in_use -= block.size   # before free: merging grows the block object
                 free(block)
             else:
-                if rec in live:
-                    raise TraceError(f"{trace.source}: event {idx[j]} (alloc): address {rec:#x} allocated twice without a free")
                 block = malloc(sizes[j], streams[j])
-                live[rec] = block
+                if setdefault(rec, block) is not block:
+                    free(block)
+                    raise TraceError(f"{trace.source}: event {idx[j]} (alloc): address {rec:#x} allocated twice without a free")
                 in_use += block.size
                 if block.addr == rec:
                     same += 1

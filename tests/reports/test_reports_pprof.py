@@ -220,7 +220,7 @@ def test_every_sample_decodes_to_its_block(blocks):
             (line,) = locations[lid].line
             fn = functions[line.function_id]
             stack.append((strings[fn.filename], line.line, strings[fn.name]))
-        assert tuple(stack) == (block.frames or (("<unknown>", 0, "<unknown source>"),))
+        assert tuple(stack) == (block.frames or (("<no source>", 0, block.label or "<unknown source>"),))
         # proto3 cannot tell str=0 (the empty string) from no str: read by key.
         labels = {strings[lab.key]: (lab.num if strings[lab.key] == "bytes" else strings[lab.str]) for lab in sample.label}
         assert labels["bytes"] == block.size

@@ -24,8 +24,12 @@ from typing import Sequence
 
 from jaxmem.reports.data import Block
 
-# A frame for blocks with no known source, so that pprof still has a stack to attribute to.
-_UNKNOWN = ("<unknown>", 0, "<unknown source>")
+
+
+def fallback_frame(block: Block) -> tuple[str, int, str]:
+    """The one frame of a block with no known source (an argument, a loop's scratch), named
+    after its label so that pprof still tells such blocks apart ("argument 3", "params['w']")."""
+    return ("<no source>", 0, block.label or "<unknown source>")
 
 
 def _varint(value: int) -> bytes:
@@ -96,7 +100,7 @@ def profile_bytes(blocks: Sequence[Block], *, device: str = "jaxmem", gzipped: b
     samples = bytearray()
     for block in blocks:
         ids = []
-        for file, line, function in (block.frames or (_UNKNOWN,)):
+        for file, line, function in (block.frames or (fallback_frame(block),)):
             fkey = (function, file)
             fid = functions.get(fkey)
             if fid is None:

@@ -21,11 +21,25 @@ def _factory(name: str, **options):
     return make
 
 
+def _wrapped(name: str, adaptor: str):
+    def make(capacity: int, *, limit: int | None = None, backend_kind: str = "simulated"):
+        from jaxmem.runtime.adaptors import LimitingAdaptor, TrackingAdaptor
+
+        inner = _factory(name)(capacity, limit=limit, backend_kind=backend_kind)
+        return LimitingAdaptor(inner, inner.limit) if adaptor == "limit" else TrackingAdaptor(inner)
+
+    make.__name__ = f"{name}+{adaptor}"
+    return make
+
+
 FACTORIES = {
     "bfc": _factory("bfc"),
     "bfc-growth": _factory("bfc-growth"),
     "platform": _factory("platform"),
     "caching": _factory("caching"),
+    # wrappers stack on any allocator and must keep the same contract
+    "bfc+limit": _wrapped("bfc", "limit"),
+    "bfc-growth+tracking": _wrapped("bfc-growth", "tracking"),
 }
 
 # Allocators that keep a pool of regions (not one allocation per buffer).

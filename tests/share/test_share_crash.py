@@ -251,3 +251,21 @@ def test_share_repair_requeues_live_waiters(state: Path) -> None:
     waiter.wait(timeout=10)
     events = journal(state)
     assert [e for e in events if e["op"] == "enqueue" and e.get("requeued")]
+
+
+def test_share_unusable_state_dir_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    env = isolated_env(blocker / "sub")
+    done = run_cli(env, "run", "--memory", "1GiB", "--capacity", "16GiB", "--", "true")
+    assert done.returncode == 2 and "cannot use state directory" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    jaxmem_env = isolated_env(readonly)
+    assert run_cli(jaxmem_env, "run", "-q", "--memory", "1GiB", "--capacity", "16GiB", "--", "true").returncode == 0
+    if os.geteuid() != 0:  # root ignores permission bits
+        readonly.chmod(0o500)
+        done = run_cli(jaxmem_env, "run", "--memory", "1GiB", "--", "true")
+        readonly.chmod(0o700)
+        assert done.returncode == 2 and "cannot write ledger" in done.stderr, done.stderr

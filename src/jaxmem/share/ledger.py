@@ -350,26 +350,37 @@ def reserve(amount: int | str, *, device: int = 0, capacity: int | str | None = 
     capacity_bytes = resolve_capacity(device, capacity)
     me = procinfo.identity(os.getpid())
     failure: LedgerError | None = None
-    with _transaction(device, None, capacity_bytes) as txn:
-        state = txn.state
-        nbytes = parse_amount(amount, state["capacity"])
-        free = state["capacity"] - reserved_bytes(state)
-        mine = sum(r["bytes"] for r in state["reservations"] if any(p == me[0] for p, _ in r["pids"]))
-        if nbytes > state["capacity"]:
-            failure = LedgerError(f"device {device}: {format_size(nbytes)} exceeds the whole device "
-                                  f"({format_size(state['capacity'])})")
-        elif not state["waiters"] and nbytes <= free:
-            return _grant(txn, _take_ticket(state), nbytes, label, me)
-        elif wait is None:
-            failure = LedgerError(_busy_message(state, nbytes, None))
-        elif nbytes > state["capacity"] - mine:
-            failure = LedgerError(f"device {device}: {format_size(nbytes)} can never be granted while this "
-                                  f"process itself holds {format_size(mine)} of {format_size(state['capacity'])}")
-        else:
-            ticket, bell = _enqueue(txn, nbytes, label, me)
-    if failure is not None:
-        raise failure
-    return _wait_for_turn(txn.paths, ticket, bell, nbytes, label, me, wait)
+    ticket = bell = None
+    handed_over = False
+    try:
+        with _transaction(device, None, capacity_bytes) as txn:
+            state = txn.state
+            nbytes = parse_amount(amount, state["capacity"])
+            free = state["capacity"] - reserved_bytes(state)
+            mine = sum(r["bytes"] for r in state["reservations"] if any(p == me[0] for p, _ in r["pids"]))
+            if nbytes > state["capacity"]:
+                failure = LedgerError(f"device {device}: {format_size(nbytes)} exceeds the whole device "
+                                      f"({format_size(state['capacity'])})")
+            elif not state["waiters"] and nbytes <= free:
+                return _grant(txn, _take_ticket(state), nbytes, label, me)
+            elif wait is None:
+                failure = LedgerError(_busy_message(state, nbytes, None))
+            elif nbytes > state["capacity"] - mine:
+                failure = LedgerError(f"device {device}: {format_size(nbytes)} can never be granted while this "
+                                      f"process itself holds {format_size(mine)} of {format_size(state['capacity'])}")
+            else:
+                ticket, bell = _enqueue(txn, nbytes, label, me)
+        if failure is not None:
+            raise failure
+        handed_over = True  # from here _wait_for_turn owns the bell and cleans up after itself
+        return _wait_for_turn(txn.paths, ticket, bell, nbytes, label, me, wait)
+    except BaseException:
+        # An interrupt between queueing and waiting must not leave a live process in the queue.
+        if ticket is not None:
+            _withdraw(device, None, ticket, nbytes, me)  # a no-op when already withdrawn
+            if not handed_over:
+                store.close_bell(store.paths_for(device), ticket, bell)
+        raise
 
 
 def _take_ticket(state: dict[str, Any]) -> int:

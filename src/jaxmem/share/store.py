@@ -108,7 +108,10 @@ def locked(paths: LedgerPaths) -> Iterator[LedgerPaths]:
     if the process dies, so a crashed holder never wedges the ledger."""
     # Read-only is enough for flock, and lets users sharing a state directory lock each
     # other's lock file.
-    fd = os.open(paths.lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise LedgerError(f"cannot open ledger lock {paths.lock}: {err.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield paths
@@ -230,6 +233,13 @@ def commit(paths: LedgerPaths, state: dict[str, Any], events: list[dict[str, Any
     ahead): a writer killed between the two steps leaves a journal entry for a change whose
     owner is dead, which liveness checks discard anyway.
     """
+    try:
+        _commit(paths, state, events)
+    except OSError as err:
+        raise LedgerError(f"cannot write ledger {paths.state}: {err.strerror or err}") from None
+
+
+def _commit(paths: LedgerPaths, state: dict[str, Any], events: list[dict[str, Any]]) -> None:
     now = time.time()
     for event in events:
         event["seq"] = state["next_seq"]
@@ -292,10 +302,13 @@ def bell_path(paths: LedgerPaths, ticket: int) -> Path:
 def open_bell(paths: LedgerPaths, ticket: int) -> int:
     """Create the waiter's FIFO and open it read-write (so it never reads end-of-file)."""
     path = bell_path(paths, ticket)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # a stale one from a previous ledger generation
-    os.mkfifo(path, 0o622)
-    return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a stale one from a previous ledger generation
+        os.mkfifo(path, 0o622)
+        return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise LedgerError(f"cannot make the waiting doorbell {path}: {err.strerror}") from None
 
 
 def ring(paths: LedgerPaths, ticket: int) -> None:

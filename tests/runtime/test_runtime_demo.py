@@ -55,3 +55,16 @@ def test_demo_bad_options_are_one_line_errors(capsys):
     assert err.count("\n") == 1 and "unknown allocator 'nope'" in err
     assert main(["demo", "--capacity", "lots"]) == 2
     assert "cannot read size" in capsys.readouterr().err
+
+
+def test_demo_from_env(capsys, monkeypatch):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.5")
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+    assert main(["demo", "--from-env", "--capacity", "8GiB", "--steps", "1", "--layers", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "bfc-growth (env)" in out and "4.00 GiB" in out       # 0.5 x 8 GiB
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")
+    assert main(["demo", "--from-env"]) == 2
+    assert "cuda_async" in capsys.readouterr().err

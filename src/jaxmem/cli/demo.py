@@ -1,7 +1,8 @@
-"""Run a built-in allocation workload through the pool and show what each allocator makes of it.
+"""Show the memory pool at work on a built-in training workload: stats, occupancy, a fragmentation OOM.
 
     jaxmem demo                                   # 80 GiB simulated device, bfc / bfc-growth / platform
     jaxmem demo --capacity h100-80gb --allocator bfc,platform --steps 5
+    XLA_PYTHON_CLIENT_PREALLOCATE=false jaxmem demo --from-env    # one pool, set up as JAX would
 
 Part 1 replays the buffer stream of a few training steps (parameters, Adam state, activations,
 gradients, un-donated updates) and prints each allocator's `memory_stats()` and the pool's
@@ -54,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--allocator", default="bfc,bfc-growth,platform",
                         help=f"comma-separated, from: {', '.join(_CHOICES)}")
     parser.add_argument("--mem-fraction", type=float, default=0.75, help="pool cap as a share of capacity")
+    parser.add_argument("--from-env", action="store_true",
+                        help="one pool configured from XLA_PYTHON_CLIENT_* as JAX would (ignores --allocator, --mem-fraction)")
     parser.add_argument("--layers", type=int, default=24, help="layers of the demo model")
     parser.add_argument("--steps", type=int, default=3, help="training steps to replay")
     parser.add_argument("--seed", type=int, default=0, help="size jitter")
@@ -62,14 +65,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _devices(args: argparse.Namespace) -> dict[str, Device]:
+    if args.layers < 1 or args.steps < 1 or args.width < 8:
+        raise ConfigError("--layers and --steps must be at least 1, --width at least 8")
+    if args.from_env:
+        device = Device.from_env(args.capacity)
+        label = device.allocator_name if device.allocator_name != "bfc" or device.preallocate else "bfc-growth"
+        return {f"{label} (env)": device}
     names = [n.strip() for n in args.allocator.split(",") if n.strip()]
     if not names:
         raise ConfigError("--allocator names no allocator")
     for name in names:
         if name not in _CHOICES:
             raise ConfigError(f"unknown allocator {name!r}; one of: {', '.join(_CHOICES)}")
-    if args.layers < 1 or args.steps < 1 or args.width < 8:
-        raise ConfigError("--layers and --steps must be at least 1, --width at least 8")
     return {n: Device(args.capacity, mem_fraction=args.mem_fraction, **_CHOICES[n]) for n in names}
 
 
@@ -97,8 +104,9 @@ def _training(console: Console, args: argparse.Namespace) -> None:
     table.add_row("replay time", *(f"{r.seconds * 1e3:.0f} ms" for r in results.values()))
     console.print(table)
     console.print("Pool occupancy at peak use ('*' in use, '_' free; regions end to end):")
+    pad = max(map(len, results))
     for name, result in results.items():
-        console.print(f"  {name:<10} |{result.peak_occupancy}|", highlight=False, markup=False)
+        console.print(f"  {name:<{pad}} |{result.peak_occupancy}|", highlight=False, markup=False)
     for name, result in results.items():
         if result.failures:
             console.print(f"  [red]{name}: {len(result.failures)} allocations failed; first: {result.failures[0]}[/]")

@@ -106,7 +106,7 @@ def _training(console: Console, args: argparse.Namespace) -> None:
     console.print("Pool occupancy at peak use ('*' in use, '_' free; regions end to end):")
     pad = max(map(len, results))
     for name, result in results.items():
-        console.print(f"  {name:<{pad}} |{result.peak_occupancy}|", highlight=False, markup=False)
+        console.print(f"  {name:<{pad}} |{result.peak_occupancy}|", highlight=False, markup=False, soft_wrap=True)
     for name, result in results.items():
         if result.failures:
             console.print(f"  [red]{name}: {len(result.failures)} allocations failed; first: {result.failures[0]}[/]")
@@ -155,7 +155,7 @@ def _bins(console: Console, chunks, width: int) -> None:
             table.add_row(f"{format_size(row['min_size'])}+", str(row["chunks"]), str(row["chunks_in_use"]),
                           format_size(row["bytes"]), format_size(row["bytes_in_use"]), format_size(row["largest_free"]))
     console.print(table)
-    console.print(f"  occupancy |{occupancy(chunks, width)}|", highlight=False, markup=False)
+    console.print(f"  occupancy |{occupancy(chunks, width)}|", highlight=False, markup=False, soft_wrap=True)
 
 
 def main(argv: list[str]) -> int:

@@ -316,6 +316,15 @@ def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -
     return data
 
 
+def python_frames(frames: Iterable[Any]) -> tuple[Frame, ...]:
+    """A recorded stack as (file, line, function), innermost first, keeping only the Python
+    frames when there are any: PyTorch's snapshots interleave C++ frames ('??:0',
+    'torch::unwind::unwind()') that would otherwise own every byte in pprof's flat view."""
+    every = tuple((f.filename, f.line, f.name) for f in frames)
+    python = tuple(f for f in every if f[0].endswith(".py") and f[1] > 0)
+    return python or every
+
+
 def trace_blocks(trace: Any) -> list[Block]:
     """The blocks of a recorded trace at their recorded addresses: each alloc until its free
     (blocks live at the start of the window from x=0; blocks never freed to the last event)."""
@@ -330,7 +339,7 @@ def trace_blocks(trace: Any) -> list[Block]:
             blocks.append(blk)
     for i, e in enumerate(events):
         if e.action == "alloc":
-            frames = tuple((f.filename, f.line, f.name) for f in e.frames)
+            frames = python_frames(e.frames)
             category = e.label if e.label in CATEGORIES else "allocations"
             blk = Block(e.addr, e.size, i, last, category, e.label, frames=frames, buffer=i)
             open_[e.addr] = blk

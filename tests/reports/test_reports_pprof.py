@@ -176,7 +176,8 @@ def test_replay_pprof_totals_equal_recorded_live_bytes(Profile):
             assert (sum(s.value[1] for s in prof.sample), sum(s.value[0] for s in prof.sample)) == _trace_live(trace, x)
         if trace.source == "synthetic":
             names = {prof.string_table[f.name] for f in prof.function}
-            assert {"fwd", "c10::alloc"} <= names
+            # The C++ frame ('??:0') is dropped when Python frames are there.
+            assert "fwd" in names and "c10::alloc" not in names
 
 
 from hypothesis import given, settings, strategies as st

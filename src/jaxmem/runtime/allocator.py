@@ -8,7 +8,7 @@ allocator supplies only its policy through the private hooks `_allocate`, `_free
 
     backend = SimulatedBackend(capacity=16 * GiB)
     alloc = BFCAllocator(backend, limit=12 * GiB, preallocate=True)
-    buf = alloc.allocate(1000)        # Buffer(address=0, size=1024, requested_size=1000)
+    buf = alloc.allocate(1000)        # Buffer(address=0x0, size=1024, requested_size=1000)
     alloc.free(buf)
 """
 

@@ -70,6 +70,7 @@ OTHER_KNOWN = frozenset({
     "platform_index", "approx_top_k", "nonzero", "create_token", "after_all",
     "iota_2x32_shape", "erf", "population_count", "dot_general_p", "ragged_dot_general",
     "ragged_dot", "tridiagonal", "tridiagonal_solve", "schur", "eig", "hessenberg",
+    "debug_print", "square", "logistic", "cumlogsumexp", "erf_inv", "reduce_and", "argsort",
 })
 
 KNOWN = VIEW | ELEMENTWISE | UPDATE | OTHER_KNOWN | LOOP_PRIMITIVES | CALL_PRIMITIVES

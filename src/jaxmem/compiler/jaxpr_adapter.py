@@ -39,14 +39,35 @@ _SKIP_DIRS = tuple(
 
 
 def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """Trace `fn(*args, **kwargs)` to a ClosedJaxpr; keyword arguments are closed over.
+    """Trace `fn(*args, **kwargs)` to a ClosedJaxpr.
 
-    **Arguments:** `fn`, the positional `args` (pytrees of arrays), `kwargs` (static or arrays).
+    Keyword arguments whose leaves are all arrays are inputs, as `jax.jit` treats them (they
+    follow the positional ones, by sorted name); any other keyword (a flag, a Python number
+    mixed with non-arrays) is closed over as a constant.
 
-    **Returns:** the ClosedJaxpr whose invars are the flattened positional arguments.
+    **Arguments:** `fn`, the positional `args` (pytrees of arrays), `kwargs`.
+
+    **Returns:** the ClosedJaxpr whose invars are the flattened positional, then array keyword,
+    arguments.
     """
-    target = functools.partial(fn, **kwargs) if kwargs else fn
-    return jax.make_jaxpr(target)(*args)
+    dynamic, static = split_kwargs(kwargs)
+
+    def target(*flat_args: Any) -> Any:
+        *positional, named = flat_args
+        return fn(*positional, **named, **static)
+
+    return jax.make_jaxpr(target)(*args, dynamic)
+
+
+def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(array keywords, traced as inputs; the others, closed over as static)."""
+    dynamic = {k: v for k, v in kwargs.items() if _all_arrays(v)}
+    return dynamic, {k: v for k, v in kwargs.items() if k not in dynamic}
+
+
+def _all_arrays(tree: Any) -> bool:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return bool(leaves) and all(isinstance(x, (jax.Array, np.ndarray)) for x in leaves)
 
 
 def flat_arg_counts(args: Sequence[Any]) -> list[int]:

@@ -12,6 +12,7 @@ schedule is scored by its live bytes; the best one is placed.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from typing import Any, Callable, Sequence
@@ -81,7 +82,10 @@ def _xla_reference(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int,
         from jaxmem.compiler.xla import xla_reference
     except ImportError:
         return None
-    return xla_reference(fn, args, donate_argnums=donate_argnums, kwargs=kwargs)
+    # The same split as our tracing: array keywords are inputs, anything else is static.
+    dynamic, static = ja.split_kwargs(kwargs)
+    target = functools.partial(fn, **static) if static else fn
+    return xla_reference(target, args, donate_argnums=donate_argnums, kwargs=dynamic)
 
 
 def plan_jaxpr(

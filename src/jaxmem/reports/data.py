@@ -430,7 +430,7 @@ def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
     rows = [("trace", f"{getattr(report, 'source', '')} ({getattr(report, 'format', '')}, {getattr(report, 'events', n_events)} replayed events)"),
             ("capacity", format_size(data.capacity) if data.capacity else "-")]
     for s in series:
-        oom = f"; out of memory at event {s.oom_x}" if s.oom_x is not None else ""
+        oom = f"; out of memory at event {s.oom_x}: {s.oom_text}" if s.oom_x is not None else ""
         rows.append((s.name, f"peak in use {format_size(s.peak_in_use)}, peak reserved {format_size(s.peak_reserved)}{oom}"))
     if blocks:
         rows.append(("recorded blocks live at the peak", f"{format_size(data.peak_bytes)} at event {data.peak_x}"))

@@ -109,6 +109,8 @@ def test_progress_appears_only_after_the_delay():
         advance(10)
     with terminal.busy("planning", delay=60.0, enabled=True):
         pass
+    with terminal.busy("planning", delay=0.01, enabled=True):
+        time.sleep(0.1)  # long enough for the spinner to start; it must stop cleanly
 
 
 def _trace():

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from jaxmem.errors import JaxmemError
 from jaxmem.reports.data import ReportData, from_plan, from_replay
+from jaxmem.reports.terminal import busy
 from jaxmem.units import format_size
 
 
@@ -81,7 +82,8 @@ def write_plan_reports(args: argparse.Namespace, plan: Any) -> None:
     if not _requested(args):
         return
     title = getattr(args, "target", None) or "built-in example"
-    write_reports(args, from_plan(plan, title=str(title)))
+    with busy("writing reports"):  # a spinner on stderr if this takes over a second
+        write_reports(args, from_plan(plan, title=str(title)))
 
 
 def write_replay_reports(args: argparse.Namespace, replay_result: Any, trace: Any = None) -> None:
@@ -90,4 +92,5 @@ def write_replay_reports(args: argparse.Namespace, replay_result: Any, trace: An
     if not _requested(args):
         return
     trace = trace if trace is not None else getattr(replay_result, "trace", None)
-    write_reports(args, from_replay(replay_result, trace))
+    with busy("writing reports"):
+        write_reports(args, from_replay(replay_result, trace))

@@ -99,18 +99,25 @@ def test_terminal_tables_show_the_largest_buffers(plan):
 
 
 def test_progress_appears_only_after_the_delay():
-    calls = []
-    with terminal.progress("work", total=10, delay=0.0, enabled=True) as advance:
+    def term():
+        return Console(file=io.StringIO(), force_terminal=True, width=100)
+
+    shown = term()
+    with terminal.progress("replaying", total=10, delay=0.0, enabled=True, out=shown) as advance:
         for _ in range(10):
             advance(1)
-            calls.append(1)
-    assert len(calls) == 10
-    with terminal.progress("work", total=10, delay=60.0, enabled=True) as advance:
+            time.sleep(0.02)
+    assert "replaying" in shown.file.getvalue()
+    quick = term()
+    with terminal.progress("replaying", total=10, delay=60.0, enabled=True, out=quick) as advance:
         advance(10)
-    with terminal.busy("planning", delay=60.0, enabled=True):
+    assert quick.file.getvalue() == ""
+    spun, calm = term(), term()
+    with terminal.busy("planning", delay=0.01, enabled=True, out=spun):
+        time.sleep(0.3)
+    with terminal.busy("planning", delay=60.0, enabled=True, out=calm):
         pass
-    with terminal.busy("planning", delay=0.01, enabled=True):
-        time.sleep(0.1)  # long enough for the spinner to start; it must stop cleanly
+    assert "planning" in spun.file.getvalue() and calm.file.getvalue() == ""
 
 
 def _trace():

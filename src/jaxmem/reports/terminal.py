@@ -74,8 +74,8 @@ def print_report(data: ReportData, count: int = 10, out: Console | None = None) 
 
 
 @contextmanager
-def progress(description: str, total: int, *, delay: float = DELAY,
-             enabled: bool | None = None) -> Iterator[Callable[[int], None]]:
+def progress(description: str, total: int, *, delay: float = DELAY, enabled: bool | None = None,
+             out: Console | None = None) -> Iterator[Callable[[int], None]]:
     """Yield `advance(n)`; a bar on stderr appears once the work has run `delay` seconds.
 
     Args:
@@ -83,10 +83,11 @@ def progress(description: str, total: int, *, delay: float = DELAY,
         total: units of work (events, steps).
         delay: seconds before the bar shows.
         enabled: force on/off; by default on when stderr is a terminal.
+        out: the console to draw on (default: stderr).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    err = console(stderr=True)
+    err = out or console(stderr=True)
     show = err.is_terminal if enabled is None else enabled
     state = {"done": 0, "bar": None, "task": None, "start": time.perf_counter(), "next_check": 0}
 
@@ -115,9 +116,11 @@ def progress(description: str, total: int, *, delay: float = DELAY,
 
 
 @contextmanager
-def busy(description: str, *, delay: float = DELAY, enabled: bool | None = None) -> Iterator[None]:
-    """A spinner on stderr for work of unknown length, shown once it has run `delay` seconds."""
-    err = console(stderr=True)
+def busy(description: str, *, delay: float = DELAY, enabled: bool | None = None,
+         out: Console | None = None) -> Iterator[None]:
+    """A spinner on stderr (or `out`) for work of unknown length, shown once it has run
+    `delay` seconds."""
+    err = out or console(stderr=True)
     show = err.is_terminal if enabled is None else enabled
     status = {"live": None}
     lock = threading.Lock()

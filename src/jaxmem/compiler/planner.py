@@ -27,9 +27,16 @@ from jaxmem.compiler.graph import Graph, build_graph
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import place
 from jaxmem.compiler.plan_types import Const, PlannedBuffer, Plan, Step, ValueInfo
-from jaxmem.compiler.schedule import dfs_schedule, list_schedule, program_order, topological_orders
+from jaxmem.compiler.schedule import (
+    dfs_schedule,
+    list_schedule,
+    program_order,
+    sink_schedule,
+    topological_orders,
+)
 from jaxmem.errors import PlanError
 
+LOCAL_SEARCH_ROUNDS = 3     # whole-schedule sink moves tried after the best order is chosen
 EXHAUSTIVE_MAX_OPS = 10      # programs this small get every topological order tried ...
 EXHAUSTIVE_MAX_ORDERS = 720  # ... unless they have more orders than this
 
@@ -191,6 +198,16 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
             results["exhaustive"] = (best_order, best_eval)
     best_name = min(results, key=lambda k: (results[k][1][0], k != "program"))
     order, (peak, fused, reads, live) = results[best_name]
+    # Local search: delay memory-growing ops to their first consumer, while that lowers the peak.
+    for _ in range(LOCAL_SEARCH_ROUNDS):
+        moved = sink_schedule(g, order, reads, fused, external, outputs)
+        if moved == order:
+            break
+        trial = evaluate(moved, fused)
+        if trial[0] >= peak:
+            break
+        order, (peak, fused, reads, live) = moved, trial
+        best_name = best_name if best_name.endswith("+sink") else best_name + "+sink"
     if fusion and best_name != "program":
         refused = evaluate(order)
         if refused[0] < peak:

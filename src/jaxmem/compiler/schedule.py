@@ -229,3 +229,70 @@ def topological_orders(g: Graph, limit: int) -> list[list[int]] | None:
     if not extend():
         return None
     return orders
+
+
+def sink_schedule(
+    g: Graph,
+    order: list[int],
+    reads: list[list[int]],
+    fused: list[bool],
+    external: list[bool],
+    outputs: list[bool],
+) -> list[int]:
+    """One local-search move over a whole schedule: every op that grows memory (allocates more
+    than the inputs dying at it free) is delayed to just before its first consumer, so its
+    result is not held while unrelated work runs. The caller keeps the result only if it lowers
+    the peak.
+
+    **Arguments:** the graph, a schedule, per-op stored reads, per-value flags.
+
+    **Returns:** a new topological order.
+    """
+    nops = len(g.ops)
+    pos = [0] * nops
+    for p, oi in enumerate(order):
+        pos[oi] = p
+    last = [-1] * g.num_values
+    for p, oi in enumerate(order):
+        for u in reads[oi]:
+            last[u] = p
+    consumers: list[list[int]] = [[] for _ in range(nops)]
+    for oi in range(nops):
+        for p in _producers(g, oi):
+            consumers[p].append(oi)
+    sink = [False] * nops
+    for oi in order:
+        if not consumers[oi]:
+            continue  # results only leave the program: nothing to wait for
+        grow = _alloc_bytes(g, oi, fused, external)
+        frees = sum(align(g.nbytes[u]) for u in reads[oi]
+                    if last[u] == pos[oi] and not external[u] and not outputs[u])
+        sink[oi] = grow > frees
+    pending: dict[int, list[int]] = {}
+    emitted = [False] * nops
+    result: list[int] = []
+
+    def emit(oi: int) -> None:
+        # Iterative: emit the pending producers of `oi` (and theirs) first, in original order.
+        stack = [(oi, False)]
+        while stack:
+            node, ready = stack.pop()
+            if emitted[node]:
+                continue
+            if ready:
+                emitted[node] = True
+                result.append(node)
+                continue
+            stack.append((node, True))
+            waiting = [p for p in _producers(g, node) if not emitted[p]]
+            for p in sorted(waiting, key=lambda q: -pos[q]):
+                stack.append((p, False))
+
+    for oi in order:
+        if sink[oi]:
+            continue  # emitted when its first consumer needs it
+        emit(oi)
+    for oi in order:  # anything still pending (consumers all sunk too) keeps its place at the end
+        emit(oi)
+    del pending
+    return result

@@ -80,6 +80,29 @@ def test_remat_fit_lowers_xla_total_and_keeps_values():
     _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
 
 
+def test_remat_xla_follows_the_model_to_the_end_of_the_search():
+    # Regression: a group whose operands a later rewrite renamed must not keep reading the
+    # originals (XLA then holds every residual). XLA's total must fall with the modelled peak.
+    step, args = _wide_mlp(depth=6, batch=512)
+    snaps = search(trace(step, *args))
+    first = xla_reference(step, args).total_bytes
+    last = xla_reference(as_function(snaps[-1].graph), args).total_bytes
+    assert snaps[-1].peak < 0.7 * snaps[0].peak
+    assert last < 0.75 * first
+    assert last <= 1.1 * snaps[-1].peak
+
+
+def test_remat_fit_names_a_policy_with_its_figure():
+    step, args = _wide_mlp(depth=6, batch=512)
+    result = fit(step, *args, budget=int(0.6 * xla_reference(step, args).total_bytes))
+    assert result.policy in ("dots_saveable", "save_only_these_names")
+    assert isinstance(result.policy_xla_total_bytes, int) and result.policy_xla_total_bytes > 0
+    assert "jax.checkpoint" in result.policy_code
+    if result.policy == "dots_saveable":
+        assert not any(p in ("dot_general", "conv_general_dilated") for v in result.recomputed for p in v.chain) \
+            or result.policy_xla_total_bytes <= result.budget_bytes
+
+
 def test_remat_fit_under_jaxmem_executor():
     import jaxmem
 

@@ -111,6 +111,8 @@ def _render(result: Any, target: str) -> None:
     if not result.fits:
         console.print(f"the budget cannot be met: ask for at least {format_size(result.min_reachable_bytes)}")
     console.print(f"closest jax.checkpoint policy: {result.policy}: {result.policy_code}")
+    if result.policy_xla_total_bytes is not None:
+        console.print(f"that policy, applied by jaxmem's rewriter: XLA total {format_size(result.policy_xla_total_bytes)}")
     if result.recomputed:
         rows = Table(title=f"recomputed values ({len(result.recomputed)})")
         for name in ("value", "bytes", "made by", "chain", "source"):

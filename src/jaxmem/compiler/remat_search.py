@@ -36,8 +36,8 @@ from jaxmem.compiler.remat_graph import Graph, Node
 
 # A chain may reach this many nodes back from the value it recomputes; deeper chains cost more
 # than they free in every model we measured, and the bound keeps one search step cheap.
-MAX_CHAIN_DEPTH = 6
-MAX_CHAIN_NODES = 48
+MAX_CHAIN_DEPTH = 16
+MAX_CHAIN_NODES = 64
 # Extra cheap nodes a sibling may add to a group's chain.
 MAX_SIBLING_NODES = 4
 MATMUL = frozenset({"dot_general", "conv_general_dilated"})

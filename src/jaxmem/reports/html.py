@@ -214,12 +214,18 @@ def render_html(data: ReportData) -> str:
     else:
         parts.append("<div class=\"legend\" id=\"legend\"></div>")
     map_heading = "Placement map: address against step" if is_plan else "Placement map: recorded address against event"
+    if data.blocks:
+        parts += [
+            f"<h2>{map_heading}</h2><div class=\"chart\" id=\"map\"></div>",
+            "<div class=\"hint\">Hover for details. Drag across a chart to zoom in time; double-click to zoom out.</div>",
+            f"<h2>{html.escape(top_heading)}</h2>",
+            "<table id=\"top\"><thead><tr><th class=\"num\">#</th><th class=\"num\">size</th><th>category</th>"
+            "<th>dtype[shape]</th><th>op</th><th class=\"num\">live</th><th>source</th></tr></thead><tbody></tbody></table>",
+        ]
+    else:
+        parts.append("<div class=\"hint\">Without the trace's blocks there is no placement map. "
+                     "Drag across the chart to zoom in time; double-click to zoom out.</div>")
     parts += [
-        f"<h2>{map_heading}</h2><div class=\"chart\" id=\"map\"></div>",
-        "<div class=\"hint\">Hover for details. Drag across a chart to zoom in time; double-click to zoom out.</div>",
-        f"<h2>{html.escape(top_heading)}</h2>",
-        "<table id=\"top\"><thead><tr><th class=\"num\">#</th><th class=\"num\">size</th><th>category</th>"
-        "<th>dtype[shape]</th><th>op</th><th class=\"num\">live</th><th>source</th></tr></thead><tbody></tbody></table>",
         "<div id=\"tip\"></div><div id=\"status\" data-errors=\"pending\">the report script did not run</div>",
         "<script type=\"application/json\" id=\"report-data\">", _script_json(payload(data)), "</script>",
         "<script>", _asset("report.js"), "</script></body></html>\n",

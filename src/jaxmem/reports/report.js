@@ -311,6 +311,7 @@
   }
   function topTable(mapChart) {
     var tb = document.querySelector("#top tbody");
+    if (!tb) return;
     D.top.forEach(function (t, rank) {
       var tr = el("tr");
       tr.appendChild(el("td", rank + 1, "num"));

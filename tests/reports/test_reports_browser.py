@@ -140,6 +140,12 @@ def test_replay_report_renders_lines_and_oom(tmp_path):
     assert_clean(parsed, console)
     assert {"lines", "stacked", "map"} <= set(parsed.attrs["data-rendered"].split(","))
     assert "bfc: in use" in parsed.attrs["data-tip-lines"]
+    # Without the trace (only the replay's figures) the page still draws its lines, and only them.
+    bare = tmp_path / "replay_bare.html"
+    write_html(bare, from_replay(report))
+    parsed, console, _ = open_page(bare, tmp_path, "report_replay_bare", height=700)
+    assert_clean(parsed, console)
+    assert parsed.attrs["data-rendered"] == "lines,top:0"
 
 
 def test_hostile_names_stay_text(tmp_path):

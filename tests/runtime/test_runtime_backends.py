@@ -27,7 +27,7 @@ def brute_first_fit(taken: dict[int, int], capacity: int, size: int, alignment: 
                           st.integers(0, 99)), max_size=50))
 def test_first_fit_matches_brute_force(ops):
     capacity = 40_000
-    backend = SimulatedBackend(capacity)
+    backend = SimulatedBackend(capacity, address_space=capacity)   # gaps must be contiguous
     taken: dict[int, int] = {}
     for reserve, size, alignment, pick in ops:
         if reserve or not taken:
@@ -51,6 +51,22 @@ def test_regions_asked_one_after_another_are_adjacent():
     assert (a, b, c) == (0, 2 << 20, 6 << 20)
     backend.release(b)
     assert backend.reserve(1 << 20) == 2 << 20      # the lowest hole first
+
+
+def test_simulated_device_refuses_only_when_bytes_run_out():
+    """As with cudaMalloc, memory free between live allocations still serves a large request."""
+    backend = SimulatedBackend(10 * 4096)
+    blocks = [backend.reserve(4096) for _ in range(10)]
+    for address in blocks[::2]:
+        backend.release(address)
+    big = backend.reserve(5 * 4096)            # no 20 KiB gap among the holes, but 20 KiB free
+    assert big is not None and all(big >= a + 4096 or big + 5 * 4096 <= a for a in blocks[1::2])
+    assert backend.reserve(1) is None          # every byte is in use now
+    host = HostBackend(10 * 4096)
+    blocks = [host.reserve(4096) for _ in range(10)]
+    for address in blocks[::2]:
+        host.release(address)
+    assert host.reserve(2 * 4096) is None      # one real buffer: the gap must be contiguous
 
 
 def test_capacity_is_a_hard_limit():

@@ -3,7 +3,9 @@
 A backend is what `cudaMalloc`/`cudaFree` are to XLA's BFC allocator: it gives out whole
 allocations ("regions") and takes them back whole. Both backends here place a new allocation
 at the lowest address where it fits (address-ordered first fit), so the regions a growing pool
-asks for one after another tend to sit next to each other, as they do on a fresh GPU.
+asks for one after another tend to sit next to each other, as they do on a fresh GPU. The
+simulated one refuses only when its bytes run out; the host one also needs a contiguous gap
+in its one real buffer.
 
     backend = SimulatedBackend(capacity=1 << 30)
     a = backend.reserve(2 << 20)        # 0
@@ -23,6 +25,8 @@ from jaxmem.units import parse_size
 
 # cudaMalloc returns addresses aligned to at least 256 bytes; the simulated driver does the same.
 DEVICE_ALIGNMENT = 256
+# Virtual addresses per byte of a simulated device (see SimulatedBackend).
+VIRTUAL_FACTOR = 64
 
 
 class _FirstFit:
@@ -94,21 +98,30 @@ class _FirstFit:
 class SimulatedBackend:
     """Addresses only: any capacity, no memory behind it. The allocator tests run on this.
 
+    Like cudaMalloc, it refuses only when its bytes run out: addresses come from a virtual
+    range 64 times the capacity (a GPU maps physical pages behind fresh virtual addresses,
+    so free memory scattered between live allocations still serves a large request).
+
     >>> backend = SimulatedBackend("80GiB")
     >>> backend.reserve(1024), backend.reserve(1024)
     (0, 1024)
 
     Args:
         capacity: bytes, "80GiB", or a preset name such as "h100-80gb".
+        address_space: bytes of addresses to place allocations in (default 64 x capacity);
+            equal to the capacity, allocations must also find a contiguous gap.
     """
 
     kind = "simulated"
 
-    def __init__(self, capacity: int | str) -> None:
+    def __init__(self, capacity: int | str, *, address_space: int | None = None) -> None:
         self.capacity = parse_size(capacity)
         self.reserved = 0                      # bytes currently handed out
         self.allocations: dict[int, int] = {}  # address -> size
-        self._space = _FirstFit(self.capacity)
+        space = VIRTUAL_FACTOR * self.capacity if address_space is None else address_space
+        if space < self.capacity:
+            raise ConfigError(f"address space {space} is smaller than the capacity {self.capacity}")
+        self._space = _FirstFit(space)
 
     def reserve(self, size: int, alignment: int = DEVICE_ALIGNMENT) -> int | None:
         """Address of a new allocation of `size` bytes, or None if the device cannot supply it."""
@@ -154,7 +167,8 @@ class HostBackend(SimulatedBackend):
     def __init__(self, capacity: int | str) -> None:
         import numpy as np
 
-        super().__init__(capacity)
+        # The bytes are real, so the addresses are exactly the buffer's.
+        super().__init__(capacity, address_space=parse_size(capacity))
         try:
             self.memory = np.empty(self.capacity, dtype=np.uint8)
         except (MemoryError, ValueError) as err:

@@ -142,7 +142,8 @@ def test_analyze_unknown_primitive_is_planned_and_named(tmp_path, capsys):
     assert "jaxmem_test_twice" in capsys.readouterr().out
 
 
-def test_analyze_tables_show_the_headline_figures(tmp_path, capsys):
+def test_analyze_tables_show_the_headline_figures(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     path = tmp_path / "small_tables.py"
     path.write_text(textwrap.dedent(SMALL))
     assert cli_main(["analyze", f"{path}:make", "--device", "a100-40gb"]) == 0
@@ -152,7 +153,8 @@ def test_analyze_tables_show_the_headline_figures(tmp_path, capsys):
         assert text in out, text
 
 
-def test_analyze_execute_reports_or_says_why_not(tmp_path, capsys):
+def test_analyze_execute_reports_or_says_why_not(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")   # rich wraps headers at its default 80 columns
     path = tmp_path / "small_exec.py"
     path.write_text(textwrap.dedent(SMALL))
     code = cli_main(["analyze", f"{path}:make", "--json", "--execute", "--no-xla"])
@@ -167,3 +169,8 @@ def test_analyze_execute_reports_or_says_why_not(tmp_path, capsys):
     assert data["execute"]["ok"] is True
     assert {"max_abs_err", "max_rel_err", "seconds", "jax_jit_seconds"} <= set(data["execute"])
     assert data["eager"] and all("peak_bytes_in_use" in row for row in data["eager"])
+    # Op by op, each result is allocated when made: never less than the planned peak's lower bound.
+    assert all(row["peak_bytes_in_use"] >= data["lower_bound_bytes"] * 0.5 for row in data["eager"])
+    assert cli_main(["analyze", f"{path}:make", "--execute", "--no-xla"]) == 0
+    out = capsys.readouterr().out
+    assert "Planned execution against jax.jit" in out and "Eager (op by op)" in out and "vs planned" in out

@@ -341,8 +341,8 @@ def render(data: dict[str, Any], console: Any) -> None:
     console.print(table)
 
 
-def render_execute(execute: dict[str, Any], eager: list[dict[str, Any]], console: Any) -> None:
-    """`--execute` results as rich tables."""
+def render_execute(execute: dict[str, Any], eager: list[dict[str, Any]], planned_peak: int, console: Any) -> None:
+    """`--execute` results as rich tables; eager peaks are also shown against the planned peak."""
     from rich.table import Table
 
     console.print()
@@ -354,11 +354,14 @@ def render_execute(execute: dict[str, Any], eager: list[dict[str, Any]], console
                 f"{execute.get('jax_jit_seconds', 0.0):.3f} s")
     console.print(run)
     table = Table(title="Eager (op by op) under each allocator", title_justify="left")
-    for col in ("allocator", "peak in use", "pool", "largest free", "fragmentation", "allocs", "device allocs", "fits"):
+    for col in ("allocator", "peak in use", "vs planned", "pool", "largest free", "fragmentation", "allocs",
+                "device allocs", "fits"):
         table.add_column(col, justify="right" if col != "allocator" else "left")
     for row in eager:
         frag = row.get("fragmentation_at_peak")
-        table.add_row(str(row.get("allocator", "?")), _size(row.get("peak_bytes_in_use")),
+        in_use = row.get("peak_bytes_in_use")
+        versus = f"{in_use / planned_peak:.2f}x" if isinstance(in_use, (int, float)) and planned_peak else "—"
+        table.add_row(str(row.get("allocator", "?")), _size(in_use), versus,
                       _size(row.get("peak_pool_bytes")), _size(row.get("largest_free_block_bytes")),
                       "—" if frag is None else f"{100 * frag:.1f}%", str(row.get("num_allocs", "—")),
                       str(row.get("device_allocs", "—")), "yes" if row.get("fits") else "no")
@@ -424,7 +427,7 @@ def main(argv: list[str]) -> int:
         console = Console()
         render(data, console)
         if execute is not None:
-            render_execute(data["execute"], data["eager"], console)
+            render_execute(data["execute"], data["eager"], data["peak_bytes"], console)
     from jaxmem.reports.cli import write_plan_reports
 
     write_plan_reports(args, plan)

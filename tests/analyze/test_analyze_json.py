@@ -174,3 +174,16 @@ def test_analyze_execute_reports_or_says_why_not(tmp_path, capsys, monkeypatch):
     assert cli_main(["analyze", f"{path}:make", "--execute", "--no-xla"]) == 0
     out = capsys.readouterr().out
     assert "Planned execution against jax.jit" in out and "Eager (op by op)" in out and "vs planned" in out
+
+
+def test_analyze_hands_the_plan_to_the_report_writers(tmp_path, capsys):
+    path = tmp_path / "small_reports.py"
+    path.write_text(textwrap.dedent(SMALL))
+    trace = tmp_path / "trace.json"
+    html = tmp_path / "report.html"
+    assert cli_main(["analyze", f"{path}:make", "--no-xla", "--chrome-trace", str(trace), "--html", str(html)]) == 0
+    capsys.readouterr()
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert any(e.get("ph") == "C" for e in events)
+    assert html.read_text().lstrip().lower().startswith("<!doctype html")

@@ -77,3 +77,5 @@ def _machine(name):
 TestBFC = _machine("bfc")
 TestBFCGrowth = _machine("bfc-growth")
 TestPlatform = _machine("platform")
+TestBFCLimited = _machine("bfc+limit")
+TestBFCGrowthTracked = _machine("bfc-growth+tracking")

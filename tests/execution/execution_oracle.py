@@ -75,3 +75,48 @@ def max_rel_error(got: Any, want: Any) -> float:
         scale = max(float(np.max(np.abs(b))), 1e-30)
         worst = max(worst, float(np.max(np.abs(a - b))) / scale)
     return worst
+
+
+def float64_truth(fn: Callable[..., Any], args: Any) -> Any:
+    """`fn` run by jax.jit in float64 on the float32 arguments widened: the exact answer to within
+    float64 rounding, against which both jax.jit and jaxmem are measured."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        wide = jax.tree_util.tree_map(
+            lambda x: np.asarray(x, np.float64) if np.asarray(x).dtype == np.float32 else x, args)
+        return jax.tree_util.tree_map(np.asarray, jax.jit(fn)(*wide))
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def accuracy_report(ours: Any, jitted: Any, truth: Any) -> list[dict[str, float]]:
+    """Per float leaf: error against jax.jit, and each one's error against the float64 truth,
+    all relative to the leaf's largest magnitude."""
+    rows = []
+    for a, b, t in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(jitted),
+                       jax.tree_util.tree_leaves(truth)):
+        a, b, t = np.asarray(a), np.asarray(b), np.asarray(t)
+        if a.dtype.kind in "biu" or a.size == 0:
+            rows.append({"exact": bool(np.array_equal(a, b)), "vs_jit": 0.0, "ours": 0.0, "jit": 0.0})
+            continue
+        scale = max(float(np.max(np.abs(b))), 1e-30)
+        a64, b64, t64 = (x.astype(np.float64) for x in (a, b, t))
+        rows.append({"exact": True, "vs_jit": float(np.max(np.abs(a64 - b64))) / scale,
+                     "ours": float(np.max(np.abs(a64 - t64))) / scale, "jit": float(np.max(np.abs(b64 - t64))) / scale})
+    return rows
+
+
+def matches_jit(ours: Any, jitted: Any, truth: Any | None = None, rtol: float = 1e-5, factor: float = 2.0) -> list[str]:
+    """Problems, if any: a float leaf must be within `rtol` of jax.jit's (relative to its scale),
+    or, where jax.jit's own float32 answer is that far from the exact one (an ill-conditioned
+    output such as an Adam update of a gradient that is pure rounding noise), at most `factor`
+    times as far from the exact answer as jax.jit's; integers exact."""
+    problems = []
+    rows = accuracy_report(ours, jitted, truth if truth is not None else jitted)
+    for i, r in enumerate(rows):
+        if not r["exact"]:
+            problems.append(f"leaf {i}: integers differ")
+        elif r["vs_jit"] > rtol and (truth is None or r["ours"] > max(rtol, factor * r["jit"])):
+            problems.append(f"leaf {i}: {r['vs_jit']:.2e} from jax.jit; from float64: ours {r['ours']:.2e}, jax.jit {r['jit']:.2e}")
+    return problems

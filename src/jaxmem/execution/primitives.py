@@ -703,24 +703,35 @@ def _dynamic_update_slice(eqn: Any) -> Kernel | None:
 
 # ---- reductions ------------------------------------------------------------------------------
 
-def _reduction(fn: Callable[..., Any], kinds: str) -> Rule:
+def _reduction(fn: Callable[..., Any], kinds: str, accumulate: bool = False) -> Rule:
     def make(eqn: Any) -> Kernel | None:
         if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in kinds:
             return None
         axes = tuple(int(a) for a in eqn.params["axes"])
         dtype = _dt(eqn.outvars[0].aval)
+        shape = tuple(eqn.invars[0].aval.shape)
+        count = math.prod(shape[a] for a in axes)
+        # numpy adds strided rows one after another (error growing with the count), where XLA
+        # sums in a tree; a float64 accumulator keeps long float32 sums as accurate as XLA's.
+        acc = np.float64 if accumulate and dtype.kind == "f" and dtype.itemsize < 8 and count > WIDE_SUM else dtype
 
         def compute(x: Array) -> Array:
-            return np.asarray(fn(x, axis=axes, dtype=dtype))
+            return np.asarray(fn(x, axis=axes, dtype=acc)).astype(dtype, copy=False)
 
         def into(out: Array, x: Array) -> None:
-            fn(x, axis=axes, dtype=dtype, out=out)
+            if acc is dtype:
+                fn(x, axis=axes, dtype=dtype, out=out)
+            else:
+                np.copyto(out, fn(x, axis=axes, dtype=acc), casting="unsafe")
 
         return Kernel(compute=compute, into=into)
     return make
 
 
-RULES["reduce_sum"] = _reduction(np.add.reduce, "iufc")
+# Summed elements per output beyond which float32 sums accumulate in float64.
+WIDE_SUM = 256
+
+RULES["reduce_sum"] = _reduction(np.add.reduce, "iufc", accumulate=True)
 RULES["reduce_prod"] = _reduction(np.multiply.reduce, "iufc")
 RULES["reduce_max"] = _reduction(np.maximum.reduce, "biuf")
 RULES["reduce_min"] = _reduction(np.minimum.reduce, "biuf")
@@ -753,7 +764,7 @@ def _cumulative(eqn: Any) -> Kernel | None:
     def compute(x: Array) -> Array:
         if reverse:
             return np.flip(op.accumulate(np.flip(x, axis), axis=axis, dtype=dtype), axis)
-        return op.accumulate(x, axis=axis, dtype=dtype)
+        return op.accumulate(x, axis=axis, dtype=dtype)  # sequential, as XLA's cumulative ops
 
     return Kernel(compute=compute)
 

@@ -269,3 +269,16 @@ def test_share_unusable_state_dir_is_one_line(tmp_path: Path) -> None:
         done = run_cli(jaxmem_env, "run", "--memory", "1GiB", "--", "true")
         readonly.chmod(0o700)
         assert done.returncode == 2 and "cannot write ledger" in done.stderr, done.stderr
+
+
+def test_share_repair_messages(state: Path) -> None:
+    env = isolated_env(state)
+    done = run_cli(env, "share", "repair", "--device", "5")
+    assert done.returncode == 2 and "device 5 has no ledger" in done.stderr
+    jaxmem.reserve("1GiB", capacity="16GiB").release()
+    paths = store.paths_for(0)
+    paths.state.write_text("{")
+    paths.history.write_bytes(b"garbage\n" + paths.history.read_bytes())
+    done = run_cli(env, "share", "repair")
+    assert done.returncode == 2 and "damaged at line 1" in done.stderr and "--reset" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

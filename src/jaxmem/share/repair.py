@@ -97,13 +97,18 @@ def repair(device: int, *, root: Path | None = None, reset: bool = False,
                 store.commit(paths, state, txn.events)
             return {"device": device, "action": "ok", "kept": [r["id"] for r in state["reservations"]],
                     "dropped": [e["id"] for e in txn.events if e["op"] == "reclaim"], "moved_to": None}
+        if state is None and damage is None and not paths.history.exists() and not reset:
+            raise LedgerError(f"device {device} has no ledger in {paths.state.parent}: nothing to repair")
         tickets: list[int] = []
         try:
             state, tickets = rebuild_from_journal(paths)
             action = "rebuilt"
-        except LedgerError:
+        except LedgerError as err:
             if not reset:
-                raise
+                if "--reset" in str(err):
+                    raise
+                raise LedgerError(f"{err}; `jaxmem share repair --device {device} --reset --capacity SIZE` "
+                                  "starts an empty ledger (its reservations are forgotten)") from None
             if capacity is None:
                 raise ConfigError("--reset needs --capacity (the device's memory total)") from None
             state, action = store.new_state(device, capacity), "reset"

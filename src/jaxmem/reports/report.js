@@ -246,7 +246,8 @@
     var lines = [fmt(B.size[i]) + "  " + D.categories[B.cat[i]] + (info[4] === "caller" ? " (caller's memory)" : "")];
     if (info[2] || info[1]) lines.push(info[2] + "[" + info[1] + "]");
     if (info[0]) lines.push("op: " + info[0]);
-    lines.push(D.xLabel + "s " + B.start[i] + " .. " + B.end[i] + ", address " + B.addr[i]);
+    lines.push(D.xLabel + "s " + B.start[i] + " .. " + B.end[i] + ", at " + fmt(B.addr[i])
+               + (D.kind === "plan" ? (info[4] === "caller" ? " (above the arena)" : " in the arena") : " (unused gaps removed)"));
     lines.push(info[3] ? "source: " + info[3] : "source: unknown");
     return lines;
   }

@@ -402,8 +402,9 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
     try:
         while True:
             message = None
-            if time.monotonic() < deadline and _nothing_to_do(paths, ticket, nbytes):
-                select.select([bell], [], [], max(0.0, min(LIVENESS_S, deadline - time.monotonic())))
+            idle = _nothing_to_do(paths, ticket, nbytes) if time.monotonic() < deadline else None
+            if idle is not None:
+                select.select([bell], [], [], max(0.0, min(idle, deadline - time.monotonic())))
                 store.drain_bell(bell)
                 continue
             try:
@@ -434,18 +435,30 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
         store.close_bell(paths, ticket, bell)
 
 
-def _nothing_to_do(paths: store.LedgerPaths, ticket: int, nbytes: int) -> bool:
-    """A look without the lock: True when we are queued, it is not our turn, and every holder
-    and every earlier waiter is alive, so taking the lock would change nothing. With many
-    waiters this keeps their periodic checks from queueing on the lock."""
+def _nothing_to_do(paths: store.LedgerPaths, ticket: int, nbytes: int) -> float | None:
+    """A look without the lock. When taking the lock would change nothing (we are queued, it is
+    not our turn, and the processes we watch are alive), returns how long to sleep before the
+    next look unless the bell rings; else None.
+
+    Only the first waiter watches the holders (a dead holder frees memory only it can use);
+    each later waiter watches just the one ahead of it, and less often. So a long queue costs
+    each look one /proc read instead of one per entry, and no waiter queues on the lock to learn
+    nothing. Dead waiters are also swept by every change anyone makes.
+    """
     try:
         peek = store.load(paths)
     except LedgerError:
-        return False
-    if peek is None or not any(w["ticket"] == ticket for w in peek["waiters"]) or _my_turn(peek, ticket, nbytes):
-        return False
-    return (all(any(procinfo.is_alive(p, s) for p, s in r["pids"]) for r in peek["reservations"])
-            and all(procinfo.is_alive(w["pid"], w["start"]) for w in peek["waiters"] if w["ticket"] < ticket))
+        return None
+    if peek is None or _my_turn(peek, ticket, nbytes):
+        return None
+    ahead = [w for w in peek["waiters"] if w["ticket"] < ticket]
+    if not any(w["ticket"] == ticket for w in peek["waiters"]):
+        return None
+    if not ahead:
+        alive = all(any(procinfo.is_alive(p, s) for p, s in r["pids"]) for r in peek["reservations"])
+        return LIVENESS_S if alive else None
+    previous = max(ahead, key=lambda w: w["ticket"])
+    return 4 * LIVENESS_S if procinfo.is_alive(previous["pid"], previous["start"]) else None
 
 
 def _withdraw(device: int, root: Path, ticket: int, nbytes: int, me: tuple[int, int]) -> None:

@@ -282,3 +282,28 @@ def test_share_repair_messages(state: Path) -> None:
     done = run_cli(env, "share", "repair")
     assert done.returncode == 2 and "damaged at line 1" in done.stderr and "--reset" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_share_queue_heals_itself_when_the_first_waiter_dies(state: Path) -> None:
+    """No outside access at all: the waiter behind a killed head notices and moves up."""
+    holder = _holder(state, "12GiB", "holder")
+    head = _holder(state, "8GiB", "head", wait=60)
+    _until_waiters(1)
+    second = _holder(state, "2GiB", "second", wait=60)  # fits, but queued behind the head
+    _until_waiters(2)
+    _kill9(head)
+    start = time.monotonic()
+    assert json.loads(second.stdout.readline())["id"]  # granted without anyone else touching the ledger
+    assert time.monotonic() - start < 10
+    events = journal(state)
+    assert [(e["pid"], e["reason"]) for e in events if e["op"] == "abandon"] == [(head.pid, "dead")]
+    for proc in (holder, second):
+        proc.kill()
+        proc.wait()
+
+
+def _until_waiters(n: int) -> None:
+    deadline = time.monotonic() + 20
+    while len(ledger.status()[0]["waiters"]) < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)

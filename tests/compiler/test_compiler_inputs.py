@@ -110,3 +110,16 @@ def test_dead_code_is_not_planned():
     p = plan(f, jnp.ones(N), xla=False)
     assert check_plan(p) == [] and p.valid
     assert [s.primitive for s in p.schedule] == ["add"]
+
+
+def test_long_elementwise_chain_fuses_without_recursion_limits():
+    def f(x):
+        for _ in range(3000):  # deeper than Python's recursion limit
+            x = x * 1.0001 + 0.5
+        return x
+
+    p = plan(f, jnp.ones(N), xla=False)
+    assert check_plan(p) == [] and p.valid
+    # Every intermediate but the output is recomputed inside the next op: nothing is stored
+    # besides the output (and the input, in the caller's memory).
+    assert p.peak_bytes == p.lower_bound_bytes == 2 * N * 4

@@ -173,21 +173,39 @@ def _writers(plan: Plan, def_pos: dict[int, int]) -> dict[int, list[int]]:
 
 
 def _stored_reads(plan: Plan, inputs: list[int], memo: dict[int, list[int]]) -> list[int]:
-    """Values really read from memory: fused operands are replaced by what they are computed from."""
+    """Values really read from memory: fused operands are replaced by what they are computed
+    from, through chains of fused values (iteratively: chains can be thousands long)."""
+
+    def is_fused(v: int) -> bool:
+        info = plan.values.get(v)
+        return info is not None and info.buffer is None and info.producer is not None
+
+    for v in inputs:
+        if not is_fused(v) or v in memo:
+            continue
+        stack = [v]
+        while stack:
+            w = stack[-1]
+            if w in memo:
+                stack.pop()
+                continue
+            ins = plan.schedule[plan.values[w].producer].inputs
+            pending = [u for u in ins if is_fused(u) and u not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            found: dict[int, None] = {}
+            for u in ins:
+                for x in (memo[u] if is_fused(u) else [u] if u in plan.values else []):
+                    found[x] = None
+            memo[w] = list(found)
     result: dict[int, None] = {}
     for v in inputs:
-        info = plan.values.get(v)
-        if info is None:
+        if v not in plan.values:
             continue
-        if info.buffer is None and info.producer is not None:
-            got = memo.get(v)
-            if got is None:
-                got = _stored_reads(plan, plan.schedule[info.producer].inputs, memo)
-                memo[v] = got
-            for w in got:
-                result[w] = None
-        else:
-            result[v] = None
+        for x in (memo[v] if is_fused(v) else [v]):
+            result[x] = None
     return list(result)
 
 

@@ -58,20 +58,34 @@ def _fusible_producer(op) -> bool:
 
 
 def expanded_inputs(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
-    """The stored values a fused value `v` is computed from (through chains of fused values)."""
+    """The stored values a fused value `v` is computed from (through chains of fused values).
+
+    Iterative, since elementwise chains thousands of ops long fuse into one.
+    """
     got = memo.get(v)
     if got is not None:
         return got
-    result: dict[int, None] = {}
-    for u in g.ops[g.producer[v]].inputs:
-        if fused[u]:
-            for w in expanded_inputs(g, fused, memo, u):
-                result[w] = None
-        else:
-            result[u] = None
-    got = list(result)
-    memo[v] = got
-    return got
+    stack = [v]
+    while stack:
+        w = stack[-1]
+        if w in memo:
+            stack.pop()
+            continue
+        ins = g.ops[g.producer[w]].inputs
+        pending = [u for u in ins if fused[u] and u not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        result: dict[int, None] = {}
+        for u in ins:
+            if fused[u]:
+                for x in memo[u]:
+                    result[x] = None
+            else:
+                result[u] = None
+        memo[w] = list(result)
+    return memo[v]
 
 
 def expanded_reads(g: Graph, fused: list[bool]) -> list[list[int]]:

@@ -123,3 +123,12 @@ def test_long_elementwise_chain_fuses_without_recursion_limits():
     # Every intermediate but the output is recomputed inside the next op: nothing is stored
     # besides the output (and the input, in the caller's memory).
     assert p.peak_bytes == p.lower_bound_bytes == 2 * N * 4
+
+
+def test_plan_records_xla_figures_for_the_same_function():
+    args = (jnp.ones(N), jnp.zeros(N), jnp.full(N, 0.5))
+    p = plan(_adam_like, *args, donate_argnums=(0,))
+    assert p.xla is not None
+    assert p.xla.argument_bytes == p.argument_bytes  # every argument is used
+    assert p.xla.output_bytes - 16 == p.output_bytes  # XLA adds the 2-tuple's pointer table
+    assert p.xla.alias_bytes == N * 4                 # the donated argument, aliased to an output

@@ -1,7 +1,8 @@
 """Rematerialization benchmark: jaxmem.fit on 12-layer training steps at 70%, 50%, 35% budgets.
 
-Two models written here so their layers can be wrapped: a deep residual MLP (each layer
-x + W2 tanh(W1 x), hidden 4x wide) and a pre-norm transformer (attention + gelu MLP). For each,
+Three models written here so their layers can be wrapped: a deep residual MLP (each layer
+x + W2 tanh(W1 x), hidden 4x wide), a plain 16-layer MLP (gelu(x W + b)), and a pre-norm
+transformer (attention + gelu MLP). For each,
 the original step, `jax.checkpoint` around every layer, and `jax.checkpoint` with the
 `dots_saveable` policy are compiled by XLA on this machine's backend; then `jaxmem.fit` is run
 at budgets of 70%, 50% and 35% of XLA's total for the original. Every figure is XLA's own
@@ -50,6 +51,29 @@ def mlp_model(layers: int, batch: int, width: int) -> tuple[Callable, Callable, 
 
     def layer(h: jax.Array, p: dict) -> jax.Array:
         return h + jnp.tanh(h @ p["w1"]) @ p["w2"]
+
+    def make(wrap: Callable) -> Callable:
+        f = wrap(layer)
+
+        def loss(params: Any, batch: Any) -> jax.Array:
+            h = batch["x"]
+            for p in params:
+                h = f(h, p)
+            return jnp.mean((h - batch["y"]) ** 2)
+        return _sgd(loss)
+
+    return make, (params, data)
+
+
+def plain_mlp_model(layers: int, batch: int, width: int) -> tuple[Callable, Any]:
+    """(make_step(wrap), params/batch) for a plain MLP: `gelu(h W + b)` layers, no residual."""
+    keys = jax.random.split(jax.random.PRNGKey(0), layers)
+    params = [{"w": jax.random.normal(k, (width, width)) / np.sqrt(width), "b": jnp.zeros(width)} for k in keys]
+    data = {"x": jax.random.normal(jax.random.PRNGKey(1), (batch, width)),
+            "y": jax.random.normal(jax.random.PRNGKey(2), (batch, width))}
+
+    def layer(h: jax.Array, p: dict) -> jax.Array:
+        return jax.nn.gelu(h @ p["w"] + p["b"])
 
     def make(wrap: Callable) -> Callable:
         f = wrap(layer)
@@ -161,16 +185,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--small", action="store_true", help="4 layers, small shapes: a quick check")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--models", default="mlp,plain,transformer",
+                        help="comma-separated: mlp (residual), plain (gelu MLP), transformer")
     args = parser.parse_args(argv)
     layers = 4 if args.small else 12
     budgets = [0.70, 0.50, 0.35]
     print(f"backend: {jax.default_backend()}, jax {jax.__version__}", file=sys.stderr)
     rows = []
-    make, mlp_args = mlp_model(layers, batch=256 if args.small else 2048, width=64 if args.small else 256)
-    rows += run_model(f"MLP {layers}L", make, mlp_args, budgets)
-    make, tf_args = transformer_model(layers, batch=2 if args.small else 8, seq=64 if args.small else 128,
-                                      d=64 if args.small else 256, heads=4, vocab=256 if args.small else 1024)
-    rows += run_model(f"transformer {layers}L", make, tf_args, budgets)
+    models = set(args.models.split(","))
+    if "mlp" in models:
+        make, mlp_args = mlp_model(layers, batch=256 if args.small else 2048, width=64 if args.small else 256)
+        rows += run_model(f"residual MLP {layers}L", make, mlp_args, budgets)
+    if "plain" in models:
+        depth = 4 if args.small else 16
+        make, plain_args = plain_mlp_model(depth, batch=256 if args.small else 4096, width=64 if args.small else 512)
+        rows += run_model(f"gelu MLP {depth}L", make, plain_args, budgets)
+    if "transformer" in models:
+        make, tf_args = transformer_model(layers, batch=2 if args.small else 8, seq=64 if args.small else 128,
+                                          d=64 if args.small else 256, heads=4, vocab=256 if args.small else 1024)
+        rows += run_model(f"transformer {layers}L", make, tf_args, budgets)
     print(table(rows))
     if args.json:
         with open(args.json, "w") as fh:

@@ -54,7 +54,7 @@ def test_share_parse_amount() -> None:
 
 
 def test_share_percentage_fraction_reads_back_exactly() -> None:
-    from jaxmem.cli.run import fraction_text
+    from jaxmem.share.ledger import fraction_text
     for cap in (16 * GiB, 81559 * MiB, 143771 * MiB, 10**9 + 7):
         for pct in (1, 12.5, 30, 33, 50, 99.9, 100):
             nbytes = ledger.parse_amount(f"{pct}%", cap)
@@ -135,7 +135,7 @@ def test_share_bad_arguments() -> None:
 
 def test_share_reserve_release_and_journal(state: Path) -> None:
     with jaxmem.reserve("30%", capacity="16GiB", label="first") as a:
-        assert abs(a.fraction - 0.3) < 1e-9
+        assert abs(a.fraction - 0.3) < 1e-9 and a.fraction_text == "0.3"
         b = jaxmem.reserve("8GiB", label="second")
         rows = ledger.status()
         assert rows[0]["reserved"] == a.bytes + b.bytes and rows[0]["free"] == 16 * GiB - a.bytes - b.bytes

@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 
 from jaxmem.errors import ConfigError, JaxmemError
-from jaxmem.share.ledger import Reservation, reserve
+from jaxmem.share.ledger import Reservation, fraction_text, reserve
 from jaxmem.units import format_size
 
 NEW_VAR, OLD_VAR = "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"
@@ -73,19 +73,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print what was reserved")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return parser
-
-
-def fraction_text(nbytes: int, capacity: int) -> str:
-    """The fraction nbytes/capacity as a decimal string, rounded down to 6 places.
-
-    >>> fraction_text(3, 10), fraction_text(10, 10)
-    ('0.3', '1')
-    """
-    micro = nbytes * 1_000_000 // capacity  # exact integer arithmetic: never rounds up
-    if micro == 0:
-        raise ConfigError(f"{nbytes} bytes is under a millionth of the device; reserve more")
-    text = f"{micro // 1_000_000}.{micro % 1_000_000:06d}".rstrip("0").rstrip(".")
-    return text
 
 
 def fraction_variable(choice: str = "auto") -> str:

@@ -1,7 +1,7 @@
 """Reserve a share of a GPU's memory in a node-local ledger, so processes sharing it do not race.
 
     with jaxmem.reserve("30%", capacity="16GiB", wait=60, label="train") as r:
-        print(r.bytes, r.fraction)   # 5153960756 0.30000000005: JAX gets XLA_CLIENT_MEM_FRACTION=0.3
+        print(r.bytes, r.fraction_text)   # 5153960756 0.3 -- give JAX this fraction
 
 Every process that means to use part of device N first reserves its share here. The ledger is a
 file per device (see `jaxmem.share.store`) changed only under an exclusive lock; no daemon runs.
@@ -86,6 +86,19 @@ def resolve_capacity(device: int, capacity: int | str | None) -> int | None:
         raise ConfigError(f"nvidia-smi reports {format_size(measured)} for device {device} but capacity "
                           f"{capacity!r} is {format_size(given)}; drop the capacity argument")
     return measured
+
+
+def fraction_text(nbytes: int, capacity: int) -> str:
+    """nbytes/capacity as a decimal string for JAX's memory fraction, rounded DOWN to 6 places
+    so that JAX's pool never exceeds the reservation.
+
+    >>> fraction_text(3, 10), fraction_text(10, 10)
+    ('0.3', '1')
+    """
+    micro = nbytes * 1_000_000 // capacity  # exact integer arithmetic: never rounds up
+    if micro == 0:
+        raise ConfigError(f"{nbytes} bytes is under a millionth of the device; reserve more")
+    return f"{micro // 1_000_000}.{micro % 1_000_000:06d}".rstrip("0").rstrip(".")
 
 
 class _Txn:
@@ -197,6 +210,11 @@ class Reservation:
     @property
     def fraction(self) -> float:
         return self.bytes / self.capacity
+
+    @property
+    def fraction_text(self) -> str:
+        """The fraction to give JAX (XLA_CLIENT_MEM_FRACTION), rounded down: "0.3" for 30%."""
+        return fraction_text(self.bytes, self.capacity)
 
     def attach(self, pid: int) -> None:
         """Make process `pid` a holder too: the reservation lives while any holder lives."""
@@ -323,7 +341,7 @@ def reserve(amount: int | str, *, device: int = 0, capacity: int | str | None = 
 
     ```python
     with jaxmem.reserve("12GiB", device=0, wait=60, label="eval") as r:
-        os.environ["XLA_CLIENT_MEM_FRACTION"] = f"{r.fraction:.4f}"  # before JAX starts
+        os.environ["XLA_CLIENT_MEM_FRACTION"] = r.fraction_text  # before JAX starts
         ...
     ```
 
@@ -412,6 +430,7 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
                     if not any(w["ticket"] == ticket for w in txn.state["waiters"]):
                         # Our entry is gone (the ledger was repaired): queue again, at the back.
                         store.close_bell(paths, ticket, bell)
+                        bell = None
                         ticket, bell = _enqueue(txn, nbytes, label, me, requeued=True)
                     if _my_turn(txn.state, ticket, nbytes):
                         return _grant(txn, ticket, nbytes, label, me)

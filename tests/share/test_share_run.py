@@ -330,3 +330,27 @@ def test_share_run_keeps_exit_code_when_ledger_breaks_meanwhile(state: Path) -> 
     done = run_cli(isolated_env(state), "share", "repair")
     assert done.returncode == 0 and "kept 0 live reservation(s)" in done.stdout and "dropped 1" in done.stdout
     assert _reserved() == 0
+
+
+def test_share_fraction_variable_follows_the_installed_jaxlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.machinery
+    import importlib.util
+
+    from jaxmem.cli import run
+
+    old = tmp_path / "jaxlib"
+    old.mkdir()
+    (old / "xla_client.py").write_text("memory_fraction = os.getenv('XLA_PYTHON_CLIENT_MEM_FRACTION', '')\n")
+    spec = importlib.machinery.ModuleSpec("jaxlib", None, is_package=True)
+    spec.submodule_search_locations = [str(old)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert run.fraction_variable() == run.OLD_VAR  # an older jaxlib reads only the old name
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert run.fraction_variable() == run.NEW_VAR  # no jaxlib beside jaxmem: the current name
+    assert run.fraction_variable(run.OLD_VAR) == run.OLD_VAR
+
+
+def test_share_run_warns_about_platform_allocator(state: Path) -> None:
+    env = isolated_env(state, XLA_PYTHON_CLIENT_ALLOCATOR="platform")
+    done = run_cli(env, "run", "--memory", "1GiB", "--capacity", "16GiB", "--", "true")
+    assert done.returncode == 0 and "platform ignores the memory fraction" in done.stderr

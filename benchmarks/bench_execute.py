@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/bench_execute.py                 # every program, markdown table
     .venv/bin/python benchmarks/bench_execute.py mlp_train --repeat 5
 
-All three run in the same process on the same inputs; each figure is the median of `--repeat`
-timed calls after one warm-up call (which traces, plans, compiles). `jax.jit` is timed to
-`block_until_ready`. JAX op by op is `fn(*args)` under `jax.disable_jit()`. The machine is shared,
-so read the ratios, which are measured within one run, rather than the absolute times.
+All three run in the same process on the same inputs, interleaved round by round; each figure
+is the median of `--repeat` timed calls after one warm-up call (which traces, plans, compiles).
+`jax.jit` is timed to `block_until_ready`. JAX op by op is `fn(*args)` under `jax.disable_jit()`.
+The machine is shared, so read the ratios rather than the absolute times.
 """
 
 from __future__ import annotations
@@ -25,22 +25,18 @@ import jaxmem
 from jaxmem.examples.suite import PROGRAMS
 
 
-def _median_seconds(call: Callable[[], Any], repeat: int) -> float:
-    call()  # warm-up: trace, plan, compile
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _block(tree: Any) -> Any:
-    return jax.block_until_ready(tree)
+def _seconds(call: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
 
 
 def measure(name: str, repeat: int) -> dict[str, Any]:
-    """Seconds per call of jaxmem.jit, jax.jit and JAX op by op for one suite program."""
+    """Seconds per call of jaxmem.jit, jax.jit and JAX op by op for one suite program.
+
+    The three are interleaved (one call of each per round, `repeat` rounds, medians kept) so that
+    a change in the machine's load hits all three alike.
+    """
     program = PROGRAMS[name]
     fn, args = program.factory()
     planned = jaxmem.jit(fn, donate_argnums=program.donate_argnums)
@@ -48,12 +44,21 @@ def measure(name: str, repeat: int) -> dict[str, Any]:
 
     def op_by_op() -> Any:
         with jax.disable_jit():
-            return _block(fn(*args))
+            return jax.block_until_ready(fn(*args))
 
-    row = {"program": name}
-    row["jaxmem_s"] = _median_seconds(lambda: planned(*args), repeat)
-    row["jax_jit_s"] = _median_seconds(lambda: _block(jitted(*args)), repeat)
-    row["op_by_op_s"] = _median_seconds(op_by_op, max(1, repeat // 2))
+    calls = {
+        "jaxmem_s": lambda: planned(*args),
+        "jax_jit_s": lambda: jax.block_until_ready(jitted(*args)),
+        "op_by_op_s": op_by_op,
+    }
+    for call in calls.values():
+        call()  # warm-up: trace, plan, compile
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(repeat):
+        for key, call in calls.items():
+            times[key].append(_seconds(call))
+    row: dict[str, Any] = {"program": name}
+    row.update({k: statistics.median(v) for k, v in times.items()})
     executable = planned.lower(*args)
     row["steps"] = len(executable.plan.schedule)
     row["jax_kernels"] = sum(k.name == "jax" for k in executable.program.kernels)

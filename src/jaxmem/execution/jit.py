@@ -57,7 +57,7 @@ class Executable:
         else:
             # The arena is in use (a call from another thread or a re-entrant call): run this
             # one in an arena of its own rather than share bytes.
-            flat = compile_plan(self.plan, np.empty(self.plan.arena_bytes, np.uint8)).run(inputs)
+            flat = compile_plan(self.plan, host_arena(self.plan.arena_bytes)).run(inputs)
         out_avals = [v.aval for v in self.traced.closed_jaxpr.jaxpr.outvars]
         return jax.tree_util.tree_unflatten(self.traced.out_tree,
                                             [to_user(x, a) for x, a in zip(flat, out_avals)])
@@ -90,7 +90,7 @@ def build(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[
         plan.closed_jaxpr = traced.closed_jaxpr
     buffer = None
     if device is None:
-        memory = np.empty(plan.arena_bytes, np.uint8)
+        memory = host_arena(plan.arena_bytes)
     else:
         if getattr(device.backend, "kind", "") != "host":
             raise PlanError(f"jaxmem.jit runs in host memory: give it a Device(backend='host'), not {device!r}")
@@ -106,6 +106,18 @@ def build(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[
             device.free(buffer)
         raise
     return Executable(traced, plan, program, device, buffer)
+
+
+# XLA on the CPU takes a numpy array without copying it when its data is 64-byte aligned; every
+# planned offset is a multiple of 256, so an aligned arena makes every slot such an array.
+ALIGNMENT = 64
+
+
+def host_arena(nbytes: int) -> np.ndarray:
+    """A numpy uint8 arena of exactly `nbytes` bytes whose first byte is 64-byte aligned."""
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start:start + nbytes]
 
 
 class Jitted:

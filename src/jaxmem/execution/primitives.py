@@ -195,7 +195,9 @@ def jax_kernel(eqn: Any) -> Kernel:
             return tuple(np.asarray(r) for r in res)
         return np.asarray(res[0])
 
-    kernel = Kernel(compute=compute, name="jax", jitted=jitted)
+    # views=True: XLA may hand back its input's own buffer (an identity), which for a 64-byte
+    # aligned numpy input is the arena's memory itself, so the executor treats it like a view.
+    kernel = Kernel(compute=compute, name="jax", jitted=jitted, views=True)
     if key is not None:
         _JAX_KERNELS[key] = kernel
     return kernel

@@ -19,6 +19,12 @@ holds them all. Its keys are single ints, size << 48 | address, which compare fa
 tuples; the container is a list of short sorted lists (the layout sortedcontainers uses),
 written out inline because the public allocate/free pair is the hot path.
 
+Free chunks are also kept in two small dictionaries (start -> size, end -> start), which is all
+a free needs to find the neighbours it merges with; chunks in use sit in a third (address ->
+size) that only the chunk walk reads. With tens of thousands of live buffers the table of used
+chunks no longer fits in cache, so keeping the merge lookups out of it is what keeps a free
+cheap (measured in benchmarks/results/runtime.md).
+
     backend = SimulatedBackend("16GiB")
     pool = BFCAllocator(backend, limit=12 << 30, preallocate=True)
     buf = pool.allocate(1000)         # Buffer(address=0x0, size=1024, requested_size=1000)
@@ -31,7 +37,7 @@ from bisect import bisect_left, insort
 from typing import Iterator
 
 from jaxmem.errors import AllocationError, ConfigError, OutOfMemory
-from jaxmem.runtime.allocator import Allocator, Backend, Chunk
+from jaxmem.runtime.allocator import Allocator, Backend, Buffer, Chunk
 from jaxmem.runtime.dump import MIN_ALLOCATION, NUM_BINS, OomWatch, PoolOutOfMemory, bin_for_size  # noqa: F401 (re-exported)
 from jaxmem.units import format_size
 
@@ -42,6 +48,7 @@ BACKPEDAL = 0.9                          # shrink factor when the device refuses
 _SHIFT = 48                              # key = size << 48 | address; addresses < 256 TiB
 _MASK = (1 << _SHIFT) - 1
 _LOAD = 256                              # sublist length; split at twice this
+_new = object.__new__                    # a Buffer without the cost of a Python __init__ call
 
 
 def round_bytes(size: int) -> int:
@@ -83,10 +90,9 @@ class BFCAllocator(Allocator):
         self.pool_bytes = 0
         self._maxes: list[int] = []          # last key of each sublist
         self._lists: list[list[int]] = []    # sorted sublists of free-chunk keys
-        # Every chunk, by address: its size when in use, minus its size when free. One table
-        # keeps the hot path to few dictionary operations.
-        self._chunk: dict[int, int] = {}
-        self._free_end: dict[int, int] = {}  # free chunk end -> its address (to merge backwards)
+        self._used: dict[int, int] = {}        # chunk in use: address -> size
+        self._free_start: dict[int, int] = {}  # free chunk: address -> size (to merge forwards)
+        self._free_end: dict[int, int] = {}    # free chunk: end -> address (to merge backwards)
         self._regions: dict[int, int] = {}   # region start -> end (adjacent regions merged)
         self._region_end: dict[int, int] = {}  # region end -> start
         self._parts: dict[int, list[tuple[int, int]]] = {}  # region start -> backend allocations
@@ -143,13 +149,84 @@ class BFCAllocator(Allocator):
     def _take_free(self, address: int, size: int) -> None:
         """Take the free chunk [address, +size) out of the free set (it becomes used or goes)."""
         self._remove(size << _SHIFT | address)
+        del self._free_start[address]
         del self._free_end[address + size]
 
     def _put_free(self, address: int, size: int) -> None:
         """Record [address, +size) as a free chunk (its neighbours must not be free)."""
-        self._chunk[address] = -size
+        self._free_start[address] = size
         self._free_end[address + size] = address
         self._insert(size << _SHIFT | address)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # A subclass that changes the allocate hook keeps it called: the fused public allocate
+        # below bypasses the hook, so such a subclass gets the base class's generic one.
+        super().__init_subclass__(**kwargs)
+        if cls._allocate is not BFCAllocator._allocate and cls.allocate is BFCAllocator.allocate:
+            cls.allocate = Allocator.allocate  # type: ignore[method-assign]
+
+    # ---- the public allocate, fused with the policy's common path -------------------------
+    def allocate(self, size: int, *, alignment: int = 256, stream: int = 0) -> Buffer:
+        """`Allocator.allocate`, with the common case (a plain request that a free chunk holds)
+        written out here, because the hook call, its tuple and `Buffer.__init__` are a
+        measurable share of a pair (benchmarks/results/runtime.md). Everything else (bad
+        arguments, alignment, growth, out of memory, an error to freeze first, the rare 128 MiB
+        split) goes the generic way, through `_allocate`."""
+        if type(size) is not int or size <= 0 or alignment != 256 or self._oom.pending:
+            return Allocator.allocate(self, size, alignment=alignment, stream=stream)
+        rounded = (size + 255) & -256
+        key = rounded << 48
+        maxes = self._maxes
+        pos = bisect_left(maxes, key)
+        try:
+            sub = self._lists[pos]
+        except IndexError:                 # no free chunk is large enough: grow, or fail
+            return Allocator.allocate(self, size, alignment=alignment, stream=stream)
+        i = bisect_left(sub, key)
+        found = sub[i]
+        rest = (found >> 48) - rounded
+        address = found & 0xFFFFFFFFFFFF
+        free_start = self._free_start
+        # The same steps as `_allocate`.
+        if rest >= rounded:                # split: the tail's key takes the chunk's slot
+            tail = address + rounded
+            new = rest << 48 | tail
+            sub[i] = new
+            if found == maxes[pos]:
+                maxes[pos] = new
+            del free_start[address]
+            free_start[tail] = rest
+            self._free_end[tail + rest] = tail
+        elif rest >= 134217728:            # split for the 128 MiB rule (rare): the hook does it
+            return Allocator.allocate(self, size, alignment=alignment, stream=stream)
+        else:                              # the whole chunk
+            del sub[i]
+            if not sub:
+                del self._lists[pos]
+                del maxes[pos]
+            elif i == len(sub):
+                maxes[pos] = sub[-1]
+            rounded += rest
+            del free_start[address]
+            del self._free_end[address + rounded]
+        self._used[address] = rounded
+        # The statistics, as `Allocator.allocate` keeps them.
+        self.num_allocs += 1
+        in_use = self.bytes_in_use + rounded
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        if rounded > self.largest_alloc_size:
+            self.largest_alloc_size = rounded
+        buf = _new(Buffer)                 # the fields of Buffer.__init__, in its order
+        buf.address = address
+        buf.size = rounded
+        buf.requested_size = size
+        buf.stream = stream
+        buf.owner = self
+        buf.live = True
+        buf.handle = None
+        return buf
 
     # ---- hooks ------------------------------------------------------------------------------
     # The two hot hooks are written flat: constants inline (48 = _SHIFT, 0xFFFFFFFFFFFF = _MASK,
@@ -171,9 +248,20 @@ class BFCAllocator(Allocator):
         found = sub[i]
         address = found & 0xFFFFFFFFFFFF
         rest = (found >> 48) - rounded
-        if rest >= rounded or rest >= 134217728:
-            # Split: the tail stays free. Its key is smaller than the chunk's; when nothing lies
-            # between the two it takes the chunk's slot and the container needs no reshuffle.
+        free_start = self._free_start
+        if rest >= rounded:
+            # Split. The tail's key is at least `key` (rest >= rounded), so above every key
+            # before slot i, and below `found`: it takes the chunk's slot.
+            tail = address + rounded
+            new = rest << 48 | tail
+            sub[i] = new
+            if found == maxes[pos]:
+                maxes[pos] = new
+            del free_start[address]
+            free_start[tail] = rest
+            self._free_end[tail + rest] = tail
+        elif rest >= 134217728:
+            # Split for the 128 MiB rule: the tail's key may now sort before earlier keys.
             tail = address + rounded
             new = rest << 48 | tail
             if (sub[i - 1] < new) if i else (pos == 0 or maxes[pos - 1] < new):
@@ -188,20 +276,20 @@ class BFCAllocator(Allocator):
                 elif i == len(sub):
                     maxes[pos] = sub[-1]
                 self._insert(new)
-            chunks = self._chunk
-            chunks[address] = rounded
-            chunks[tail] = -rest
+            del free_start[address]
+            free_start[tail] = rest
             self._free_end[tail + rest] = tail
-            return address, rounded, None
-        del sub[i]
-        if not sub:
-            del self._lists[pos]
-            del maxes[pos]
-        elif i == len(sub):
-            maxes[pos] = sub[-1]
-        rounded += rest
-        self._chunk[address] = rounded
-        del self._free_end[address + rounded]
+        else:
+            del sub[i]
+            if not sub:
+                del self._lists[pos]
+                del maxes[pos]
+            elif i == len(sub):
+                maxes[pos] = sub[-1]
+            rounded += rest
+            del free_start[address]
+            del self._free_end[address + rounded]
+        self._used[address] = rounded
         return address, rounded, None
 
     def _allocate_after_extending(self, size: int, rounded: int, stream: int) -> tuple[int, int, object]:
@@ -229,7 +317,7 @@ class BFCAllocator(Allocator):
             self._put_free(aligned + rounded, rest)
         else:
             rounded = chunk
-        self._chunk[aligned] = rounded
+        self._used[aligned] = rounded
         return aligned, rounded, None
 
     def _find_aligned(self, rounded: int, alignment: int) -> tuple[int, int] | None:
@@ -246,64 +334,70 @@ class BFCAllocator(Allocator):
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
         if self._oom.pending:
             self._oom.settle()
-        chunks = self._chunk
+        del self._used[address]
+        free_start = self._free_start
         free_end = self._free_end
         end = address + size
-        old = 0                        # key of a merged neighbour, whose slot the result may take
-        after = chunks.get(end, 0)
-        if after < 0:                  # merge with the free chunk that follows
-            del chunks[end]
-            old = -after << 48 | end
-            end -= after
-        before = free_end.get(address)
-        if before is not None:         # merge with the free chunk that precedes
-            del free_end[address]
-            del chunks[address]
-            if old:
+        if end in free_start:              # merge with the free chunk that follows
+            after = free_start.pop(end)
+            old = after << 48 | end        # its key, whose slot the merged chunk may take
+            end += after
+            if address in free_end:        # ... and with the one that precedes
+                before = free_end.pop(address)
                 self._remove(old)
-            old = -chunks[before] << 48 | before
+                old = free_start[before] << 48 | before
+                address = before
+        elif address in free_end:          # merge with the free chunk that precedes
+            before = free_end.pop(address)
+            old = free_start[before] << 48 | before
             address = before
+        else:                              # no free neighbour: a new key
+            free_start[address] = size
+            free_end[end] = address
+            new = size << 48 | address
+            maxes = self._maxes
+            pos = bisect_left(maxes, new)
+            try:
+                sub = self._lists[pos]
+            except IndexError:             # the largest free chunk: goes last
+                if not maxes:
+                    self._lists.append([new])
+                    maxes.append(new)
+                    return
+                pos -= 1
+                sub = self._lists[pos]
+                sub.append(new)
+                maxes[pos] = new
+            else:
+                insort(sub, new)
+            if len(sub) > 512:             # 2 x _LOAD
+                self._split_sublist(pos)
+            return
         size = end - address
-        chunks[address] = -size
+        free_start[address] = size
         free_end[end] = address
         new = size << 48 | address
+        # The merged key is bigger than the neighbour's; if nothing lies between them it
+        # takes the neighbour's slot and the container needs no reshuffle.
         maxes = self._maxes
-        if old:
-            # The merged key is bigger than the neighbour's; if nothing lies between them it
-            # takes the neighbour's slot and the container needs no reshuffle.
-            pos = bisect_left(maxes, old)
-            sub = self._lists[pos]
-            i = bisect_left(sub, old)
-            if i + 1 < len(sub):
-                if sub[i + 1] > new:
-                    sub[i] = new
-                    return
-            elif pos + 1 == len(maxes) or self._lists[pos + 1][0] > new:
+        pos = bisect_left(maxes, old)
+        sub = self._lists[pos]
+        i = bisect_left(sub, old)
+        if i + 1 < len(sub):
+            if sub[i + 1] > new:
                 sub[i] = new
-                maxes[pos] = new
                 return
-            del sub[i]
-            if not sub:
-                del self._lists[pos]
-                del maxes[pos]
-            elif i == len(sub):
-                maxes[pos] = sub[-1]
-        pos = bisect_left(maxes, new)
-        try:
-            sub = self._lists[pos]
-        except IndexError:             # the largest free chunk: goes last
-            if not maxes:
-                self._lists.append([new])
-                maxes.append(new)
-                return
-            pos -= 1
-            sub = self._lists[pos]
-            sub.append(new)
+        elif pos + 1 == len(maxes) or self._lists[pos + 1][0] > new:
+            sub[i] = new
             maxes[pos] = new
-        else:
-            insort(sub, new)
-        if len(sub) > 512:             # 2 x _LOAD
-            self._split_sublist(pos)
+            return
+        del sub[i]
+        if not sub:
+            del self._lists[pos]
+            del maxes[pos]
+        elif i == len(sub):
+            maxes[pos] = sub[-1]
+        self._insert(new)
 
     def _pool_bytes(self) -> int:
         return self.pool_bytes
@@ -312,7 +406,7 @@ class BFCAllocator(Allocator):
         return self._maxes[-1] >> _SHIFT if self._maxes else 0
 
     def _chunks(self) -> Iterator[Chunk]:
-        return _walk(sorted(self._regions.items()), self._chunk)
+        return _walk(sorted(self._regions.items()), self._used, self._free_start)
 
     def _empty_cache(self) -> int:
         """Return every wholly free region to the backend (growth mode; a preallocated pool
@@ -323,10 +417,9 @@ class BFCAllocator(Allocator):
             self._oom.settle()
         released = 0
         for start, end in list(self._regions.items()):
-            if self._chunk.get(start) != start - end:   # not one free chunk over the region
+            if self._free_start.get(start) != end - start:   # not one free chunk over the region
                 continue
             self._take_free(start, end - start)
-            del self._chunk[start]
             for address, _ in self._parts.pop(start):
                 self.backend.release(address)
                 self.device_frees += 1
@@ -382,7 +475,7 @@ class BFCAllocator(Allocator):
         self._region_end[end] = start
         self._parts[start] = parts
         # The new bytes are a free chunk that merges with free chunks at the seams.
-        self._chunk[address] = nbytes
+        self._used[address] = nbytes
         self._free(address, nbytes, None, 0)
 
     # ---- out of memory ------------------------------------------------------------------------
@@ -412,15 +505,15 @@ class BFCAllocator(Allocator):
             largest_free_block=largest, fragmentation=fragmented))
 
 
-def _walk(regions: list[tuple[int, int]], chunks: dict[int, int]) -> Iterator[Chunk]:
-    """Every chunk of the given regions, address order, from the chunk table."""
+def _walk(regions: list[tuple[int, int]], used: dict[int, int], free: dict[int, int]) -> Iterator[Chunk]:
+    """Every chunk of the given regions, address order, from the tables of used and free chunks."""
     for index, (start, end) in enumerate(regions):
         address = start
         while address < end:
-            size = chunks[address]
-            if size < 0:
-                yield Chunk(address, -size, False, index)
-                address -= size
+            size = used.get(address)
+            if size is None:
+                size = free[address]
+                yield Chunk(address, size, False, index)
             else:
                 yield Chunk(address, size, True, index)
-                address += size
+            address += size

@@ -47,9 +47,11 @@ def bench_program(name: str, repeat: int, ynn_off: bool) -> dict[str, Any]:
     """One suite program: plan it (best plan time of `repeat`), and XLA's DFS and BFS totals
     (and, with `ynn_off`, the same with XLA's YNNPACK fusions off, see `jaxmem.compiler.xla.YNN_OFF`)."""
     program = PROGRAMS[name]
-    fn, args = program.factory()
     best = None
     for _ in range(repeat):
+        # A fresh function each time: JAX caches traces per function object, and a plan of the
+        # very same jaxpr objects again would hit caches that a user's single plan never does.
+        fn, args = program.factory()
         result = plan(fn, *args, donate_argnums=program.donate_argnums, xla=False)
         if best is None or result.plan_seconds < best.plan_seconds:
             best = result
@@ -81,17 +83,19 @@ def bench_program(name: str, repeat: int, ynn_off: bool) -> dict[str, Any]:
 
 def bench_scaling(layers: int, repeat: int) -> dict[str, Any]:
     """Plan time of `transformer_train_step(layers)`, next to JAX's own tracing time."""
-    fn, args = transformer_train_step(layers)
     trace_seconds = math.inf
+    best = None
     for _ in range(repeat):
+        # Fresh functions, as in bench_program: a second trace of the same one is a cache hit.
+        fn, args = transformer_train_step(layers)
         start = time.perf_counter()
         jax.make_jaxpr(fn)(*args)
         trace_seconds = min(trace_seconds, time.perf_counter() - start)
-    best = None
-    for _ in range(repeat):
+        fn, args = transformer_train_step(layers)
         result = plan(fn, *args, xla=False)
         if best is None or result.plan_seconds < best.plan_seconds:
             best = result
+        del fn, args
     assert best is not None
     return {"layers": layers, "num_eqns": best.num_eqns, "num_steps": len(best.schedule),
             "plan_seconds": best.plan_seconds, "trace_seconds": trace_seconds,
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", default="", help="comma-separated suite names (default: all)")
     parser.add_argument("--no-scaling", action="store_true", help="skip the plan-time scaling study")
     parser.add_argument("--layers", default=",".join(map(str, SCALING_LAYERS)), help="layer counts to time")
-    parser.add_argument("--repeat", type=int, default=1, help="plan each program this many times, keep the fastest")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="plan each program this many times (a freshly built function each time), keep the fastest")
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     parser.add_argument("--no-ynn-off", action="store_true",
                         help="skip the extra XLA runs with YNNPACK fusions off (two fewer processes per program)")

@@ -181,6 +181,8 @@ class BFCAllocator(Allocator):
         try:
             sub = self._lists[pos]
         except IndexError:                 # no free chunk is large enough: grow, or fail
+            if not self._extend(rounded):
+                raise self._out_of_memory(size, rounded) from None
             return Allocator.allocate(self, size, alignment=alignment, stream=stream)
         i = bisect_left(sub, key)
         found = sub[i]
@@ -485,24 +487,76 @@ class BFCAllocator(Allocator):
 
     def _out_of_memory(self, size: int, rounded: int) -> OutOfMemory:
         largest = self._largest_free_block()
-        free_total = self.pool_bytes - self.bytes_in_use
-        fragmented = free_total >= rounded
-        if fragmented:
-            cause = (f"; cause: fragmentation ({format_size(free_total)} free in the pool, but no "
-                     f"free block that large)")
-        elif self.pool_bytes + rounded <= self.limit:
-            cause = "; cause: the device could not supply a new region under the limit"
-        else:
-            cause = ""
-        message = (
-            f"{self.name} ran out of memory trying to allocate {format_size(size)} ({size} bytes, "
-            f"rounded to {rounded}); in use {format_size(self.bytes_in_use)}, pool "
-            f"{format_size(self.pool_bytes)} of limit {format_size(self.limit)}, largest free "
-            f"block {format_size(largest)}{cause}")
-        return self._oom.track(PoolOutOfMemory(
-            message, lambda: list(self._chunks()), requested=size, rounded=rounded,
+        return self._oom.track(BFCOutOfMemory(
+            self.name, lambda: list(self._chunks()), requested=size, rounded=rounded,
             in_use=self.bytes_in_use, pool_bytes=self.pool_bytes, limit=self.limit,
-            largest_free_block=largest, fragmentation=fragmented))
+            largest_free_block=largest, fragmentation=self.pool_bytes - self.bytes_in_use >= rounded))
+
+
+def oom_message(name: str, requested: int, rounded: int, in_use: int, pool_bytes: int, limit: int,
+                largest_free_block: int) -> str:
+    """The message of a BFC out-of-memory error: what was asked, the pool, and the cause.
+
+    >>> oom_message("bfc", 1000, 1024, 0, 512, 512, 512).split(";")[0]
+    'bfc ran out of memory trying to allocate 1000 B (1000 bytes, rounded to 1024)'
+    """
+    free_total = pool_bytes - in_use
+    if free_total >= rounded:
+        cause = (f"; cause: fragmentation ({format_size(free_total)} free in the pool, but no "
+                 f"free block that large)")
+    elif pool_bytes + rounded <= limit:
+        cause = "; cause: the device could not supply a new region under the limit"
+    else:
+        cause = ""
+    return (
+        f"{name} ran out of memory trying to allocate {format_size(requested)} ({requested} bytes, "
+        f"rounded to {rounded}); in use {format_size(in_use)}, pool "
+        f"{format_size(pool_bytes)} of limit {format_size(limit)}, largest free "
+        f"block {format_size(largest_free_block)}{cause}")
+
+
+class BFCOutOfMemory(PoolOutOfMemory):
+    """The BFC pool's `PoolOutOfMemory`, whose message is written when first read.
+
+    RMM's benchmark recipe fails thousands of times and reads no message; formatting six sizes
+    was most of the cost of a failure. The numbers are the error's own attributes, taken when
+    the allocation failed, so the text is the same whenever it is read. `str`, `repr` and
+    `args` all see the written message.
+    """
+
+    def __init__(self, pool_name: str, chunks_now, **details: object) -> None:
+        super().__init__("", chunks_now, **details)
+        self._pool_name: str | None = pool_name
+
+    def _write(self) -> None:
+        if self._pool_name is not None:
+            d = self.details
+            message = oom_message(self._pool_name, d["requested"], d["rounded"], d["in_use"],
+                                  d["pool_bytes"], d["limit"], d["largest_free_block"])
+            self._pool_name = None
+            BaseException.args.__set__(self, (message,))
+
+    @property  # type: ignore[override]
+    def args(self) -> tuple:
+        self._write()
+        return BaseException.args.__get__(self)
+
+    @args.setter
+    def args(self, value: tuple) -> None:
+        self._pool_name = None
+        BaseException.args.__set__(self, value)
+
+    def __str__(self) -> str:
+        self._write()
+        return BaseException.__str__(self)
+
+    def __repr__(self) -> str:
+        self._write()
+        return BaseException.__repr__(self)
+
+    def __reduce__(self):
+        self._write()
+        return BaseException.__reduce__(self)
 
 
 def _walk(regions: list[tuple[int, int]], used: dict[int, int], free: dict[int, int]) -> Iterator[Chunk]:

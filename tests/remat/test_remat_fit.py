@@ -167,3 +167,11 @@ def test_remat_cli_json(tmp_path):
     bad = subprocess.run([sys.executable, "-c", "from jaxmem.cli.main import entry; entry()", "fit", f"{target}:make", "--budget", "x%"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_remat_barrier_guard_keeps_values():
+    # The GPU/TPU path: XLA:CPU merges it back (so no memory is saved here), values must hold.
+    step, args = _wide_mlp(depth=3)
+    result = fit(step, *args, budget=1024, guard="barrier", max_rounds=2)
+    assert not result.fits
+    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))

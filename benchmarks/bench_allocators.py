@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/bench_allocators.py              # the full table
     .venv/bin/python benchmarks/bench_allocators.py --quick      # 10,000 allocations only
     .venv/bin/python benchmarks/bench_allocators.py --profile bfc --max-size 1MiB
+    .venv/bin/python benchmarks/bench_allocators.py --allocators bfc --baseline aefe0a8   # before/after
+    .venv/bin/python benchmarks/bench_allocators.py --breakdown --counts 10000,100000 --max-size 1MiB
 
 The recipe (rmm/benchmarks/random_allocations): sizes uniform in [1, max_size]; each step
 allocates with probability 0.73 while allocations remain and the bytes in use plus the new
@@ -13,20 +15,30 @@ loop is the allocator plus the few list operations RMM's loop does too.
 
 Figures are alloc+free pairs per second: allocations made / (time of the loop + the final
 frees), timed as this process's CPU time (time.process_time) because the machine is shared
-and wall time mostly measures the neighbours; platform, run in the same invocation, is the
-peer to compare against.
+and wall time mostly measures the neighbours (the wall figure of the same runs is printed
+too); platform, run in the same invocation, is the peer to compare against. The allocators of
+one row take turns run by run, so a change in the machine's load hits them alike.
+`--baseline REV` adds "bfc@REV", the BFC pool as committed at git revision REV, loaded
+beside the current one: the before/after ratio then comes from one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
+import importlib.util
 import pstats
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from jaxmem.errors import OutOfMemory
+from jaxmem.runtime.allocator import Allocator, Buffer
+from jaxmem.runtime.backends import SimulatedBackend
 from jaxmem.runtime.device import Device
 from jaxmem.units import GiB, format_size, parse_size
 
@@ -43,13 +55,14 @@ def draws(num_allocations: int, max_size: int, seed: int) -> tuple[list[int], li
     return sizes, coins, picks
 
 
-def run(device: Device, num_allocations: int, max_usage: int, randoms) -> tuple[float, int, int]:
-    """One RMM random_allocations run; returns (CPU seconds, allocations made, failed ones)."""
+def run(allocator: Allocator, num_allocations: int, max_usage: int, randoms) -> tuple[float, float, int, int]:
+    """One RMM random_allocations run; returns (CPU seconds, wall seconds, allocations made,
+    failed ones)."""
     sizes, coins, picks = randoms
-    allocate, free = device.allocator.allocate, device.allocator.free
+    allocate, free = allocator.allocate, allocator.free
     live: list = []
     in_use = made = failed = 0
-    start = time.process_time()
+    wall, start = time.perf_counter(), time.process_time()
     for size, coin, pick in zip(sizes, coins, picks):
         do_alloc = (not live) or (coin and made < num_allocations and in_use + size < max_usage)
         if do_alloc:
@@ -70,22 +83,104 @@ def run(device: Device, num_allocations: int, max_usage: int, randoms) -> tuple[
             free(buf)
     for buf in live:
         free(buf)
-    return time.process_time() - start, made, failed
+    return time.process_time() - start, time.perf_counter() - wall, made, failed
 
 
-def measure(allocator: str, num_allocations: int, max_size: int, capacity: int, seed: int,
-            repeat: int) -> tuple[float, int]:
-    """Best pairs/s over `repeat` runs on a fresh device each time, and the failed allocations
-    of a run (the same in every run: the workload and the allocator are deterministic)."""
+def baseline_bfc(rev: str):
+    """The BFCAllocator class as committed at git revision `rev`, loaded as its own module."""
+    root = Path(__file__).resolve().parents[1]
+    source = subprocess.run(["git", "show", f"{rev}:src/jaxmem/runtime/bfc.py"], cwd=root, check=True,
+                            capture_output=True, text=True).stdout
+    name = f"_bfc_baseline_{rev}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    sys.modules[name] = module
+    exec(compile(source, f"{rev}:src/jaxmem/runtime/bfc.py", "exec"), module.__dict__)
+    return module.BFCAllocator
+
+
+def make(name: str, capacity: int, baselines: dict) -> Allocator:
+    """A fresh allocator: a registry name on a new simulated device, or "bfc@REV"."""
+    if "@" in name:  # the old BFC, set up as Device sets up "bfc"
+        return baselines[name](SimulatedBackend(capacity), int(capacity * 0.75), preallocate=True)
+    return Device(capacity, allocator=name).allocator
+
+
+def measure(names: list[str], num_allocations: int, max_size: int, capacity: int, seed: int,
+            repeat: int, baselines: dict) -> dict[str, tuple[float, float, int]]:
+    """Per allocator: best pairs per CPU second and per wall second over `repeat` runs (each on a
+    fresh pool; the allocators take turns), and the failed allocations of a run (the same in
+    every run: the workload and the allocators are deterministic)."""
     randoms = draws(num_allocations, max_size, seed)
-    best, failed = 0.0, 0
+    best = {n: [0.0, 0.0, 0] for n in names}
     for _ in range(repeat):
-        device = Device(capacity, allocator=allocator)
-        # the same budget for every allocator: the BFC pool's limit, 0.75 x capacity
-        seconds, made, failed = run(device, num_allocations, int(capacity * 0.75), randoms)
-        assert device.memory_stats()["bytes_in_use"] == 0
-        best = max(best, made / seconds)
-    return best, failed
+        for name in names:
+            allocator = make(name, capacity, baselines)
+            # the same budget for every allocator: the BFC pool's limit, 0.75 x capacity
+            cpu, wall, made, failed = run(allocator, num_allocations, int(capacity * 0.75), randoms)
+            assert allocator.memory_stats()["bytes_in_use"] == 0
+            row = best[name]
+            row[0], row[1], row[2] = max(row[0], made / cpu), max(row[1], made / wall), failed
+    return {n: (r[0], r[1], r[2]) for n, r in best.items()}
+
+
+class _DriverOnly:
+    """No allocator at all: one Buffer handed out again and again (the RMM loop's own cost)."""
+
+    def __init__(self) -> None:
+        self.buffer = Buffer(0, 256, 1, 0, self)
+
+    def allocate(self, size: int, *, alignment: int = 256, stream: int = 0) -> Buffer:
+        return self.buffer
+
+    def free(self, buffer: Buffer) -> None:
+        pass
+
+    def memory_stats(self) -> dict[str, int]:
+        return {"bytes_in_use": 0}
+
+
+class _PublicOnly(Allocator):
+    """The public allocate/free pair, its checks, statistics and a new Buffer each time, over a
+    policy that does nothing (every buffer at address 0)."""
+
+    def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
+        return 0, (size + 255) & -256, None
+
+    def _free(self, address: int, size: int, handle: object, stream: int) -> None:
+        pass
+
+    def _pool_bytes(self) -> int:
+        return 0
+
+    def _largest_free_block(self) -> int:
+        return 0
+
+    def _chunks(self):
+        return iter(())
+
+
+def breakdown(count: int, max_size: int, capacity: int, seed: int, repeat: int) -> dict[str, float]:
+    """CPU microseconds per alloc+free pair of: the RMM loop alone, plus the public pair and its
+    Buffers, plus the BFC policy (the whole bfc run), and the bfc run with the cyclic GC off.
+    Best of `repeat`, the four taking turns."""
+    randoms = draws(count, max_size, seed)
+    limit = int(capacity * 0.75)
+    makers = {"loop alone": _DriverOnly,
+              "+ public pair, Buffers": lambda: _PublicOnly(SimulatedBackend(capacity), limit),
+              "+ BFC policy (bfc)": lambda: make("bfc", capacity, {}),
+              "bfc, cyclic GC off": lambda: make("bfc", capacity, {})}
+    best = {name: float("inf") for name in makers}
+    for _ in range(repeat):
+        for name, maker in makers.items():
+            allocator = maker()
+            if name.endswith("GC off"):
+                gc.disable()
+            try:
+                cpu, _, made, _ = run(allocator, count, limit, randoms)
+            finally:
+                gc.enable()
+            best[name] = min(best[name], cpu / made * 1e6)
+    return best
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,29 +194,48 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="10,000 allocations, one repeat")
     parser.add_argument("--profile", metavar="ALLOCATOR", help="cProfile one run and print the top functions")
     parser.add_argument("--max-size", default="1MiB", help="max size for --profile")
+    parser.add_argument("--baseline", metavar="REV", help="also run the BFC pool of git revision REV")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="CPU us per pair: RMM loop alone, + public pair, + BFC policy (--counts, --max-size)")
     args = parser.parse_args(argv)
     capacity = parse_size(args.capacity)
     if args.profile:
         randoms = draws(100_000, parse_size(args.max_size), args.seed)
-        device = Device(capacity, allocator=args.profile)
+        allocator = make(args.profile, capacity, {})
         profiler = cProfile.Profile()
         profiler.enable()
-        run(device, 100_000, device.allocator.limit, randoms)
+        run(allocator, 100_000, allocator.limit, randoms)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
         return
     counts = [10_000] if args.quick else [int(c) for c in args.counts.split(",")]
     repeat = 1 if args.quick else args.repeat
+    if args.breakdown:
+        print(f"CPU microseconds per alloc+free pair, max size {args.max_size}, best of {repeat}")
+        for count in counts:
+            parts = breakdown(count, parse_size(args.max_size), capacity, args.seed, repeat)
+            print(f"{count:>9,} allocations: " + "; ".join(f"{k} {v:.2f}" for k, v in parts.items()), flush=True)
+        return
     names = args.allocators.split(",")
-    print(f"simulated device {format_size(capacity)}; pairs per CPU second, best of {repeat}; seed {args.seed}")
-    print("(in brackets: allocations that failed and were answered with a free, as RMM's recipe does)")
-    print(f"{'allocations':>11} {'max size':>9} " + " ".join(f"{n:>20}" for n in names) + "  bfc/platform")
+    baselines = {}
+    if args.baseline:
+        names.append(f"bfc@{args.baseline}")
+        baselines[names[-1]] = baseline_bfc(args.baseline)
+    print(f"simulated device {format_size(capacity)}; pairs per CPU second, best of {repeat} "
+          f"(pairs per wall second in brackets); seed {args.seed}")
+    print("failed: allocations that failed and were answered with a free, as RMM's recipe does")
+    ratios = [("bfc", "platform")] if "bfc" in names and "platform" in names else []
+    if args.baseline and "bfc" in names:
+        ratios.append(("bfc", names[-1]))
+    print(f"{'allocations':>11} {'max size':>9} {'failed':>7} " + " ".join(f"{n:>22}" for n in names)
+          + "".join(f" {a + '/' + b:>{max(12, len(a + b) + 1)}}" for a, b in ratios))
     for count in counts:
         for max_size in args.max_sizes.split(","):
-            rates = {n: measure(n, count, parse_size(max_size), capacity, args.seed, repeat) for n in names}
-            ratio = f"{rates['bfc'][0] / rates['platform'][0]:.2f}" if "bfc" in rates and "platform" in rates else ""
-            cells = " ".join(f"{f'{r:,.0f} ({f:,})':>20}" for r, f in rates.values())
-            print(f"{count:>11,} {max_size:>9} {cells}  {ratio:>12}", flush=True)
+            rates = measure(names, count, parse_size(max_size), capacity, args.seed, repeat, baselines)
+            failed = rates.get("bfc", next(iter(rates.values())))[2]
+            cells = " ".join(f"{f'{cpu:,.0f} ({wall:,.0f})':>22}" for cpu, wall, _ in rates.values())
+            shown = "".join(f" {rates[a][0] / rates[b][0]:>{max(12, len(a + b) + 1)}.2f}" for a, b in ratios)
+            print(f"{count:>11,} {max_size:>9} {failed:>7,} {cells}{shown}", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -131,10 +133,6 @@ def _dt(aval: Any) -> np.dtype:
     return np.dtype(aval.dtype)
 
 
-def _is_float(dtype: np.dtype) -> bool:
-    return np.issubdtype(dtype, np.floating) or dtype.kind == "V" or _is_ml_float(dtype)
-
-
 def _is_ml_float(dtype: np.dtype) -> bool:
     # bfloat16, float8_* from ml_dtypes: numpy does not know they are floats
     return dtype.kind == "V" or dtype.name.startswith(("bfloat16", "float8", "float4", "float6"))
@@ -222,22 +220,88 @@ def kernel_for(eqn: Any) -> Kernel:
 
 # ---- elementwise -----------------------------------------------------------------------------
 
-def _ufunc(f: Callable[..., Any]) -> Kernel:
-    return Kernel(compute=f, into=lambda out, *xs: f(*xs, out=out), overlap_safe=True,
-                  ufunc=f if isinstance(f, np.ufunc) else None)
+# Elementwise ops on at least this many elements are split across threads (numpy releases the
+# GIL inside a ufunc loop), as XLA spreads a large elementwise loop over the CPU's cores.
+PARALLEL_SIZE = 1 << 18
+THREADS = max(1, min(4, os.cpu_count() or 1))
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=THREADS - 1, thread_name_prefix="jaxmem-ufunc")
+    return _POOL
+
+
+def _split_ufunc(f: Callable[..., Any], out: Array, xs: tuple[Any, ...]) -> None:
+    """`f(*xs, out=out)`, cut along out's first axis into one piece per thread.
+
+    Only when no input shares memory with `out` other than element for element (the same
+    array, in place): a piece must never read what another piece writes.
+    """
+    n = out.shape[0]
+    base = out.__array_interface__["data"][0]
+    for x in xs:
+        if isinstance(x, np.ndarray) and np.may_share_memory(x, out) and not (
+                x.shape == out.shape and x.strides == out.strides and x.__array_interface__["data"][0] == base):
+            f(*xs, out=out)
+            return
+    bounds = [n * k // THREADS for k in range(THREADS + 1)]
+
+    def piece(lo: int, hi: int) -> None:
+        args = [x[lo:hi] if isinstance(x, np.ndarray) and x.ndim == out.ndim and x.shape[0] == n else x for x in xs]
+        f(*args, out=out[lo:hi])
+
+    pool = _pool()
+    futures = [pool.submit(piece, bounds[k], bounds[k + 1]) for k in range(1, THREADS)]
+    piece(bounds[0], bounds[1])
+    for fut in futures:
+        fut.result()
+
+
+def _ufunc(f: Callable[..., Any], eqn: Any = None) -> Kernel:
+    """A kernel for a numpy ufunc; large outputs are computed by several threads."""
+    direct = Kernel(compute=f, into=lambda out, *xs: f(*xs, out=out), overlap_safe=True,
+                    ufunc=f if isinstance(f, np.ufunc) else None)
+    if eqn is None or THREADS == 1 or len(eqn.outvars) != 1:
+        return direct
+    aval = eqn.outvars[0].aval
+    shape = tuple(aval.shape)
+    if math.prod(shape) < PARALLEL_SIZE or not shape or shape[0] < THREADS:
+        return direct
+    dtype = np.dtype(aval.dtype)
+
+    def into(out: Array, *xs: Any) -> None:
+        _split_ufunc(f, out, xs)
+
+    def compute(*xs: Any) -> Array:
+        out = np.empty(shape, dtype)
+        _split_ufunc(f, out, xs)
+        return out
+
+    return Kernel(compute=compute, into=into, overlap_safe=True)
 
 
 def _native_all(eqn: Any) -> bool:
     return all(_numpy_native(_dt(a)) for a in _in_avals(eqn) + _out_avals(eqn))
 
 
+# scipy's special functions run element by element, 10-50x slower than XLA's vectorised
+# approximations: past this many elements JAX computes them.
+SLOW_SPECIAL = frozenset({"erf", "erfc", "erf_inv", "logistic"})
+SPECIAL_SIZE = 4096
+
+
 def _simple(ufunc: Callable[..., Any], kinds: str = "biufc") -> Rule:
     def make(eqn: Any) -> Kernel | None:
         if not _native_all(eqn):
             return None
+        if eqn.primitive.name in SLOW_SPECIAL and math.prod(eqn.outvars[0].aval.shape) >= SPECIAL_SIZE:
+            return None
         if any(_dt(a).kind not in kinds for a in _in_avals(eqn)):
             return None
-        return _ufunc(ufunc)
+        return _ufunc(ufunc, eqn)
     return make
 
 
@@ -270,7 +334,7 @@ def _div(eqn: Any) -> Kernel | None:
     if not _native_all(eqn):
         return None
     if dtype.kind in "fc":
-        return _ufunc(np.true_divide)
+        return _ufunc(np.true_divide, eqn)
     if dtype.kind in "iu":
         return Kernel(compute=functools.partial(_int_div, dtype))
     return None
@@ -298,7 +362,7 @@ def _rem(eqn: Any) -> Kernel | None:
     if not _native_all(eqn):
         return None
     if dtype.kind == "f":
-        return _ufunc(np.fmod)  # C fmod: the sign of the dividend, as lax.rem
+        return _ufunc(np.fmod, eqn)  # C fmod: the sign of the dividend, as lax.rem
     if dtype.kind in "iu":
         return Kernel(compute=functools.partial(_int_rem, dtype))
     return None
@@ -318,7 +382,7 @@ def _int_rem(dtype: np.dtype, a: Array, b: Array) -> Array:
 def _pow(eqn: Any) -> Kernel | None:
     a, b = _in_avals(eqn)
     if _dt(a).kind in "fc" and _dt(b) == _dt(a) and _native_all(eqn):
-        return _ufunc(np.power)
+        return _ufunc(np.power, eqn)
     return None
 
 
@@ -333,30 +397,26 @@ def _integer_pow(eqn: Any) -> Kernel | None:
     if y == 0:
         return Kernel(compute=lambda x: np.ones_like(x), into=lambda out, x: out.fill(1), overlap_safe=True)
     if y == 2:
-        return _ufunc(np.square)
+        return _ufunc(np.square, eqn)
     n = abs(y)
 
     def compute(x: Array) -> Array:
         # Square-and-multiply, as XLA expands integer_pow (libm pow is slower and rounds apart).
-        acc = None
-        base = x
-        k = n
+        acc, base, k = None, np.asarray(x), n
         while k:
             if k & 1:
-                acc = base.copy() if acc is None else np.multiply(acc, base, out=acc if acc is not x else None)
+                acc = np.array(base, copy=True) if acc is None else np.multiply(acc, base, out=acc)
             k >>= 1
             if k:
                 base = np.multiply(base, base)
-        if y < 0:
-            acc = np.reciprocal(acc, out=acc)
-        return acc
+        return np.reciprocal(acc, out=acc) if y < 0 else acc
 
     return Kernel(compute=compute)
 
 
 @rule("sign")
 def _sign(eqn: Any) -> Kernel | None:
-    return _ufunc(np.sign) if _native_all(eqn) else None
+    return _ufunc(np.sign, eqn) if _native_all(eqn) else None
 
 
 @rule("rsqrt")
@@ -377,7 +437,7 @@ def _round(eqn: Any) -> Kernel | None:
         return None
     method = int(eqn.params.get("rounding_method", 0))
     if method == 1:  # TO_NEAREST_EVEN
-        return _ufunc(np.rint)
+        return _ufunc(np.rint, eqn)
 
     def away(x: Array) -> Array:
         t = np.trunc(x)

@@ -29,13 +29,14 @@ CALL_PRIMITIVES = frozenset({
 LOOP_PRIMITIVES = frozenset({"scan", "while", "cond"})
 
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
-_SKIP_DIRS = tuple(
-    d for d in (
-        _JAX_DIR,
-        os.path.join(os.path.dirname(_JAX_DIR), "jaxlib"),
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # jaxmem itself
-    )
+_JAXMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = (
+    _JAX_DIR + os.sep,
+    os.path.join(os.path.dirname(_JAX_DIR), "jaxlib") + os.sep,
+    _JAXMEM_DIR + os.sep,
 )
+# jaxmem's bundled example programs are user code as far as source lines go.
+_USER_DIRS = (os.path.join(_JAXMEM_DIR, "examples") + os.sep,)
 
 
 def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -176,7 +177,7 @@ def _skip_file(filename: str) -> bool:
     if not filename or filename.startswith("<frozen"):
         return True
     path = os.path.abspath(filename) if not filename.startswith("<") else filename
-    return path.startswith(_SKIP_DIRS)
+    return path.startswith(_SKIP_DIRS) and not path.startswith(_USER_DIRS)
 
 
 def source_line(eqn: Any) -> SourceLine | None:

@@ -93,3 +93,23 @@ def test_out_of_memory_message_is_the_state_at_the_failure_whenever_read():
         twin.allocate(5 * MiB + 1)
     assert str(again.value) == message and again.value.args == err.args
     assert (err.requested, err.rounded, err.fragmentation) == (5 * MiB + 1, 5 * MiB + 256, True)
+
+
+def test_bfc_out_of_memory_is_what_the_generic_constructors_build():
+    """BFCOutOfMemory sets its state in one go: it must equal what PoolOutOfMemory's own
+    constructor chain leaves, so the two cannot drift apart."""
+    from jaxmem.runtime.bfc import BFCOutOfMemory
+    from jaxmem.runtime.dump import PoolOutOfMemory
+
+    pool = _failing_pool()
+    with pytest.raises(BFCOutOfMemory) as info:
+        pool.allocate(5 * MiB + 1)
+    err = info.value
+    generic = PoolOutOfMemory(str(err), lambda: list(pool.chunks()), **err.details)
+    mine = {k: v for k, v in vars(err).items() if k not in ("_pool_name", "_chunks_now", "_chunks")}
+    theirs = {k: v for k, v in vars(generic).items() if k not in ("_chunks_now", "_chunks")}
+    assert mine == theirs
+    assert set(vars(err)) - {"_pool_name"} == set(vars(generic))
+    assert err.args == generic.args and str(err) == str(generic)
+    assert err.chunks == generic.chunks and err.bins == generic.bins and err.occupancy == generic.occupancy
+    assert isinstance(err, OutOfMemory) and isinstance(err, MemoryError)

@@ -525,7 +525,13 @@ class BFCOutOfMemory(PoolOutOfMemory):
     """
 
     def __init__(self, pool_name: str, chunks_now, **details: object) -> None:
-        super().__init__("", chunks_now, **details)
+        # What PoolOutOfMemory.__init__ and OutOfMemory.__init__ leave behind, set in one go:
+        # their chain of calls and per-detail setattr were half the cost of a failure. A test
+        # (tests/runtime/test_runtime_bfc_fastpath.py) checks the result equals theirs.
+        self.details = details
+        self.__dict__.update(details)
+        self._chunks_now = chunks_now
+        self._chunks = None
         self._pool_name: str | None = pool_name
 
     def _write(self) -> None:

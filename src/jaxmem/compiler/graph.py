@@ -107,7 +107,10 @@ def _resolve(env: dict[Any, ValueId | Const], atom: Any) -> ValueId | Const:
     return env[atom]
 
 
-def _walk(g: Graph, jaxpr: Any, env: dict[Any, ValueId | Const]) -> None:
+def _walk(g: Graph, jaxpr: Any, env: dict[Any, ValueId | Const], outer: SourceLine | None = None) -> None:
+    """Add the equations of `jaxpr` to `g`. `outer` is the source line of the call being inlined:
+    JAX records only the innermost frames of a traceback, so an equation deep inside a library
+    call (jax.nn.relu's body) may have no user frame of its own; it gets its caller's."""
     for eqn in jaxpr.eqns:
         operands = [_resolve(env, a) for a in eqn.invars]
         body = ja.call_body(eqn)
@@ -118,7 +121,7 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, ValueId | Const]) -> None:
                 inner_env[var] = Const(const)
             for var, operand in zip(inner.invars, operands):
                 inner_env[var] = operand
-            _walk(g, inner, inner_env)
+            _walk(g, inner, inner_env, ja.source_line(eqn) or outer)
             for outer, atom in zip(eqn.outvars, inner.outvars):
                 if ja.is_dropvar(outer):
                     continue
@@ -127,7 +130,7 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, ValueId | Const]) -> None:
                     g.var_ids[outer] = env[outer]
             continue
         index = len(g.ops)
-        source = ja.source_line(eqn)
+        source = ja.source_line(eqn) or outer
         outputs: list[ValueId | None] = []
         for var in eqn.outvars:
             if ja.is_dropvar(var):

@@ -272,6 +272,24 @@ def _size(n: int | None) -> str:
     return "—" if n is None else format_size(n)
 
 
+def short_source(source: str) -> str:
+    """A source line as people read it: relative to the working directory when under it, from the
+    package folder for jaxmem's own examples, else unchanged.
+
+    >>> short_source("/nowhere/x.py:3 (f)")
+    '/nowhere/x.py:3 (f)'
+    """
+    if not source.startswith("/"):
+        return source
+    cwd = os.getcwd().rstrip("/") + "/"
+    if source.startswith(cwd):
+        return source[len(cwd):]
+    marker = "/jaxmem/examples/"
+    if marker in source:
+        return "jaxmem/examples/" + source.split(marker, 1)[1]
+    return source
+
+
 def _shape(shape: Sequence[int], dtype: str) -> str:
     if not dtype:   # a loop or cond body's scratch: bytes, not an array
         return "—"
@@ -337,7 +355,7 @@ def render(data: dict[str, Any], console: Any) -> None:
     for i, row in enumerate(data["top_buffers"], 1):
         cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
                  row["category"] or row["kind"], row["label"]]
-        table.add_row(*cells, *([row["source"] or "—"] if with_source else []))
+        table.add_row(*cells, *([short_source(row["source"]) or "—"] if with_source else []))
     console.print(table)
 
 

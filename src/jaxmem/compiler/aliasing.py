@@ -92,8 +92,11 @@ def storage_rule(primitive: str) -> str:
     return "unknown"
 
 
-def is_view(primitive: str, params: dict | None = None) -> bool:
-    """True when the op only reinterprets its operand's bytes (never writes them)."""
+def is_view(primitive: str, params: dict | None = None, in_dtype: str | None = None) -> bool:
+    """True when the op only reinterprets its operand's bytes (never writes them). A
+    convert_element_type to the operand's own dtype (a weak-type change) is one too."""
+    if primitive == "convert_element_type" and in_dtype is not None and params:
+        return str(params.get("new_dtype")) == in_dtype
     if primitive in VIEW:
         if primitive == "bitcast_convert_type":
             return True

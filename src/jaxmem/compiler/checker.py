@@ -162,8 +162,9 @@ def _writers(plan: Plan, def_pos: dict[int, int]) -> dict[int, list[int]]:
         if info.buffer is None or info.producer is None:
             continue
         step = plan.schedule[info.producer]
-        if is_view(step.primitive, step.eqn.params if step.eqn is not None else None):
-            src = step.inputs[0] if step.inputs else None
+        src = step.inputs[0] if step.inputs else None
+        in_dtype = plan.values[src].dtype if src is not None and src in plan.values else None
+        if is_view(step.primitive, step.eqn.params if step.eqn is not None else None, in_dtype):
             if src is not None and plan.values[src].buffer == info.buffer:
                 continue
         out.setdefault(info.buffer, []).append(def_pos[vid])

@@ -30,7 +30,7 @@ def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[b
     storage of their own: they are fused unconditionally (unless they are program outputs)."""
     fused = [False] * g.num_values
     for op in g.ops:
-        if not is_view(op.primitive, op.eqn.params) or len(op.outputs) != 1:
+        if not op_is_view(g, op) or len(op.outputs) != 1:
             continue
         out = op.outputs[0]
         src = op.inputs[0] if op.inputs else None
@@ -45,6 +45,12 @@ def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[b
                 if _fusible_producer(op) and len(op.outputs) == 1:
                     fused[v] = True
     return fused
+
+
+def op_is_view(g: Graph, op) -> bool:
+    """Whether a graph op only reinterprets its first operand's bytes (`aliasing.is_view`)."""
+    in_dtype = g.dtypes[op.inputs[0]] if op.inputs else None
+    return is_view(op.primitive, op.eqn.params, in_dtype)
 
 
 def _fusible_producer(op) -> bool:

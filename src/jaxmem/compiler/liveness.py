@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jaxmem.compiler.aliasing import inplace_candidates, is_view, storage_rule
-from jaxmem.compiler.fusion import align
+from jaxmem.compiler.aliasing import inplace_candidates, storage_rule
+from jaxmem.compiler.fusion import align, op_is_view
 from jaxmem.compiler.graph import Graph
 
 
@@ -97,7 +97,7 @@ def assign_buffers(
         if not any(v is not None and not fused[v] for v in outs):
             continue
         rule = storage_rule(op.primitive)
-        view = is_view(op.primitive, op.eqn.params)
+        view = op_is_view(g, op)
         cands = inplace_candidates(op.primitive, op.eqn.params, op.operands, len(outs)) if allow_inplace else None
         if allow_inplace and op.primitive == "transpose" and _dot_result(g, op):
             # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import heapq
 
-from jaxmem.compiler.aliasing import is_view
-from jaxmem.compiler.fusion import align
+from jaxmem.compiler.fusion import align, op_is_view
 from jaxmem.compiler.graph import Graph
 
 
@@ -31,7 +30,7 @@ def _producers(g: Graph, oi: int) -> list[int]:
 
 def _alloc_bytes(g: Graph, oi: int, fused: list[bool], external: list[bool]) -> int:
     op = g.ops[oi]
-    if is_view(op.primitive, op.eqn.params) and op.inputs and not external[op.inputs[0]]:
+    if op_is_view(g, op) and op.inputs and not external[op.inputs[0]]:
         return 0
     return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v] and not external[v])
 

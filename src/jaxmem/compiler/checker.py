@@ -19,7 +19,7 @@ import bisect
 import numpy as np
 
 from jaxmem.compiler.aliasing import is_view
-from jaxmem.compiler.plan_types import Const, Plan
+from jaxmem.compiler.plan_types import Plan
 
 ALIGNMENT = 256
 MAX_PROBLEMS = 50

@@ -17,12 +17,11 @@ import gc
 import time
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.aliasing import storage_rule
 from jaxmem.compiler.checker import check_plan
-from jaxmem.compiler.fusion import align, choose_fusion, expanded_reads, forced_fusion
+from jaxmem.compiler.fusion import choose_fusion, expanded_reads, forced_fusion
 from jaxmem.compiler.graph import Graph, build_graph
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import place

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxmem
-from execution_oracle import float64_truth, matches_jit
+from execution_oracle import matches_jit
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import Const, Plan, PlannedBuffer, Step, ValueInfo
 from jaxmem.compiler.planner import plan_jaxpr
@@ -44,8 +44,6 @@ def _check(fn, args, donate=()):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # old bytes never leak
     reference = jax.jit(fn)(*args)
     problems = matches_jit(first, reference)
-    if problems:  # an ill-conditioned output: measure both against the float64 answer
-        problems = matches_jit(first, reference, float64_truth(fn, args), factor=5.0)
     assert not problems, problems
     assert jax.tree_util.tree_structure(first) == jax.tree_util.tree_structure(reference)
     return executable, first

@@ -29,6 +29,33 @@ def adam_init(params: Any) -> dict[str, Any]:
     return {"step": jnp.zeros((), jnp.int32), "mu": zeros, "nu": jax.tree_util.tree_map(jnp.zeros_like, params)}
 
 
+def adam_state_midrun(params: Any, *, step: int = 1000, grad_scale: float = 1e-3) -> dict[str, Any]:
+    """An Adam state as it stands well into training: the step count past warm-up and a second
+    moment that has seen gradients of about `grad_scale`; the first moment starts at zero.
+
+    The bundled training steps start from this rather than from `adam_init`. From zero moments,
+    Adam's first update is `lr * g / (|g| + eps)`, a sign function of the gradient: an element
+    whose gradient is rounding noise (a bias that softmax ignores, say) moves by up to `lr` in
+    either direction, so two correct executions of the same step disagree by up to `lr` on it.
+    Mid-run, the second moment bounds that sensitivity, as it does in real training.
+
+    >>> state = adam_state_midrun({"w": jnp.ones((2, 3))})
+    >>> int(state["step"]), round(float(state["nu"]["w"][0, 0]), 12), float(state["mu"]["w"].sum())
+    (1000, 1e-06, 0.0)
+
+    Args:
+        params: any pytree of float arrays.
+        step: the step count the state has reached.
+        grad_scale: typical gradient magnitude the second moment has accumulated.
+
+    Returns:
+        `{"step": int32 scalar, "mu": zeros like params, "nu": grad_scale**2 like params}`.
+    """
+    nu = jax.tree_util.tree_map(lambda p: jnp.full_like(p, grad_scale * grad_scale), params)
+    mu = jax.tree_util.tree_map(jnp.zeros_like, params)
+    return {"step": jnp.asarray(step, jnp.int32), "mu": mu, "nu": nu}
+
+
 def adam_update(
     params: Any,
     grads: Any,

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.examples.adam import adam_init, adam_update
+from jaxmem.examples.adam import adam_state_midrun, adam_update
 from jaxmem.examples.layers import dense_init, one_hot_cross_entropy
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
@@ -97,7 +97,7 @@ def make_train_step(*, batch: int = 32, size: int = 64, in_channels: int = 3,
 
     >>> fn, args = make_train_step(batch=1, size=8, channels=(4,), classes=3)
     >>> int(fn(*args)[1]["step"])
-    1
+    1001
     """
     params = init_params(in_channels=in_channels, channels=channels, classes=classes, size=size, seed=seed)
     data = make_data(batch=batch, size=size, in_channels=in_channels, classes=classes, seed=seed + 1)
@@ -110,4 +110,4 @@ def make_train_step(*, batch: int = 32, size: int = 64, in_channels: int = 3,
         params, opt_state = adam_update(params, grads, opt_state, lr=lr)
         return params, opt_state, loss
 
-    return cnn_train_step, (params, adam_init(params), data)
+    return cnn_train_step, (params, adam_state_midrun(params), data)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.examples.adam import adam_init, adam_update
+from jaxmem.examples.adam import adam_state_midrun, adam_update
 from jaxmem.examples.layers import causal_attention, cross_entropy, dense_init, gelu, layernorm, rmsnorm
 
 Params = dict[str, Any]
@@ -125,7 +125,7 @@ def make_train_step(*, n_layers: int = 4, d_model: int = 256, n_heads: int = 4, 
     ...                                                   seq=4, batch=2, vocab=32)
     >>> new_params, new_state, loss = fn(params, opt_state, batch)
     >>> int(new_state["step"])
-    1
+    1001
 
     Args:
         n_layers, d_model, n_heads, seq, batch, vocab, d_ff, tied, norm: sizes and variants, see
@@ -140,7 +140,7 @@ def make_train_step(*, n_layers: int = 4, d_model: int = 256, n_heads: int = 4, 
     """
     params = init_params(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab,
                          d_ff=d_ff, tied=tied, norm=norm, seed=seed)
-    opt_state = adam_init(params)
+    opt_state = adam_state_midrun(params)
     data = make_batch(batch=batch, seq=seq, vocab=vocab, seed=seed + 1)
 
     def train_step(params: Params, opt_state: dict[str, Any], batch: dict[str, jax.Array]):

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.examples.adam import adam_init, adam_update
+from jaxmem.examples.adam import adam_state_midrun, adam_update
 from jaxmem.examples.layers import dense_init, one_hot_cross_entropy
 
 
@@ -71,7 +71,7 @@ def make_train_step(*, depth: int = 4, width: int = 2048, in_dim: int = 1024, cl
 
     >>> fn, args = make_train_step(depth=1, width=8, in_dim=4, classes=3, batch=2)
     >>> int(fn(*args)[1]["step"])
-    1
+    1001
 
     Args:
         depth, width, in_dim, classes: the network's shape.
@@ -94,4 +94,4 @@ def make_train_step(*, depth: int = 4, width: int = 2048, in_dim: int = 1024, cl
         params, opt_state = adam_update(params, grads, opt_state, lr=lr)
         return params, opt_state, loss
 
-    return mlp_train_step, (params, adam_init(params), data)
+    return mlp_train_step, (params, adam_state_midrun(params), data)

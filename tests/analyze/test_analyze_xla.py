@@ -118,3 +118,19 @@ def test_analyze_subprocess_bad_target_is_one_line():
     with pytest.raises(PlanError) as info:
         xla_reference_in_subprocess("jaxmem.examples.suite:no_such_program", scheduler="dfs")
     assert "no attribute" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_analyze_library_fusion_hides_the_dot_result_from_xla_temp():
+    """XLA:CPU hands dot->tanh->sum to YNNPACK as one fusion: its temp is 0 though the dot's
+    result (256x512 float32) exists inside the library; the reference names exactly those bytes."""
+    import jax.numpy as jnp
+
+    from jaxmem.compiler.xla import xla_reference
+
+    ref = xla_reference(lambda x, w: jnp.tanh(x @ w).sum(), (jnp.ones((256, 512)), jnp.ones((512, 512))))
+    if ref.library_fusions == 0:
+        assert ref.library_hidden_bytes == 0  # a jaxlib without YNNPACK fusions stores the dot as temp
+        assert ref.temp_bytes >= 256 * 512 * 4
+    else:
+        assert ref.library_hidden_bytes == 256 * 512 * 4
+        assert ref.temp_bytes < 256 * 512 * 4

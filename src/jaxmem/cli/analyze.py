@@ -172,7 +172,8 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "xla": None if xla is None else {
             "argument_bytes": xla.argument_bytes, "output_bytes": xla.output_bytes, "temp_bytes": xla.temp_bytes,
             "alias_bytes": xla.alias_bytes, "generated_code_bytes": xla.generated_code_bytes,
-            "scheduler": xla.scheduler, "total_bytes": xla_total,
+            "scheduler": xla.scheduler, "total_bytes": xla_total, "library_fusions": xla.library_fusions,
+            "library_hidden_bytes": xla.library_hidden_bytes,
         },
         "ratio_to_xla": (plan.peak_bytes / xla_total) if xla_total else None,
         "gap_to_lower_bound": (plan.peak_bytes / plan.lower_bound_bytes - 1.0) if plan.lower_bound_bytes else 0.0,
@@ -319,6 +320,9 @@ def render(data: dict[str, Any], console: Any) -> None:
         style = "green" if ratio is not None and ratio <= 1.0 else "red"
         summary.add_row("XLA total here", _size(xla_total),
                         Text(f"{ratio:.3f}x of XLA ({data['xla']['scheduler']} scheduler)", style=style))
+        if data["xla"]["library_hidden_bytes"]:
+            summary.add_row("", "", f"XLA:CPU's YNNPACK fusions hold {_size(data['xla']['library_hidden_bytes'])} "
+                            "of dot/conv results that its figure leaves out")
     summary.add_row("lower bound", _size(lower),
                     f"gap {100 * data['gap_to_lower_bound']:.2f}% (program order: "
                     f"{_size(data['program_order_lower_bound_bytes'])})")

@@ -108,6 +108,11 @@ class XlaReference:
     alias_bytes: int
     generated_code_bytes: int = 0
     scheduler: str = "default"
+    # XLA:CPU fusions handed to a library (YNNPACK's "__ynn_fusion"), and the bytes of the dot and
+    # convolution results inside them that are not the fusion's output: those are the library's
+    # own allocations, missing from temp_bytes, so the total undercounts by about that much.
+    library_fusions: int = 0
+    library_hidden_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:

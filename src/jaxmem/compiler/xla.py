@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any, Callable, Sequence
@@ -81,6 +82,7 @@ def xla_reference(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums
         raise PlanError(f"XLA could not compile the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
     if stats is None:
         raise PlanError(f"the {jax.default_backend()} backend gives no memory analysis")
+    fusions, hidden = _library_fusions(compiled)
     return XlaReference(
         argument_bytes=int(stats.argument_size_in_bytes),
         output_bytes=int(stats.output_size_in_bytes),
@@ -88,7 +90,57 @@ def xla_reference(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums
         alias_bytes=int(stats.alias_size_in_bytes),
         generated_code_bytes=int(stats.generated_code_size_in_bytes),
         scheduler=_scheduler_in_env(),
+        library_fusions=fusions,
+        library_hidden_bytes=hidden,
     )
+
+
+_COMPUTATION_RE = re.compile(r"^%(\S+) \(.*\) -> .* \{$")
+_LIBRARY_CALL_RE = re.compile(r"kind=kCustom, calls=%(\S+?),.*\"__ynn_fusion\"")
+_HEAVY_RE = re.compile(r"^\s*%\S+ = (\w+)\[([0-9,]*)\]\S* (?:dot|convolution)\(")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def library_fusions(hlo_text: str) -> tuple[int, int]:
+    r"""(fusions handed to YNNPACK, bytes of the dot/convolution results inside them that are not
+    the fusion's root) from compiled HLO text.
+
+    >>> text = "%f (p: f32[2,2]) -> f32[] {\n  %d = f32[2,2]{1,0} dot(%p, %p)\n  ROOT %r = f32[] reduce(%d)\n}\n" \
+    ...        "ENTRY %m () -> f32[] {\n  ROOT %y = f32[] fusion(%a), kind=kCustom, calls=%f, backend_config=" \
+    ...        "{\"fusion_config\":{\"kind\":\"__ynn_fusion\"}}\n}"
+    >>> library_fusions(text)
+    (1, 16)
+    """
+    bodies: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION_RE.match(line) or (re.match(r"^ENTRY %(\S+) ", line) if line.startswith("ENTRY") else None)
+        if head:
+            current = bodies.setdefault(head.group(1), [])
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            current.append(line)
+    called = [m.group(1) for lines in bodies.values() for line in lines if (m := _LIBRARY_CALL_RE.search(line))]
+    hidden = 0
+    for name in called:
+        for line in bodies.get(name, []):
+            m = _HEAVY_RE.match(line)
+            if m and m.group(1) in _DTYPE_BYTES:
+                count = 1
+                for dim in filter(None, m.group(2).split(",")):
+                    count *= int(dim)
+                hidden += count * _DTYPE_BYTES[m.group(1)]
+    return len(called), hidden
+
+
+def _library_fusions(compiled: Any) -> tuple[int, int]:
+    try:
+        text = compiled.as_text()
+    except Exception:  # as_text is best effort across backends; no text means none seen
+        return 0, 0
+    return library_fusions(text)
 
 
 def scheduler_env(scheduler: str | None, base: dict[str, str] | None = None,
@@ -175,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "argument_bytes": ref.argument_bytes, "output_bytes": ref.output_bytes, "temp_bytes": ref.temp_bytes,
         "alias_bytes": ref.alias_bytes, "generated_code_bytes": ref.generated_code_bytes,
-        "scheduler": ref.scheduler,
+        "scheduler": ref.scheduler, "library_fusions": ref.library_fusions,
+        "library_hidden_bytes": ref.library_hidden_bytes,
     }))
     return 0
 

@@ -18,7 +18,7 @@ from jaxmem.traces.recorded_device import RecordedDevice
 from jaxmem.traces.replay import replay, replay_one
 from jaxmem.traces.safe_pickle import load_plain_pickle
 
-TRACES = Path("/work/shared/traces")
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 FILES = [TRACES / "torch-transformer-ctx128-forward.pickle", TRACES / "torch-transformer-ctx128-fullstep.pickle"]
 
 

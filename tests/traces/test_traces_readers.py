@@ -27,7 +27,7 @@ from jaxmem.traces.readers import load_trace, sniff_format
 from jaxmem.traces.rmm_csv import parse_rmm_csv, rmm_csv_text, write_rmm_csv
 from jaxmem.traces.safe_pickle import loads_plain
 
-REAL = Path("/work/shared/traces/torch-transformer-ctx128-forward.pickle")
+REAL = Path(__file__).resolve().parents[3] / "shared" / "traces" / "torch-transformer-ctx128-forward.pickle"
 JAXMEM = [sys.executable, "-m", "jaxmem.cli.main"]
 
 

@@ -15,7 +15,7 @@ from jaxmem.traces.jaxmem_format import write_jaxmem_trace
 from jaxmem.traces.model import Block, Event, Trace
 from jaxmem.traces.replay import ALLOCATORS, TIMELINE_POINTS, replay, replay_one
 
-REAL = Path("/work/shared/traces/torch-transformer-ctx128-fullstep.pickle")
+REAL = Path(__file__).resolve().parents[3] / "shared" / "traces" / "torch-transformer-ctx128-fullstep.pickle"
 MiB, GiB = 1 << 20, 1 << 30
 
 

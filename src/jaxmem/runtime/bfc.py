@@ -486,11 +486,11 @@ class BFCAllocator(Allocator):
         return sorted(self._regions.items())
 
     def _out_of_memory(self, size: int, rounded: int) -> OutOfMemory:
-        largest = self._largest_free_block()
-        return self._oom.track(BFCOutOfMemory(
-            self.name, lambda: list(self._chunks()), requested=size, rounded=rounded,
-            in_use=self.bytes_in_use, pool_bytes=self.pool_bytes, limit=self.limit,
-            largest_free_block=largest, fragmentation=self.pool_bytes - self.bytes_in_use >= rounded))
+        pool_bytes, in_use = self.pool_bytes, self.bytes_in_use
+        return self._oom.track(BFCOutOfMemory.taken(
+            self.name, lambda: list(self._chunks()),
+            (size, rounded, in_use, pool_bytes, self.limit, self._largest_free_block(),
+             pool_bytes - in_use >= rounded)))
 
 
 def oom_message(name: str, requested: int, rounded: int, in_use: int, pool_bytes: int, limit: int,
@@ -515,13 +515,18 @@ def oom_message(name: str, requested: int, rounded: int, in_use: int, pool_bytes
         f"block {format_size(largest_free_block)}{cause}")
 
 
+_DETAILS = ("requested", "rounded", "in_use", "pool_bytes", "limit", "largest_free_block", "fragmentation")
+_new_error = BaseException.__new__
+
+
 class BFCOutOfMemory(PoolOutOfMemory):
     """The BFC pool's `PoolOutOfMemory`, whose message is written when first read.
 
     RMM's benchmark recipe fails thousands of times and reads no message; formatting six sizes
-    was most of the cost of a failure. The numbers are the error's own attributes, taken when
-    the allocation failed, so the text is the same whenever it is read. `str`, `repr` and
-    `args` all see the written message.
+    was most of the cost of a failure, and filling in the attributes most of the rest. The
+    numbers are taken when the allocation failed, so the text is the same whenever it is read.
+    `str`, `repr` and `args` all see the written message; the first read of any attribute
+    (`requested`, `details`, ...) fills them all in, as `PoolOutOfMemory`'s constructor would.
     """
 
     def __init__(self, pool_name: str, chunks_now, **details: object) -> None:
@@ -533,6 +538,29 @@ class BFCOutOfMemory(PoolOutOfMemory):
         self._chunks_now = chunks_now
         self._chunks = None
         self._pool_name: str | None = pool_name
+
+    @classmethod
+    def taken(cls, pool_name: str, chunks_now, numbers: tuple) -> "BFCOutOfMemory":
+        """The error for numbers taken at the failure (in the order of `_DETAILS`), with its
+        attributes filled in on first read: the pool's failure path only stores the tuple."""
+        err = _new_error(cls)
+        err._taken = (pool_name, chunks_now, numbers)
+        return err
+
+    def __getattr__(self, name: str):
+        # Called only when an attribute is missing: fill in what `taken` deferred, then retry.
+        taken = self.__dict__.pop("_taken", None)
+        if taken is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        pool_name, chunks_now, numbers = taken
+        details = dict(zip(_DETAILS, numbers))
+        state = self.__dict__
+        state["details"] = details
+        state.update(details)
+        state["_chunks_now"] = chunks_now
+        state["_chunks"] = None
+        state["_pool_name"] = pool_name
+        return getattr(self, name)
 
     def _write(self) -> None:
         if self._pool_name is not None:
@@ -561,7 +589,7 @@ class BFCOutOfMemory(PoolOutOfMemory):
         return BaseException.__repr__(self)
 
     def __reduce__(self):
-        self._write()
+        self._write()                    # fills in the attributes too
         return BaseException.__reduce__(self)
 
 

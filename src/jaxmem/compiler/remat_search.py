@@ -12,11 +12,15 @@ backward). For each such value `v` it builds a recompute chain to run right befo
 use `u`: `v`'s producer, and recursively the producers of operands that are not live at `u`
 anyway. Values the chain can make with a few more cheap nodes, and that are also waiting for a
 use at or after `u`, join the group (a layer's mask and activation are recomputed together).
-Groups whose chain is all cheap (elementwise, movement, reductions: what XLA fuses) go first,
-largest first; then the rest by bytes freed per FLOP recomputed. The first group that lowers
-the peak (or keeps it and lowers the area under the live-bytes curve) is applied, and the
-search goes on until no group helps. Every accepted step is kept, so a caller can pick the
-least recompute that meets a budget, and the last step is the smallest peak reachable.
+A transpose the chain would read is rebuilt inside the group from the value it views (a head
+split of an attention projection): XLA:CPU holds such a transpose twice when a group reads it
+(the group gets the untransposed layout, the matrix product its own copy), and the model counts
+that second copy. Groups whose chain is all cheap (elementwise, movement, reductions: what XLA
+fuses) go first, largest first; then the rest by bytes freed per FLOP recomputed. The first
+group that lowers the peak (or keeps it and lowers the area under the live-bytes curve) is
+applied, and the search goes on until no group helps. Every accepted step is kept, so a
+caller can pick the least recompute that meets a budget, and the last step is the smallest
+peak reachable.
 
 >>> import jax, jax.numpy as jnp
 >>> from jaxmem.compiler.remat_graph import trace
@@ -41,6 +45,10 @@ MAX_CHAIN_NODES = 64
 # Extra cheap nodes a sibling may add to a group's chain.
 MAX_SIBLING_NODES = 4
 MATMUL = frozenset({"dot_general", "conv_general_dilated"})
+# Movement ops whose output XLA:CPU may hold twice (two layouts) when a recompute group reads it.
+DOUBLED_VIEWS = frozenset({"transpose"})
+# Movement ops a transposed operand may be recomputed through (see `_view_chain`).
+VIEW_OPS = frozenset({"transpose", "reshape", "slice", "split", "squeeze", "expand_dims"})
 # Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
 MAX_TRIES = 6
 
@@ -115,6 +123,18 @@ def profile(graph: Graph) -> Liveness:
     for pos, size in scratch.items():
         delta[pos] += size
         delta[pos + 1] -= size
+    # XLA:CPU gives a transposed value a second copy when a recompute group reads it besides a
+    # matrix product: the group's operand gets the untransposed layout (a slice of the producer)
+    # while the dot gets its own transposed copy. Count that copy from the transpose to the group.
+    for pos, node in enumerate(graph.nodes):
+        if not node.body:
+            continue
+        for w in set(node.inputs[:-1]):
+            src = producer.get(w)
+            if src is not None and graph.nodes[src].primitive in DOUBLED_VIEWS and w not in virtual:
+                size = graph.values[w].nbytes
+                delta[src] += size
+                delta[pos + 1] -= size
     live = []
     running = 0
     for i in range(n + 1):
@@ -295,6 +315,11 @@ def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int,
         return False
     for w in node.inputs:
         if _available(graph, lv, w, at):
+            views = _view_chain(graph, lv, w)
+            if views is not None and len(chain) + len(views) < limit:
+                # Recompute the transpose from the value it views rather than read it: XLA:CPU
+                # would hold it twice (see `profile`), the viewed value once.
+                chain.update(dict.fromkeys(views))
             continue
         if depth >= MAX_CHAIN_DEPTH:
             return False
@@ -302,6 +327,28 @@ def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int,
             return False
     chain[pos] = None
     return True
+
+
+def _view_chain(graph: Graph, lv: Liveness, vid: int) -> list[int] | None:
+    """The movement nodes that make transposed value `vid` from a value XLA holds in memory
+    (back through fused views: reshape, slice, split), in program order; None if `vid` is not
+    a transpose or no such value is within a few views."""
+    pos = lv.producer.get(vid)
+    if pos is None or graph.nodes[pos].primitive not in DOUBLED_VIEWS:
+        return None
+    found = []
+    while len(found) < 4:
+        node = graph.nodes[pos]
+        if node.eqn is None or node.primitive not in VIEW_OPS or len(node.inputs) != 1:
+            return None
+        found.append(pos)
+        src = node.inputs[0]
+        if src not in lv.virtual:
+            return found[::-1]
+        pos = lv.producer.get(src)
+        if pos is None:
+            return None
+    return None
 
 
 def _first_use_after(lv: Liveness, vid: int, t: int) -> int | None:

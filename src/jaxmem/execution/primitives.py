@@ -491,8 +491,26 @@ def _select_n(eqn: Any) -> Kernel | None:
     if not _native_all(eqn):
         return None
     if len(avals) == 3 and _dt(avals[0]) == np.bool_:
-        # np.where, not copyto(where=): the output may share memory with either case
-        return Kernel(compute=lambda p, f, t: np.where(p, t, f))
+        dtype = _dt(eqn.outvars[0].aval)
+        if dtype.itemsize not in (1, 2, 4, 8) or any(_dt(a) != dtype for a in avals[1:]):
+            return Kernel(compute=lambda p, f, t: np.where(p, t, f))
+        bits = np.dtype(f"u{dtype.itemsize}")
+        shape = tuple(eqn.outvars[0].aval.shape)
+
+        # A select on the bits, f ^ ((f ^ t) * p): exact for every value (NaN payloads, -0.0)
+        # and branch-free, where np.where and masked copies crawl on an unpredictable mask.
+        # Every step is a ufunc, and `out` is written only by the last, so overlap is safe.
+        def into(out: Array, p: Array, f: Array, t: Array) -> None:
+            fb, tb = np.asarray(f).view(bits), np.asarray(t).view(bits)
+            diff = np.bitwise_xor(fb, tb, out=np.empty(shape, bits))
+            np.multiply(diff, p, out=diff, casting="unsafe")
+            np.bitwise_xor(fb, diff, out=out.view(bits))
+
+        def compute(p: Array, f: Array, t: Array) -> Array:
+            out = np.empty(shape, dtype)
+            into(out, p, f, t)
+            return out
+        return Kernel(compute=compute, into=into, overlap_safe=True)
     if len(avals) == 2:
         return Kernel(compute=lambda p, c: np.array(c, copy=True), into=lambda out, p, c: np.copyto(out, c),
                       overlap_safe=True)
@@ -951,7 +969,36 @@ def _reduce_window(eqn: Any) -> Kernel | None:
     def compute(x: Array) -> Array:
         return fn(_windows(x, dims, strides, padding, fill), axis=axes).astype(dtype, copy=False)
 
-    return Kernel(compute=compute)
+    if math.prod(dims) > WINDOW_PASSES:
+        return Kernel(compute=compute)
+    # A small window (pooling): one ufunc pass per window position over a strided view of
+    # the input, 2-4x faster than reducing the window axes of a sliding-window view.
+    out_shape = tuple(int(n) for n in eqn.outvars[0].aval.shape)
+    positions = [tuple(slice(o, o + s * (n - 1) + 1, s) for o, s, n in zip(offset, strides, out_shape))
+                 for offset in np.ndindex(*dims)]
+    combine = fn.__self__  # the ufunc whose reduce fn is
+    padded = any(lo or hi for lo, hi in padding)
+
+    def into(out: Array, x: Array) -> None:
+        if padded:
+            x = np.pad(x, padding, constant_values=fill)
+        if len(positions) == 1:
+            np.copyto(out, x[positions[0]])
+            return
+        combine(x[positions[0]], x[positions[1]], out=out)
+        for pos in positions[2:]:
+            combine(out, x[pos], out=out)
+
+    def compute_passes(x: Array) -> Array:
+        out = np.empty(out_shape, dtype)
+        into(out, x)
+        return out
+
+    return Kernel(compute=compute_passes, into=into)
+
+
+# Window positions up to which reduce_window runs as one pass per position.
+WINDOW_PASSES = 64
 
 
 @rule("select_and_scatter_add")
@@ -970,25 +1017,61 @@ def _select_and_scatter_add(eqn: Any) -> Kernel | None:
     if any(lo < 0 or hi < 0 for lo, hi in padding):
         return None
     shape = tuple(operand_aval.shape)
-    rank = len(shape)
+    out_shape = tuple(int(n) for n in source_aval.shape)
     padded_shape = tuple(n + lo + hi for n, (lo, hi) in zip(shape, padding))
-    fill = -np.inf if select == "ge" else np.inf
-    pick = np.argmax if select == "ge" else np.argmin
+    padded = any(lo or hi for lo, hi in padding)
+    fill = dtype.type(-np.inf if select == "ge" else np.inf)
+    keep = np.greater_equal if select == "ge" else np.less_equal
+    extreme = np.maximum if select == "ge" else np.minimum
+    # The elements at window position k of every window form one strided view: a handful of
+    # vectorised passes (one per window position) instead of a pass per window.
+    positions = [tuple(slice(o, o + s * (n - 1) + 1, s) for o, s, n in zip(offset, strides, out_shape))
+                 for offset in np.ndindex(*dims)]
+    index_dtype = np.uint8 if len(positions) < 256 else np.int32
+    inner = tuple(slice(lo, lo + n) for n, (lo, _) in zip(shape, padding))
+    zero = dtype.type(0)
+
+    def scatter(acc: Array, source: Array, operand: Array) -> None:
+        x = np.pad(operand, padding, constant_values=fill) if padded else operand
+        # XLA's scan of a window: the selected element stays unless select(selected, next)
+        # is false (so with ge the earliest of equal values wins, and a NaN is passed over).
+        best = np.array(x[positions[0]], copy=True)
+        choice = np.zeros(out_shape, index_dtype)
+        take = np.empty(out_shape, np.bool_)
+        step = np.empty(out_shape, index_dtype)
+        # Without NaNs the selected value is a running max (min); masked copies are 10x slower.
+        nan = bool(np.isnan(operand).any())
+        for k in range(1, len(positions)):
+            v = x[positions[k]]
+            keep(best, v, out=take)
+            np.logical_not(take, out=take)
+            if nan:
+                np.copyto(best, v, where=take)
+            else:
+                extreme(best, v, out=best)
+            # k exceeds every earlier position, so a max records the latest switch
+            np.multiply(take, index_dtype(k), out=step)
+            np.maximum(choice, step, out=choice)
+        acc[...] = 0
+        hit = np.empty(out_shape, dtype)
+        finite = bool(np.isfinite(source).all())  # else inf * 0 would leak NaN where not chosen
+        for k, pos in enumerate(positions):
+            np.equal(choice, k, out=take)
+            if finite:
+                np.multiply(source, take, out=hit)
+            else:
+                hit[...] = zero
+                np.copyto(hit, source, where=take)
+            acc[pos] += hit
 
     def compute(source: Array, operand: Array) -> Array:
-        w = _windows(operand, dims, strides, padding, fill)
-        out_shape = w.shape[:rank]
-        flat = w.reshape(out_shape + (-1,))
-        choice = pick(flat, axis=-1)  # first extreme in row-major window order
-        offsets = np.unravel_index(choice, dims)
-        grids = np.indices(out_shape, sparse=True)
-        coords = tuple(g * s + o for g, s, o in zip(grids, strides, offsets))
-        acc = np.zeros(padded_shape, dtype)
-        np.add.at(acc, coords, source)
-        inner = tuple(slice(lo, lo + n) for n, (lo, _) in zip(shape, padding))
+        acc = np.empty(padded_shape, dtype)
+        scatter(acc, source, operand)
         return acc[inner]
 
-    return Kernel(compute=compute)
+    if padded:
+        return Kernel(compute=compute)
+    return Kernel(compute=compute, into=scatter)
 
 
 # ---- PRNG keys: data layout is identical, so wrap/unwrap is a copy ----------------------------

@@ -47,6 +47,7 @@ class Program:
     temporaries: int = 0               # steps that compute into a temporary (overlap)
     materialized: int = 0              # transient views copied because their bytes get reused
     elided: int = 0                    # in-place views that need no work
+    chained: int = 0                   # fused intermediates computed in the next step's slot
 
     def run(self, inputs: Sequence[np.ndarray]) -> tuple[Any, ...]:
         """Run every step; `inputs` are the flat arguments as numpy arrays of the traced dtypes."""
@@ -163,12 +164,11 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
         if vid in region:  # donated: the argument's bytes move into the arena
             lines.append(f"copyto(V{vid}, a{k})")
 
-    program_kernels: list[Kernel] = []
-    temporaries = materialized = elided = 0
+    program_kernels: list[Kernel] = [kernel_for(step.eqn) for step in plan.schedule]
+    temporaries = materialized = elided = chained = 0
     for step in plan.schedule:
         i = step.index
-        kernel = kernel_for(step.eqn)
-        program_kernels.append(kernel)
+        kernel = program_kernels[i]
         ns[f"K{i}"] = kernel.compute
         in_avals = [v.aval for v in step.eqn.invars]
         ins = [expr(op, a) for op, a in zip(step.operands, in_avals)]
@@ -202,8 +202,21 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
         elif len(outs) == 1:
             o = outs[0]
             call = f"K{i}({args})"
+            dest = _chain_dest(plan, i, o, uses, region, program_kernels, avals, in_roots, roots_of)
             if o is None:
                 lines.append(call)
+            elif dest is not None:
+                # Computed straight into the next step's output slot, which that elementwise
+                # step then updates in place: no fresh memory for the fused intermediate.
+                chained += 1
+                if kernel.ufunc is not None:
+                    ns[f"U{i}"] = kernel.ufunc
+                    lines.append(f"U{i}({args}, out=V{dest})")
+                else:
+                    ns[f"I{i}"] = kernel.into
+                    lines.append(f"I{i}(V{dest}{', ' if args else ''}{args})")
+                lines.append(f"t{o} = V{dest}")
+                roots[o] = [region[dest]]
             else:
                 r = [reg for rs in in_roots for reg in rs] if kernel.views else []
                 if r and _reused_before_last_use(r, i, max(uses.get(o, [i])), writes):
@@ -255,7 +268,40 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
     code = compile(source, "<jaxmem plan>", "exec")
     exec(code, ns)
     return Program(plan=plan, memory=memory, run_flat=ns["run"], source=source, kernels=program_kernels,
-                   temporaries=temporaries, materialized=materialized, elided=elided)
+                   temporaries=temporaries, materialized=materialized, elided=elided, chained=chained)
+
+
+def _chain_dest(plan: Plan, i: int, o: Any, uses: dict[int, list[int]], region: dict[int, Region],
+                kernels: list[Kernel], avals: dict[int, Any], in_roots: list[list[Region]],
+                roots_of: Callable[[Any], list[Region]]) -> int | None:
+    """The value whose slot transient `o` of step `i` can be computed in, or None.
+
+    That is the output slot of step i+1 when step i+1 is the only reader of `o`, is an
+    elementwise kernel that is right in place (it reads `o` element for element while writing
+    the same bytes), makes a value of `o`'s very type, and no other input of either step
+    touches that slot (writing it one step early must not clobber anything still to be read).
+    """
+    kernel = kernels[i]
+    if o is None or kernel.into is None or uses.get(o) != [i + 1] or i + 1 >= len(plan.schedule):
+        return None
+    nxt = plan.schedule[i + 1]
+    consumer = kernels[i + 1]
+    if len(nxt.outputs) != 1 or nxt.outputs[0] not in region or consumer.into is None or not consumer.overlap_safe:
+        return None
+    dest = nxt.outputs[0]
+    if avals.get(dest) is None or avals.get(o) is None or storage(avals[dest]) != storage(avals[o]):
+        return None
+    dreg = region[dest]
+    # step i's own inputs may share the slot only when its kernel is right under overlap (a
+    # ufunc, say, over the conv output whose bytes the plan hands on to step i+1)
+    if not kernel.overlap_safe and any(_overlaps(dreg, r) for rs in in_roots for r in rs):
+        return None
+    for op in nxt.operands:
+        if op == o or isinstance(op, Const):
+            continue
+        if any(_overlaps(dreg, r) for r in roots_of(op)):
+            return None
+    return dest
 
 
 def _reused_before_last_use(roots: list[Region], made: int, last: int, writes: list[list[Region]]) -> bool:

@@ -387,7 +387,11 @@ class CachingAllocator(Allocator):
             return False
         key_size = max(size, self._max_split)
         keys = self._freelists[pool].get(stream) or []
+        # Blocks of expandable segments are never cudaFree'd here: their pages are unmapped only
+        # by empty_cache (PyTorch skips them the same way).
         i = bisect_left(keys, key_size << _SHIFT)
+        while i < len(keys) and self._free_block[keys[i] & _MASK].seg.expandable:
+            i += 1
         if i < len(keys):
             self._release_block(self._free_block[keys[i] & _MASK])
             return True
@@ -396,8 +400,9 @@ class CachingAllocator(Allocator):
         j = len(keys) - 1
         while released < key_size and j >= 0 and keys[j] >> _SHIFT >= self._max_split:
             block = self._free_block[keys[j] & _MASK]
-            released += block.size
-            self._release_block(block)
+            if not block.seg.expandable:
+                released += block.size
+                self._release_block(block)
             j -= 1
         return released >= key_size
 
@@ -511,6 +516,8 @@ class CachingAllocator(Allocator):
         seg, page = to_map.seg, self._page(to_map.pool)
         begin = (to_map.addr - seg.addr) // page
         end = -(-(to_map.addr + size - seg.addr) // page)
+        if self.reserved_bytes + (end - begin) * page > self.limit:
+            return False  # mapping counts against the limit as a cudaMalloc does
         taken = []
         for p in range(begin, end):
             phys = self.backend.reserve(page)

@@ -16,7 +16,6 @@ the window, largest address last.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,6 @@ from jaxmem.traces.model import Trace
 ALLOCATORS = ("caching", "caching-expandable", "bfc", "bfc-growth", "platform")
 BFC_FRACTION = 0.75          # XLA_PYTHON_CLIENT_MEM_FRACTION's default
 TIMELINE_POINTS = 4000       # timeline samples kept per run (extremes preserved)
-PROGRESS_MIN_OPS = 200_000   # show a progress bar from this many events up
 _PROGRESS_STEP = 1 << 16
 
 
@@ -455,7 +453,8 @@ def replay(trace: Trace, allocators: list[str], *, capacity: int, progress: bool
         allocators: names from ALLOCATORS ("caching", "caching-expandable", "bfc" at 75% of
             capacity preallocated, "bfc-growth", "platform").
         capacity: device bytes.
-        progress: a transient progress bar on stderr for long traces.
+        progress: allow a transient progress bar on stderr (drawn once the replays have run a
+            second, and only when stderr is a terminal).
         options: per-allocator extra options (e.g. {"caching": {"alloc_conf": "..."}}).
     Returns:
         A ReplayReport: one ReplayRun per allocator, and `recorded` for snapshot traces.
@@ -466,21 +465,20 @@ def replay(trace: Trace, allocators: list[str], *, capacity: int, progress: bool
     ops = _ops(trace)
     n = len(ops[0])
     runs: dict[str, ReplayRun] = {}
-    show = progress and n >= PROGRESS_MIN_OPS
-    if show:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from jaxmem.reports.terminal import progress as progress_bar
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=Console(file=sys.stderr), transient=True) as bar:
-            for name in allocators:
-                task = bar.add_task(f"replay {name}", total=n)
-                runs[name] = replay_one(trace, name, capacity=capacity, options=(options or {}).get(name),
-                                        ops=ops, progress=lambda j, task=task: bar.update(task, completed=j))
-                bar.update(task, completed=n)
-    else:
+    # The bar shows only once the replays have run a second (and only on a terminal).
+    with progress_bar("replaying", n * len(allocators), enabled=None if progress else False) as advance:
         for name in allocators:
-            runs[name] = replay_one(trace, name, capacity=capacity, options=(options or {}).get(name), ops=ops)
+            done = [0]
+
+            def tick(j: int, done: list[int] = done) -> None:
+                advance(j - done[0])
+                done[0] = j
+
+            runs[name] = replay_one(trace, name, capacity=capacity, options=(options or {}).get(name), ops=ops,
+                                    progress=tick)
+            advance(n - done[0])
     settings = ""
     if trace.allocator_settings:
         from jaxmem.runtime.caching_config import config_from_settings

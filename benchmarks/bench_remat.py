@@ -40,6 +40,20 @@ def _sgd(loss: Callable) -> Callable:
     return step
 
 
+def _stacked_mse_step(layer: Callable) -> Callable:
+    """make_step(wrap): an SGD step of `layer` applied once per parameter set, mean-squared error."""
+    def make(wrap: Callable) -> Callable:
+        f = wrap(layer)
+
+        def loss(params: Any, batch: Any) -> jax.Array:
+            h = batch["x"]
+            for p in params:
+                h = f(h, p)
+            return jnp.mean((h - batch["y"]) ** 2)
+        return _sgd(loss)
+    return make
+
+
 def mlp_model(layers: int, batch: int, width: int) -> tuple[Callable, Callable, Any]:
     """(make_step(wrap), params/batch) for a residual MLP; `wrap` wraps each layer function."""
     keys = jax.random.split(jax.random.PRNGKey(0), 2 * layers)
@@ -52,17 +66,7 @@ def mlp_model(layers: int, batch: int, width: int) -> tuple[Callable, Callable, 
     def layer(h: jax.Array, p: dict) -> jax.Array:
         return h + jnp.tanh(h @ p["w1"]) @ p["w2"]
 
-    def make(wrap: Callable) -> Callable:
-        f = wrap(layer)
-
-        def loss(params: Any, batch: Any) -> jax.Array:
-            h = batch["x"]
-            for p in params:
-                h = f(h, p)
-            return jnp.mean((h - batch["y"]) ** 2)
-        return _sgd(loss)
-
-    return make, (params, data)
+    return _stacked_mse_step(layer), (params, data)
 
 
 def plain_mlp_model(layers: int, batch: int, width: int) -> tuple[Callable, Any]:
@@ -75,17 +79,7 @@ def plain_mlp_model(layers: int, batch: int, width: int) -> tuple[Callable, Any]
     def layer(h: jax.Array, p: dict) -> jax.Array:
         return jax.nn.gelu(h @ p["w"] + p["b"])
 
-    def make(wrap: Callable) -> Callable:
-        f = wrap(layer)
-
-        def loss(params: Any, batch: Any) -> jax.Array:
-            h = batch["x"]
-            for p in params:
-                h = f(h, p)
-            return jnp.mean((h - batch["y"]) ** 2)
-        return _sgd(loss)
-
-    return make, (params, data)
+    return _stacked_mse_step(layer), (params, data)
 
 
 def transformer_model(layers: int, batch: int, seq: int, d: int, heads: int, vocab: int) -> tuple[Callable, Any]:

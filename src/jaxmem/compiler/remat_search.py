@@ -49,6 +49,8 @@ MATMUL = frozenset({"dot_general", "conv_general_dilated"})
 DOUBLED_VIEWS = frozenset({"transpose"})
 # Movement ops a transposed operand may be recomputed through (see `_view_chain`).
 VIEW_OPS = frozenset({"transpose", "reshape", "slice", "split", "squeeze", "expand_dims"})
+# A fused value re-emitted in more readers than this is held in memory instead (see `_virtual`).
+MAX_FUSED_EMISSIONS = 8
 # Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
 MAX_TRIES = 6
 
@@ -168,21 +170,32 @@ def _fusible_producer(node: Node) -> bool:
 
 def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     """Values XLA keeps out of memory: made by elementwise or movement ops and read only by
-    fusible ops (elementwise, movement, reductions), so each consumer's fusion recomputes them."""
+    fusible ops (elementwise, movement, reductions), so each consumer's fusion recomputes them.
+
+    XLA stops fusing where that would emit a value too many times (a chain of adds where every
+    sum has several readers, such as a transformer's residual stream, would be re-emitted in
+    every reader of every later sum): a value whose emissions, counted through its fused
+    readers, pass `MAX_FUSED_EMISSIONS` is held in memory.
+    """
     n = len(graph.nodes)
     virtual = set()
-    for node in graph.nodes:
+    emissions: dict[int, int] = {}
+    for pos in range(n - 1, -1, -1):
+        node = graph.nodes[pos]
         if not _fusible_producer(node):
             continue
         outs = [v for v in node.outs if v is not None]
         ok = True
+        count = 0
         for v in outs:
             for u in uses.get(v, []):
                 if u >= n or not (graph.nodes[u].eqn is not None and is_cheap(graph.nodes[u].eqn)):
                     ok = False
                     break
-        if ok:
+                count += max((emissions.get(c, 1) for c in graph.nodes[u].outs if c in virtual), default=1)
+        if ok and count <= MAX_FUSED_EMISSIONS:
             virtual.update(outs)
+            emissions.update((v, count) for v in outs)
     return virtual
 
 

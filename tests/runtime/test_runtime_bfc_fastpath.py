@@ -113,3 +113,45 @@ def test_bfc_out_of_memory_is_what_the_generic_constructors_build():
     assert err.args == generic.args and str(err) == str(generic)
     assert err.chunks == generic.chunks and err.bins == generic.bins and err.occupancy == generic.occupancy
     assert isinstance(err, OutOfMemory) and isinstance(err, MemoryError)
+
+
+def test_an_error_frozen_by_a_free_shows_the_freed_buffer_still_in_use():
+    """The public free lists buffers apart from the hooks' table: the chunk walk an
+    out-of-memory error takes on the next change must still see the buffer being freed."""
+    pool = _failing_pool()
+    with pytest.raises(OutOfMemory) as info:
+        pool.allocate(5 * MiB + 1)
+    before = [c for c in pool.chunks()]
+    victim = next(b for b in _live_buffers(pool) if b.size == 4 * MiB)
+    pool.free(victim)                    # the first change after the failure is a free
+    assert info.value.chunks == before
+    assert any(c.address == victim.address and c.in_use for c in info.value.chunks)
+    assert not any(c.address == victim.address and c.in_use for c in pool.chunks())
+
+
+def _live_buffers(pool):
+    return [b for b in pool._issued if b.live]
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_chunk_walk_matches_the_live_buffers_across_sweeps(preallocate):
+    """Thousands of allocations: freed buffers are swept from the pool's list now and then;
+    the used chunks must stay exactly the live buffers (a brute-force set kept here)."""
+    rng = random.Random(7 + preallocate)
+    pool = BFCAllocator(SimulatedBackend(8 << 30), 4 << 30, preallocate=preallocate)
+    live: list = []
+    longest = most_live = 0
+    for step in range(12_000):
+        if live and rng.random() < 0.48:
+            pool.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(pool.allocate(rng.randint(1, 2 * MiB)))
+        longest = max(longest, len(pool._issued))
+        most_live = max(most_live, len(live))
+        if step % 2000 == 1999:
+            used = sorted((c.address, c.size) for c in pool.chunks() if c.in_use)
+            assert used == sorted((b.address, b.size) for b in live)
+    assert longest <= 2 * most_live + 1024 + 1     # swept, not growing with the steps
+    for buf in live:
+        pool.free(buf)
+    assert [c.in_use for c in pool.chunks()].count(True) == 0

@@ -50,3 +50,41 @@ def test_best_fit_holds_while_the_free_set_grows_past_512_and_shrinks_back():
             pool.free(probe)
     assert pool._flat is not None
     assert [(c.size, c.in_use) for c in pool.chunks()] == [(512 << 20, False)]
+
+
+def test_best_fit_holds_when_runs_of_merging_frees_are_sorted_in_late():
+    """With the free set in sublists, frees only note their keys (merged-away ones too) and the
+    next allocation sorts them in, one by one after a short run, afresh after a long one: every
+    allocation must still find what brute force finds, whatever the run length."""
+    rng = random.Random(11)
+    pool = BFCAllocator(SimulatedBackend(1 << 30), 512 << 20)
+    live = [pool.allocate(rng.randint(1, 32 << 10)) for _ in range(4000)]
+    for buf in live[::2]:
+        pool.free(buf)
+    live = live[1::2]
+    calls = {"edits": 0, "rebuilds": 0}
+    sort_in = pool._sort_in
+
+    def counted_sort_in():
+        rebuild = len(pool._pending) + len(pool._stale) > len(pool._free_start) // 8 + 32
+        calls["rebuilds" if rebuild else "edits"] += 1
+        sort_in()
+
+    pool._sort_in = counted_sort_in
+    for _ in range(300):
+        rng.shuffle(live)
+        for _ in range(rng.choice([1, 2, 5, 20, 150])):   # frees that merge with holes
+            pool.free(live.pop())
+        size = rng.randint(1, 64 << 10)
+        expected = _brute_best_fit(pool, (size + 255) & -256)
+        buf = pool.allocate(size)
+        assert buf.address == expected
+        live.append(buf)
+        if len(live) < 200:
+            break
+    assert pool.memory_stats()["largest_free_block_bytes"] == _largest_free(pool)
+    assert calls["edits"] > 10 and calls["rebuilds"] > 3
+    for buf in live:
+        pool.free(buf)
+    assert [(c.size, c.in_use) for c in pool.chunks()] == [(512 << 20, False)]
+    assert pool.memory_stats()["largest_free_block_bytes"] == 512 << 20

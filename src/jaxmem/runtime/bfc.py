@@ -55,6 +55,7 @@ _SHIFT = 48                              # key = size << 48 | address; addresses
 _MASK = (1 << _SHIFT) - 1
 _LOAD = 256                              # sublist length; split at twice this
 _new = object.__new__                    # a Buffer without the cost of a Python __init__ call
+_MIN_SWEEP = 1024                        # `_issued` is swept at 2 x live buffers + this
 
 
 def round_bytes(size: int) -> int:
@@ -97,7 +98,11 @@ class BFCAllocator(Allocator):
         self._flat: list[int] | None = []    # all free-chunk keys, sorted, while they are few
         self._maxes: list[int] = []          # otherwise: last key of each sublist
         self._lists: list[list[int]] = []    # ... and the sorted sublists of free-chunk keys
-        self._used: dict[int, int] = {}        # chunk in use: address -> size
+        self._pending: list[int] = []        # sublists only: keys freed since they were last sorted
+        self._stale: list[int] = []          # ... and keys merged away since (in sublists or pending)
+        self._used: dict[int, int] = {}        # chunk in use through the hooks: address -> size
+        self._issued: list[Buffer] = []        # buffers the public allocate handed out, some freed since
+        self._sweep_at = _MIN_SWEEP            # ... swept of freed ones when it grows past this
         self._free_start: dict[int, int] = {}  # free chunk: address -> size (to merge forwards)
         self._free_end: dict[int, int] = {}    # free chunk: end -> address (to merge backwards)
         self._regions: dict[int, int] = {}   # region start -> end (adjacent regions merged)
@@ -178,6 +183,28 @@ class BFCAllocator(Allocator):
         elif i == len(sub):
             maxes[pos] = sub[-1]
 
+    def _sort_in(self) -> None:
+        """Bring the sorted free set up to date with the frees noted since it was last read."""
+        pending, stale = self._pending, self._stale
+        self._pending, self._stale = [], []
+        if len(pending) + len(stale) > len(self._free_start) // 8 + 32:
+            # A long run of frees: sorting the tables' keys afresh is cheaper than the edits.
+            keys = sorted([size << _SHIFT | address for address, size in self._free_start.items()])
+            if len(keys) <= 2 * _LOAD:
+                self._flat, self._lists, self._maxes = keys, [], []
+            else:
+                self._flat = keys
+                self._unflatten()
+            return
+        gone = set(stale)
+        noted = set(pending)
+        for key in stale:
+            if key not in noted:           # it was sorted in before it merged away
+                self._remove(key)
+        for key in pending:
+            if key not in gone:
+                self._insert(key)
+
     def _take_free(self, address: int, size: int) -> None:
         """Take the free chunk [address, +size) out of the free set (it becomes used or goes)."""
         self._remove(size << _SHIFT | address)
@@ -196,16 +223,16 @@ class BFCAllocator(Allocator):
         super().__init_subclass__(**kwargs)
         if cls._allocate is not BFCAllocator._allocate and cls.allocate is BFCAllocator.allocate:
             cls.allocate = Allocator.allocate  # type: ignore[method-assign]
+            cls.free = Allocator.free          # type: ignore[method-assign]  # the matching hook pair
 
     # ---- the public allocate, fused with the policy's common path -------------------------
     def allocate(self, size: int, *, alignment: int = 256, stream: int = 0) -> Buffer:
         """`Allocator.allocate`, with the common case (a plain request that a free chunk holds)
         written out here, because the hook call, its tuple and `Buffer.__init__` are a
-        measurable share of a pair (benchmarks/results/runtime.md). Everything else (bad
-        arguments, alignment, growth, out of memory, an error to freeze first, the rare 128 MiB
-        split) goes the generic way, through `_allocate`."""
+        measurable share of a pair (benchmarks/results/runtime.md). The rest (bad arguments,
+        alignment, growth, an error to freeze first) goes the generic way, through `_allocate`."""
         if type(size) is not int or size <= 0 or alignment != 256 or self._oom.pending:
-            return Allocator.allocate(self, size, alignment=alignment, stream=stream)
+            return self._allocate_generic(size, alignment, stream)
         rounded = (size + 255) & -256
         key = rounded << 48
         sub = self._flat
@@ -217,8 +244,11 @@ class BFCAllocator(Allocator):
             except IndexError:             # no free chunk is large enough: grow, or fail
                 if not self._extend(rounded):
                     raise self._out_of_memory(size, rounded) from None
-                return Allocator.allocate(self, size, alignment=alignment, stream=stream)
+                return self._allocate_generic(size, alignment, stream)
         else:
+            if self._pending:              # frees since the last sort: sort them in first
+                self._sort_in()
+                return self.allocate(size, alignment=alignment, stream=stream)
             maxes = self._maxes
             pos = bisect_left(maxes, key)
             try:
@@ -226,7 +256,7 @@ class BFCAllocator(Allocator):
             except IndexError:             # no free chunk is large enough: grow, or fail
                 if not self._extend(rounded):
                     raise self._out_of_memory(size, rounded) from None
-                return Allocator.allocate(self, size, alignment=alignment, stream=stream)
+                return self._allocate_generic(size, alignment, stream)
             i = bisect_left(sub, key)
             found = sub[i]
         rest = (found >> 48) - rounded
@@ -242,8 +272,8 @@ class BFCAllocator(Allocator):
             del free_start[address]
             free_start[tail] = rest
             self._free_end[tail + rest] = tail
-        elif rest >= 134217728:            # split for the 128 MiB rule (rare): the hook does it
-            return Allocator.allocate(self, size, alignment=alignment, stream=stream)
+        elif rest >= 134217728:            # split for the 128 MiB rule
+            self._split_by_size_rule(sub, i, pos, found, rounded, rest)
         else:                              # the whole chunk
             del sub[i]
             if pos < 0:
@@ -255,7 +285,6 @@ class BFCAllocator(Allocator):
             rounded += rest
             del free_start[address]
             del self._free_end[address + rounded]
-        self._used[address] = rounded
         # The statistics, as `Allocator.allocate` keeps them.
         self.num_allocs += 1
         in_use = self.bytes_in_use + rounded
@@ -272,7 +301,33 @@ class BFCAllocator(Allocator):
         buf.owner = self
         buf.live = True
         buf.handle = None
+        issued = self._issued
+        issued.append(buf)
+        if len(issued) > self._sweep_at:
+            self._sweep_issued()
         return buf
+
+    def _allocate_generic(self, size: int, alignment: int, stream: int) -> Buffer:
+        """`Allocator.allocate` through the hooks; the buffer is then listed as the fast path's are."""
+        buf = Allocator.allocate(self, size, alignment=alignment, stream=stream)
+        del self._used[buf.address]
+        self._issued.append(buf)
+        return buf
+
+    def free(self, buffer: Buffer) -> None:
+        """`Allocator.free` for buffers of the public allocate, which are listed in `_issued`
+        (freed ones are swept out later) rather than in the table of used chunks."""
+        if type(buffer) is not Buffer or buffer.owner is not self or not buffer.live:
+            self._check_free(buffer)
+        size = buffer.size
+        self.bytes_in_use -= size
+        self._release(buffer.address, size)
+        buffer.live = False            # after: an error frozen on the way still sees it in use
+
+    def _sweep_issued(self) -> None:
+        # Amortized: a sweep keeps the live half at most, so it runs once per as many allocations.
+        self._issued = [buf for buf in self._issued if buf.live]
+        self._sweep_at = 2 * len(self._issued) + _MIN_SWEEP
 
     # ---- hooks ------------------------------------------------------------------------------
     # The two hot hooks are written flat: constants inline (48 = _SHIFT, 0xFFFFFFFFFFFF = _MASK,
@@ -280,6 +335,8 @@ class BFCAllocator(Allocator):
     def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
         if self._oom.pending:
             self._oom.settle()
+        if self._pending:
+            self._sort_in()
         rounded = (size + 255) & -256
         if alignment > 256:
             return self._allocate_aligned(size, rounded, alignment)
@@ -314,25 +371,7 @@ class BFCAllocator(Allocator):
             free_start[tail] = rest
             self._free_end[tail + rest] = tail
         elif rest >= 134217728:
-            # Split for the 128 MiB rule: the tail's key may now sort before earlier keys.
-            tail = address + rounded
-            new = rest << 48 | tail
-            if (sub[i - 1] < new) if i else (pos <= 0 or maxes[pos - 1] < new):
-                sub[i] = new
-                if pos >= 0 and found == maxes[pos]:
-                    maxes[pos] = new
-            else:
-                del sub[i]
-                if pos < 0:
-                    pass
-                elif not sub:
-                    self._drop_sublist(pos)
-                elif i == len(sub):
-                    maxes[pos] = sub[-1]
-                self._insert(new)
-            del free_start[address]
-            free_start[tail] = rest
-            self._free_end[tail + rest] = tail
+            self._split_by_size_rule(sub, i, pos, found, rounded, rest)
         else:
             del sub[i]
             if pos < 0:
@@ -346,6 +385,31 @@ class BFCAllocator(Allocator):
             del self._free_end[address + rounded]
         self._used[address] = rounded
         return address, rounded, None
+
+    def _split_by_size_rule(self, sub: list[int], i: int, pos: int, found: int, rounded: int, rest: int) -> None:
+        """Split free chunk `found` (slot i of `sub`, sublist `pos` or -1 when flat) although the
+        leftover `rest` is smaller than the request: the 128 MiB rule. The leftover's key may sort
+        before earlier keys, so it takes the chunk's slot only when it still sorts there."""
+        address = found & _MASK
+        tail = address + rounded
+        new = rest << _SHIFT | tail
+        maxes = self._maxes
+        if (sub[i - 1] < new) if i else (pos <= 0 or maxes[pos - 1] < new):
+            sub[i] = new
+            if pos >= 0 and found == maxes[pos]:
+                maxes[pos] = new
+        else:
+            del sub[i]
+            if pos < 0:
+                pass
+            elif not sub:
+                self._drop_sublist(pos)
+            elif i == len(sub):
+                maxes[pos] = sub[-1]
+            self._insert(new)
+        del self._free_start[address]
+        self._free_start[tail] = rest
+        self._free_end[tail + rest] = tail
 
     def _allocate_after_extending(self, size: int, rounded: int, stream: int) -> tuple[int, int, object]:
         if not self._extend(rounded):
@@ -390,12 +454,33 @@ class BFCAllocator(Allocator):
         return None
 
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
+        del self._used[address]
+        self._release(address, size)
+
+    def _release(self, address: int, size: int) -> None:
+        """The chunk [address, +size) is free again: merge it with free neighbours."""
         if self._oom.pending:
             self._oom.settle()
-        del self._used[address]
         free_start = self._free_start
         free_end = self._free_end
         end = address + size
+        if self._flat is None:
+            # Many free chunks (a pool being drained): merge in the tables now, but only note
+            # the keys; the next reader of the sorted set sorts them in (or rebuilds it), so a
+            # run of frees costs no sorted inserts or deletes at all.
+            after = free_start.pop(end, None)
+            if after is not None:
+                self._stale.append(after << 48 | end)
+                end += after
+            before = free_end.pop(address, None)
+            if before is not None:
+                self._stale.append(free_start[before] << 48 | before)
+                address = before
+            size = end - address
+            free_start[address] = size
+            free_end[end] = address
+            self._pending.append(size << 48 | address)
+            return
         if end in free_start:              # merge with the free chunk that follows
             after = free_start.pop(end)
             old = after << 48 | end        # its key, whose slot the merged chunk may take
@@ -475,13 +560,17 @@ class BFCAllocator(Allocator):
         return self.pool_bytes
 
     def _largest_free_block(self) -> int:
+        if self._pending:
+            self._sort_in()
         flat = self._flat
         if flat is not None:
             return flat[-1] >> _SHIFT if flat else 0
         return self._maxes[-1] >> _SHIFT
 
     def _chunks(self) -> Iterator[Chunk]:
-        return _walk(sorted(self._regions.items()), self._used, self._free_start)
+        used = {buf.address: buf.size for buf in self._issued if buf.live}
+        used.update(self._used)
+        return _walk(sorted(self._regions.items()), used, self._free_start)
 
     def _empty_cache(self) -> int:
         """Return every wholly free region to the backend (growth mode; a preallocated pool
@@ -490,6 +579,8 @@ class BFCAllocator(Allocator):
             return 0
         if self._oom.pending:
             self._oom.settle()
+        if self._pending:
+            self._sort_in()
         released = 0
         for start, end in list(self._regions.items()):
             if self._free_start.get(start) != end - start:   # not one free chunk over the region

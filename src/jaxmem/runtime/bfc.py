@@ -23,13 +23,18 @@ list of their last keys (the layout sortedcontainers uses), so an insert never m
 than a few KB, and it goes flat again when one sublist is left. Both are written out inline
 because the public allocate/free pair is the hot path. XLA's own layout, 21 per-bin sorted
 lists and a bitmask of the non-empty ones, was measured slower here
-(benchmarks/results/runtime.md).
+(benchmarks/results/runtime.md). In sublists, a free only notes its key (and the keys its
+merge made stale); the next reader sorts the notes in, or sorts the free table afresh after a
+long run of frees: a pool being drained (half of RMM's recipe at 100,000 allocations) then
+does no sorted edits at all.
 
-Free chunks are also kept in two small dictionaries (start -> size, end -> start), which is all
-a free needs to find the neighbours it merges with; chunks in use sit in a third (address ->
-size) that only the chunk walk reads. With tens of thousands of live buffers the table of used
-chunks no longer fits in cache, so keeping the merge lookups out of it is what keeps a free
-cheap (measured in benchmarks/results/runtime.md).
+Free chunks are also kept in two dictionaries (start -> size, end -> start), which is all a
+free needs to find the neighbours it merges with. Chunks in use are not tabled: the chunk walk
+(dumps, invariant checks) reads them off the buffers the public allocate handed out, kept in a
+plain list that is swept of freed ones as it doubles. With tens of thousands of live buffers a
+table of used chunks falls out of cache, and its insert and delete were a tenth of a pair
+(benchmarks/results/runtime.md). Allocations through the hooks alone (trace replay) are
+tabled, as they have no Buffer.
 
     backend = SimulatedBackend("16GiB")
     pool = BFCAllocator(backend, limit=12 << 30, preallocate=True)

@@ -49,7 +49,8 @@ MATMUL = frozenset({"dot_general", "conv_general_dilated"})
 DOUBLED_VIEWS = frozenset({"transpose"})
 # Movement ops a transposed operand may be recomputed through (see `_view_chain`).
 VIEW_OPS = frozenset({"transpose", "reshape", "slice", "split", "squeeze", "expand_dims"})
-# A fused value re-emitted in more readers than this is held in memory instead (see `_virtual`).
+# A fused value that would be re-emitted in more held readers than this is held in memory
+# instead (see `_virtual`); 8 keeps one layer's fused chains virtual and a residual stream held.
 MAX_FUSED_EMISSIONS = 8
 # Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
 MAX_TRIES = 6
@@ -172,30 +173,33 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     """Values XLA keeps out of memory: made by elementwise or movement ops and read only by
     fusible ops (elementwise, movement, reductions), so each consumer's fusion recomputes them.
 
-    XLA stops fusing where that would emit a value too many times (a chain of adds where every
-    sum has several readers, such as a transformer's residual stream, would be re-emitted in
-    every reader of every later sum): a value whose emissions, counted through its fused
-    readers, pass `MAX_FUSED_EMISSIONS` is held in memory.
+    XLA does not re-emit a value in every reader without bound: a chain of adds where every sum
+    has several readers (a transformer's residual stream) would be re-emitted in every reader
+    of every later sum, and XLA holds those sums in memory (measured: XLA:CPU's buffer
+    assignment keeps them). A value whose held readers, counted through the fused values it
+    feeds, are more than `MAX_FUSED_EMISSIONS` is held too. (Counted as distinct readers, not
+    paths: a gelu's diamond of elementwise ops stays fused, as XLA fuses it.)
     """
     n = len(graph.nodes)
     virtual = set()
-    emissions: dict[int, int] = {}
+    roots: dict[int, frozenset[int]] = {}  # virtual value -> the held readers it is fused into
     for pos in range(n - 1, -1, -1):
         node = graph.nodes[pos]
         if not _fusible_producer(node):
             continue
         outs = [v for v in node.outs if v is not None]
         ok = True
-        count = 0
+        into: set[int] = set()
         for v in outs:
             for u in uses.get(v, []):
                 if u >= n or not (graph.nodes[u].eqn is not None and is_cheap(graph.nodes[u].eqn)):
                     ok = False
                     break
-                count += max((emissions.get(c, 1) for c in graph.nodes[u].outs if c in virtual), default=1)
-        if ok and count <= MAX_FUSED_EMISSIONS:
+                fused = [roots[c] for c in graph.nodes[u].outs if c in virtual]
+                into.update(*fused) if fused else into.add(u)
+        if ok and len(into) <= MAX_FUSED_EMISSIONS:
             virtual.update(outs)
-            emissions.update((v, count) for v in outs)
+            roots.update((v, frozenset(into)) for v in outs)
     return virtual
 
 

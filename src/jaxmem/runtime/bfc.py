@@ -178,15 +178,19 @@ class BFCAllocator(Allocator):
         if flat is not None:
             del flat[bisect_left(flat, key)]
             return
-        maxes = self._maxes
-        pos = bisect_left(maxes, key)
+        pos = bisect_left(self._maxes, key)
         sub = self._lists[pos]
-        i = bisect_left(sub, key)
+        self._delete_slot(sub, bisect_left(sub, key), pos)
+
+    def _delete_slot(self, sub: list[int], i: int, pos: int) -> None:
+        """Delete slot i of `sub`, the flat list (pos -1) or sublist `pos`, keeping the maxima."""
         del sub[i]
-        if not sub:
+        if pos < 0:
+            pass
+        elif not sub:
             self._drop_sublist(pos)
         elif i == len(sub):
-            maxes[pos] = sub[-1]
+            self._maxes[pos] = sub[-1]
 
     def _sort_in(self) -> None:
         """Bring the sorted free set up to date with the frees noted since it was last read."""
@@ -378,13 +382,7 @@ class BFCAllocator(Allocator):
         elif rest >= 134217728:
             self._split_by_size_rule(sub, i, pos, found, rounded, rest)
         else:
-            del sub[i]
-            if pos < 0:
-                pass
-            elif not sub:
-                self._drop_sublist(pos)
-            elif i == len(sub):
-                maxes[pos] = sub[-1]
+            self._delete_slot(sub, i, pos)
             rounded += rest
             del free_start[address]
             del self._free_end[address + rounded]
@@ -404,13 +402,7 @@ class BFCAllocator(Allocator):
             if pos >= 0 and found == maxes[pos]:
                 maxes[pos] = new
         else:
-            del sub[i]
-            if pos < 0:
-                pass
-            elif not sub:
-                self._drop_sublist(pos)
-            elif i == len(sub):
-                maxes[pos] = sub[-1]
+            self._delete_slot(sub, i, pos)
             self._insert(new)
         del self._free_start[address]
         self._free_start[tail] = rest

@@ -1,0 +1,74 @@
+"""A residual stream read by elementwise norms is held in memory, as XLA holds it (pre-norm steps)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxmem.compiler.remat_search as remat_search
+from jaxmem.compiler.remat import fit
+from jaxmem.compiler.remat_graph import as_function, trace
+from jaxmem.compiler.xla import xla_reference
+
+
+def _prenorm_step(layers: int = 12, batch: int = 512, width: int = 64):
+    """An SGD step of `x + gelu(rms(x) W1) W2` layers: every sum of the stream feeds the next
+    sum and an RMS norm (elementwise and a reduction), in the forward and in the backward."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 2 * layers)
+    params = [{"g": jnp.ones(width),
+               "up": jax.random.normal(keys[2 * i], (width, 4 * width)) / np.sqrt(width),
+               "down": jax.random.normal(keys[2 * i + 1], (4 * width, width)) / np.sqrt(4 * width)}
+              for i in range(layers)]
+    x = jax.random.normal(jax.random.PRNGKey(1), (batch, width))
+
+    def loss(params, x):
+        for p in params:
+            n = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * p["g"]
+            x = x + jax.nn.gelu(n @ p["up"]) @ p["down"]
+        return jnp.mean(x * x)
+
+    def step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+    return step, (params, x)
+
+
+def _close(a, b):
+    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        p, q = np.asarray(p), np.asarray(q)
+        assert float(np.max(np.abs(p - q))) <= 1e-5 * max(float(np.max(np.abs(p))), 1e-30)
+
+
+def test_remat_stream_sums_are_held_not_fused():
+    step, args = _prenorm_step()
+    graph = trace(step, *args)
+    lv = remat_search.profile(graph)
+    stream = [v for node in graph.nodes if node.primitive == "add"
+              for v in node.outs if v is not None and graph.values[v].shape == args[1].shape]
+    assert len(stream) == 12
+    # Fusing every sum into its readers would re-emit the first sums in the readers of every
+    # later one. The model holds every other sum (a held sum's operand is fused again), as
+    # XLA:CPU's buffer assignment of the 12-layer transformer holds one sum per layer.
+    assert sum(v in lv.virtual for v in stream) <= len(stream) // 2 + 1
+    remat_search.MAX_FUSED_EMISSIONS, old = 10**9, remat_search.MAX_FUSED_EMISSIONS
+    try:
+        unbounded = remat_search.profile(graph)
+    finally:
+        remat_search.MAX_FUSED_EMISSIONS = old
+    assert all(v in unbounded.virtual for v in stream)
+
+
+def test_remat_stream_fit_meets_30_percent_by_xla():
+    step, args = _prenorm_step()
+    before = xla_reference(step, args).total_bytes
+    budget = int(0.30 * before)
+    result = fit(step, *args, budget=budget)
+    # XLA is the judge. With every stream sum modelled as fused, the deepest rewrite reached
+    # 31.0% of the original's total (8,532,124 of 27,533,612 bytes: measured before the
+    # change), so 30% did not fit; holding the sums, the search reaches 28.6%.
+    assert result.fits
+    assert result.xla_total_bytes == xla_reference(result.fn, args).total_bytes <= budget
+    assert result.recompute_flops_ratio > 0
+    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))

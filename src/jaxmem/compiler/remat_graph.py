@@ -62,6 +62,8 @@ class Node:
     body: tuple["Node", ...] = ()
     guard: str = ""
     body_ins: tuple[int, ...] = ()   # the ids `body` reads, bound positionally to `ins`
+    through: tuple[tuple[int, int], ...] = ()  # (out id, body_ins id): operands handed back
+                                               # unchanged, so their later readers wait for it
 
     @property
     def primitive(self) -> str:
@@ -282,6 +284,7 @@ def _run_group(node: Node, invals: list[Any], env: dict[int, Any]) -> list[Any]:
         inner = dict(consts)
         inner.update(zip(ids, operands))
         _run_nodes(node.body, inner)
+        inner.update((out, inner[src]) for out, src in node.through)
         return [inner[v] if v is not None else None for v in node.outs]
 
     if node.guard == "barrier":

@@ -291,6 +291,7 @@ class Group:
     cheap: bool
     primitives: list[str] = field(default_factory=list)   # the chain's, in order
     makers: list[str] = field(default_factory=list)       # what makes each of `values`
+    through: int | None = None  # a value the group hands back so node `at` waits for it
 
     def rank(self) -> tuple:
         if self.cheap:
@@ -519,7 +520,9 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
     right after the group, outside it (see `_tail`).
     """
     at = group.at
-    tail = _tail(graph, group.chain)
+    # A pinned group keeps its tail: XLA would run the pinned product between the group and a
+    # tail left outside it (measured: the residual MLP's tanh ran after `g W^T`).
+    tail = _tail(graph, group.chain) if group.through is None else set()
     inside = {out for p in group.chain for out in graph.nodes[p].outs if out is not None}
     external: list[int] = []
     for p in group.chain:
@@ -528,6 +531,8 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
         for w in graph.nodes[p].inputs:
             if w not in inside and w not in graph.consts and w not in external:
                 external.append(w)
+    if group.through is not None and group.through not in external:
+        external.append(group.through)
     anchor = _anchor(graph, at, set(external))
     later: dict[int, int] = {}  # original value -> recomputed copy
     body = []
@@ -543,6 +548,12 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
             outs.append(later[out])
         ins = tuple(v if isinstance(v, Const) else later.get(v, v) for v in node.ins)
         (after if p in tail else body).append(Node(node.eqn, ins, tuple(outs), node.origin, True))
+    through = ()
+    if group.through is not None:
+        # Node `at` and every later reader take the handed-back copy: XLA cannot run them
+        # before the group, and the original dies at the group.
+        later[group.through] = graph.new_id(group.through)
+        through = ((later[group.through], group.through),)
     used_later = set()
     nodes = list(graph.nodes[:at])
     rest = []
@@ -550,7 +561,8 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
         if any(not isinstance(v, Const) and v in later for v in node.ins):
             used_later.update(v for v in node.ins if not isinstance(v, Const) and v in later)
             node = Node(node.eqn, tuple(v if isinstance(v, Const) else later.get(v, v) for v in node.ins),
-                        node.outs, node.origin, node.recompute, node.body, node.guard, node.body_ins)
+                        node.outs, node.origin, node.recompute, node.body, node.guard, node.body_ins,
+                        node.through)
         rest.append(node)
     used_later.update(v for v in graph.outvars if not isinstance(v, Const) and v in later)
     copies = {later[v] for v in used_later}
@@ -564,7 +576,8 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
     made_in_tail = {o for n in kept_tail for o in n.outs if o is not None}
     outs = tuple(c for c in (later[v] for v in later) if c in copies and c not in made_in_tail)
     ins = tuple(external + ([anchor] if anchor is not None else external[:1]))
-    nodes.append(Node(None, ins, outs, -1, True, tuple(body), guard, ins))
+    nodes.append(Node(None, ins, outs, -1, True, tuple(body), guard, ins,
+                      tuple(t for t in through if t[0] in outs)))
     nodes.extend(kept_tail)
     nodes.extend(rest)
     outvars = [v if isinstance(v, Const) else later.get(v, v) for v in graph.outvars]
@@ -586,6 +599,40 @@ _PLAIN_DTYPES = frozenset({
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint64",
     "uint32", "uint16", "uint8", "bool", "complex64", "complex128",
 })
+
+
+def _pinned(graph: Graph, lv: Liveness, group: Group) -> list[Group]:
+    """`group` with the largest product among the nodes after it pinned behind it: that node
+    reads one of its operands as handed back by the group. [] where there is none.
+
+    The readers of a recomputed activation in a backward are the gradient products around it
+    (`dW = a^T g`, `g W^T`). XLA's scheduler runs a product whose operands exist before the
+    group ahead of it (measured on XLA:CPU: the residual MLP's `g W^T`, 8 MiB, ran before each
+    recompute group, live beside the group's own 8 MiB product and 8 MiB tanh). Read through
+    the group, it runs after the group, when the group's intermediates are gone.
+    """
+    at = group.at
+    readers = [u for v in group.values for u in lv.uses.get(v, []) if u >= at]
+    if not readers:
+        return []
+    best = None
+    for q in range(at + 1, min(max(readers), len(graph.nodes) - 1) + 1):
+        node = graph.nodes[q]
+        if node.eqn is None or node.eqn.primitive.name not in MATMUL:
+            continue
+        operands = [w for w in node.inputs if w not in graph.consts and lv.defs.get(w, -1) < at]
+        if len(operands) != len(node.inputs):
+            continue  # it waits for something made after the group already
+        size = sum(graph.values[o].nbytes for o in node.outs if o is not None)
+        if size >= group.freed and (best is None or size > best[0]):
+            best = (size, q, operands)
+    if best is None:
+        return []
+    # Hand back an operand the program made (an argument's copy would add its bytes).
+    made = [w for w in best[2] if lv.defs.get(w, -1) >= 0] or best[2]
+    through = min(made, key=lambda w: graph.values[w].nbytes)
+    return [Group(group.values, group.chain, at, group.freed, group.flops, group.cheap,
+                  group.primitives, group.makers, through)]
 
 
 def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
@@ -610,8 +657,17 @@ def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
     while len(snapshots) <= max_steps and lv.peak > stop_below:
         accepted = None
         for group in candidates(graph, lv, matmul=matmul)[:MAX_TRIES]:
-            trial = apply(graph, lv, group, guard)
-            tlv = profile(trial)
+            best = None
+            # The pinned variant first: the model does not see what it prevents (XLA running
+            # a product early), so it is kept unless the model finds it worse.
+            for place in _pinned(graph, lv, group) + [group]:
+                trial = apply(graph, lv, place, guard)
+                tlv = profile(trial)
+                if best is None or (tlv.peak, tlv.area) < (best[2].peak, best[2].area):
+                    best = (place, trial, tlv)
+                if place.through is not None and tlv.peak <= lv.peak:
+                    break
+            group, trial, tlv = best
             if tlv.peak < lv.peak or (tlv.peak == lv.peak and tlv.area < lv.area):
                 accepted = (group, trial, tlv)
                 break

@@ -48,43 +48,68 @@ def test_best_fit_holds_while_the_free_set_grows_past_512_and_shrinks_back():
             probe = pool.allocate(size)
             assert probe.address == expected
             pool.free(probe)
-    assert pool._flat is not None
     assert [(c.size, c.in_use) for c in pool.chunks()] == [(512 << 20, False)]
+    assert pool._flat is not None       # read once, the set has merged its notes and gone flat
 
 
-def test_best_fit_holds_when_runs_of_merging_frees_are_sorted_in_late():
-    """With the free set in sublists, frees only note their keys (merged-away ones too) and the
-    next allocation sorts them in, one by one after a short run, afresh after a long one: every
-    allocation must still find what brute force finds, whatever the run length."""
+def test_best_fit_holds_when_runs_of_frees_are_merged_in_late():
+    """With the free set in sublists, a free only notes its chunk and the next allocation
+    merges the notes in, one by one after a short run, by a rebuild after a long one: every
+    allocation must be what brute force finds on a twin pool given the same calls (the pool
+    under test is never read between its frees and its allocation)."""
     rng = random.Random(11)
-    pool = BFCAllocator(SimulatedBackend(1 << 30), 512 << 20)
-    live = [pool.allocate(rng.randint(1, 32 << 10)) for _ in range(4000)]
-    for buf in live[::2]:
-        pool.free(buf)
+    pool, twin = (BFCAllocator(SimulatedBackend(1 << 30), 512 << 20) for _ in range(2))
+    sizes = [rng.randint(1, 32 << 10) for _ in range(6000)]
+    live = [(pool.allocate(n), twin.allocate(n)) for n in sizes]
+    for a, b in live[::2]:
+        pool.free(a)
+        twin.free(b)
     live = live[1::2]
-    calls = {"edits": 0, "rebuilds": 0}
-    sort_in = pool._sort_in
+    calls = {"one by one": 0, "rebuilds": 0}
+    merge_freed = pool._merge_freed
 
-    def counted_sort_in():
-        rebuild = len(pool._pending) + len(pool._stale) > len(pool._free_start) // 8 + 32
-        calls["rebuilds" if rebuild else "edits"] += 1
-        sort_in()
+    def counted_merge_freed():
+        rebuild = len(pool._freed) // 2 > len(pool._free_start) // 4 + 32
+        calls["rebuilds" if rebuild else "one by one"] += 1
+        merge_freed()
 
-    pool._sort_in = counted_sort_in
-    for _ in range(300):
+    pool._merge_freed = counted_merge_freed
+    while len(live) > 1000:
         rng.shuffle(live)
-        for _ in range(rng.choice([1, 2, 5, 20, 150])):   # frees that merge with holes
-            pool.free(live.pop())
+        for _ in range(rng.choice([1, 2, 5, 20, 150, 900])):   # frees, many next to holes
+            a, b = live.pop()
+            pool.free(a)
+            twin.free(b)
         size = rng.randint(1, 64 << 10)
-        expected = _brute_best_fit(pool, (size + 255) & -256)
-        buf = pool.allocate(size)
-        assert buf.address == expected
-        live.append(buf)
-        if len(live) < 200:
-            break
+        expected = _brute_best_fit(twin, (size + 255) & -256)
+        a, b = pool.allocate(size), twin.allocate(size)
+        assert a.address == b.address == expected
+        live.append((a, b))
+    assert calls["one by one"] > 10 and calls["rebuilds"] >= 2
+    assert list(pool.chunks()) == list(twin.chunks())
     assert pool.memory_stats()["largest_free_block_bytes"] == _largest_free(pool)
-    assert calls["edits"] > 10 and calls["rebuilds"] > 3
-    for buf in live:
-        pool.free(buf)
+    for a, b in live:
+        pool.free(a)
     assert [(c.size, c.in_use) for c in pool.chunks()] == [(512 << 20, False)]
     assert pool.memory_stats()["largest_free_block_bytes"] == 512 << 20
+
+
+def test_a_drained_pool_is_whole_again_in_growth_mode_across_regions():
+    """Frees noted in a large free set are merged at the next read, across the seams of
+    regions that the device placed side by side, and empty_cache then returns every region."""
+    rng = random.Random(5)
+    backend = SimulatedBackend(1 << 30)
+    pool = BFCAllocator(backend, 768 << 20, preallocate=False)
+    live = [pool.allocate(rng.randint(1, 256 << 10)) for _ in range(3000)]
+    assert len(pool.regions()) >= 1 and pool.memory_stats()["pool_bytes"] > 2 << 20
+    rng.shuffle(live)
+    for buf in live:
+        pool.free(buf)
+    chunks = list(pool.chunks())
+    assert all(not c.in_use for c in chunks)
+    assert len(chunks) == len(pool.regions())          # one free chunk per region
+    held = sum(end - start for start, end in pool.regions())
+    assert held == pool.memory_stats()["pool_bytes"] > 0
+    assert pool.empty_cache() == held
+    assert pool.regions() == []
+    assert backend.reserved == 0 and pool.memory_stats()["pool_bytes"] == 0

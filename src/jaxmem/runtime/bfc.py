@@ -23,10 +23,13 @@ list of their last keys (the layout sortedcontainers uses), so an insert never m
 than a few KB, and it goes flat again when one sublist is left. Both are written out inline
 because the public allocate/free pair is the hot path. XLA's own layout, 21 per-bin sorted
 lists and a bitmask of the non-empty ones, was measured slower here
-(benchmarks/results/runtime.md). In sublists, a free only notes its key (and the keys its
-merge made stale); the next reader sorts the notes in, or sorts the free table afresh after a
-long run of frees: a pool being drained (half of RMM's recipe at 100,000 allocations) then
-does no sorted edits at all.
+(benchmarks/results/runtime.md). In sublists, a free only notes its chunk, and the next
+reader of the free set merges the notes in, one by one, or after a long run of frees by one
+vectorized sort and merge of all free chunks (glibc's unsorted bin defers the same work): a
+pool being drained (a third of RMM's recipe at 100,000 allocations) then does no table or
+sorted edits per free. Until that read the chunk layout is not observable, and every reader
+(allocation, statistics, the chunk walk, empty_cache) merges first, so the pool is the same
+as one that merged at once.
 
 Free chunks are also kept in two dictionaries (start -> size, end -> start), which is all a
 free needs to find the neighbours it merges with. Chunks in use are not tabled: the chunk walk
@@ -47,6 +50,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Iterator
 from weakref import ref as _weakref
+
+import numpy as np
 
 from jaxmem.errors import AllocationError, ConfigError, OutOfMemory
 from jaxmem.runtime.allocator import Allocator, Backend, Buffer, Chunk
@@ -104,8 +109,7 @@ class BFCAllocator(Allocator):
         self._flat: list[int] | None = []    # all free-chunk keys, sorted, while they are few
         self._maxes: list[int] = []          # otherwise: last key of each sublist
         self._lists: list[list[int]] = []    # ... and the sorted sublists of free-chunk keys
-        self._pending: list[int] = []        # sublists only: keys freed since they were last sorted
-        self._stale: list[int] = []          # ... and keys merged away since (in sublists or pending)
+        self._freed: list[int] = []          # sublists only: address, size of chunks freed, not merged yet
         self._used: dict[int, int] = {}        # chunk in use through the hooks: address -> size
         self._issued: list[Buffer] = []        # buffers the public allocate handed out, some freed since
         self._sweep_at = _MIN_SWEEP            # ... swept of freed ones when it grows past this
@@ -193,27 +197,48 @@ class BFCAllocator(Allocator):
         elif i == len(sub):
             self._maxes[pos] = sub[-1]
 
-    def _sort_in(self) -> None:
-        """Bring the sorted free set up to date with the frees noted since it was last read."""
-        pending, stale = self._pending, self._stale
-        self._pending, self._stale = [], []
-        if len(pending) + len(stale) > len(self._free_start) // 8 + 32:
-            # A long run of frees: sorting the tables' keys afresh is cheaper than the edits.
-            keys = sorted([size << _SHIFT | address for address, size in self._free_start.items()])
-            if len(keys) <= 2 * _LOAD:
-                self._flat, self._lists, self._maxes = keys, [], []
-            else:
-                self._flat = keys
-                self._unflatten()
+    def _merge_freed(self) -> None:
+        """Merge the chunks freed since the free set was last read into it: one by one after a
+        few frees, or by rebuilding the free set after a long run of them."""
+        freed = self._freed
+        self._freed = []
+        if len(freed) // 2 > len(self._free_start) // 4 + 32:
+            self._rebuild_free_set(freed)
             return
-        gone = set(stale)
-        noted = set(pending)
-        for key in stale:
-            if key not in noted:           # it was sorted in before it merged away
-                self._remove(key)
-        for key in pending:
-            if key not in gone:
-                self._insert(key)
+        free_start, free_end = self._free_start, self._free_end
+        for j in range(0, len(freed), 2):
+            address, size = freed[j], freed[j + 1]
+            end = address + size
+            after = free_start.pop(end, None)
+            if after is not None:          # merge with the free chunk that follows
+                self._remove(after << _SHIFT | end)
+                end += after
+            before = free_end.pop(address, None)
+            if before is not None:         # ... and with the one that precedes
+                self._remove(free_start[before] << _SHIFT | before)
+                address = before
+            self._put_free(address, end - address)
+
+    def _rebuild_free_set(self, freed: list[int]) -> None:
+        """The free chunks and the `freed` ones (address, size pairs), merged where they touch,
+        as new tables and a new sorted set. Vectorized: after a drain there are tens of
+        thousands of chunks to sort and merge, and a Python loop over them cost more than the
+        frees saved."""
+        chunks = np.array(freed, dtype=np.int64).reshape(-1, 2)
+        if self._free_start:
+            old = np.fromiter(self._free_start.items(), dtype=np.dtype((np.int64, 2)), count=len(self._free_start))
+            chunks = np.concatenate([chunks, old])
+        chunks = chunks[np.argsort(chunks[:, 0])]
+        starts, sizes = chunks[:, 0], chunks[:, 1]
+        runs = np.flatnonzero(np.concatenate([[True], starts[1:] != starts[:-1] + sizes[:-1]]))
+        starts = starts[runs].tolist()
+        sizes = np.add.reduceat(sizes, runs).tolist()
+        self._free_start = dict(zip(starts, sizes))
+        self._free_end = {address + size: address for address, size in zip(starts, sizes)}
+        self._flat = sorted([size << _SHIFT | address for address, size in zip(starts, sizes)])
+        self._lists, self._maxes = [], []
+        if len(self._flat) > 2 * _LOAD:
+            self._unflatten()
 
     def _take_free(self, address: int, size: int) -> None:
         """Take the free chunk [address, +size) out of the free set (it becomes used or goes)."""
@@ -257,8 +282,8 @@ class BFCAllocator(Allocator):
                 return self._allocate_generic(size, alignment, stream)
             found = sub[i]
         else:
-            if self._pending:              # frees since the last sort: sort them in first
-                self._sort_in()
+            if self._freed:                # chunks freed since the set was read: merge them first
+                self._merge_freed()
                 return self.allocate(size, alignment=alignment, stream=stream)
             maxes = self._maxes
             pos = bisect_left(maxes, key)
@@ -345,8 +370,8 @@ class BFCAllocator(Allocator):
     def _allocate(self, size: int, alignment: int, stream: int) -> tuple[int, int, object]:
         if self._oom.pending:
             self._oom.settle()
-        if self._pending:
-            self._sort_in()
+        if self._freed:
+            self._merge_freed()
         rounded = (size + 255) & -256
         if alignment > 256:
             return self._allocate_aligned(size, rounded, alignment)
@@ -459,26 +484,17 @@ class BFCAllocator(Allocator):
         """The chunk [address, +size) is free again: merge it with free neighbours."""
         if self._oom.pending:
             self._oom.settle()
+        if self._flat is None:
+            # Many free chunks (a pool being drained, say): only note the chunk. The next reader
+            # of the free set merges the notes in, one by one or by a rebuild after a long run
+            # (glibc's unsorted bin does the same), so a run of frees costs no edits at all.
+            freed = self._freed
+            freed.append(address)
+            freed.append(size)
+            return
         free_start = self._free_start
         free_end = self._free_end
         end = address + size
-        if self._flat is None:
-            # Many free chunks (a pool being drained): merge in the tables now, but only note
-            # the keys; the next reader of the sorted set sorts them in (or rebuilds it), so a
-            # run of frees costs no sorted inserts or deletes at all.
-            after = free_start.pop(end, None)
-            if after is not None:
-                self._stale.append(after << 48 | end)
-                end += after
-            before = free_end.pop(address, None)
-            if before is not None:
-                self._stale.append(free_start[before] << 48 | before)
-                address = before
-            size = end - address
-            free_start[address] = size
-            free_end[end] = address
-            self._pending.append(size << 48 | address)
-            return
         if end in free_start:              # merge with the free chunk that follows
             after = free_start.pop(end)
             old = after << 48 | end        # its key, whose slot the merged chunk may take
@@ -495,77 +511,39 @@ class BFCAllocator(Allocator):
         else:                              # no free neighbour: a new key
             free_start[address] = size
             free_end[end] = address
-            new = size << 48 | address
             sub = self._flat
-            if sub is not None:
-                insort(sub, new)
-                if len(sub) > 512:         # 2 x _LOAD
-                    self._unflatten()
-                return
-            maxes = self._maxes
-            pos = bisect_left(maxes, new)
-            try:
-                sub = self._lists[pos]
-            except IndexError:             # the largest free chunk: goes last
-                if not maxes:
-                    self._lists.append([new])
-                    maxes.append(new)
-                    return
-                pos -= 1
-                sub = self._lists[pos]
-                sub.append(new)
-                maxes[pos] = new
-            else:
-                insort(sub, new)
+            insort(sub, size << 48 | address)
             if len(sub) > 512:             # 2 x _LOAD
-                self._split_sublist(pos)
+                self._unflatten()
             return
         size = end - address
         free_start[address] = size
         free_end[end] = address
         new = size << 48 | address
         # The merged key is bigger than the neighbour's; if nothing lies between them it
-        # takes the neighbour's slot and the container needs no reshuffle.
+        # takes the neighbour's slot and the list needs no reshuffle.
         sub = self._flat
-        if sub is not None:
-            i = bisect_left(sub, old)
-            if i + 1 == len(sub) or sub[i + 1] > new:
-                sub[i] = new
-            else:
-                del sub[i]
-                insort(sub, new)
-            return
-        maxes = self._maxes
-        pos = bisect_left(maxes, old)
-        sub = self._lists[pos]
         i = bisect_left(sub, old)
-        if i + 1 < len(sub):
-            if sub[i + 1] > new:
-                sub[i] = new
-                return
-        elif pos + 1 == len(maxes) or self._lists[pos + 1][0] > new:
+        if i + 1 == len(sub) or sub[i + 1] > new:
             sub[i] = new
-            maxes[pos] = new
-            return
-        del sub[i]
-        if not sub:
-            self._drop_sublist(pos)
-        elif i == len(sub):
-            maxes[pos] = sub[-1]
-        self._insert(new)
+        else:
+            del sub[i]
+            insort(sub, new)
 
     def _pool_bytes(self) -> int:
         return self.pool_bytes
 
     def _largest_free_block(self) -> int:
-        if self._pending:
-            self._sort_in()
+        if self._freed:
+            self._merge_freed()
         flat = self._flat
         if flat is not None:
             return flat[-1] >> _SHIFT if flat else 0
         return self._maxes[-1] >> _SHIFT
 
     def _chunks(self) -> Iterator[Chunk]:
+        if self._freed:
+            self._merge_freed()
         used = {buf.address: buf.size for buf in self._issued if buf.live}
         used.update(self._used)
         return _walk(sorted(self._regions.items()), used, self._free_start)
@@ -577,8 +555,8 @@ class BFCAllocator(Allocator):
             return 0
         if self._oom.pending:
             self._oom.settle()
-        if self._pending:
-            self._sort_in()
+        if self._freed:
+            self._merge_freed()
         released = 0
         for start, end in list(self._regions.items()):
             if self._free_start.get(start) != end - start:   # not one free chunk over the region

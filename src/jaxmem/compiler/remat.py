@@ -23,7 +23,7 @@ import jax
 
 from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.compiler.remat_graph import Graph, as_function, trace
-from jaxmem.compiler.remat_search import MATMUL, Snapshot, program_flops, search
+from jaxmem.compiler.remat_search import MATMUL, Snapshot, economize, program_flops, search
 from jaxmem.errors import ConfigError
 from jaxmem.units import parse_size
 
@@ -155,12 +155,31 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     judged: dict[int, tuple[int, int]] = {0: (xla_before, planned_before)}
     rounds: list[dict[str, int]] = []
 
+    lean: dict[int, Snapshot] = {}  # steps where the economized rewrite is the one judged
+
     def judge(i: int) -> tuple[int, int]:
-        if i not in judged:
-            f = as_function(snaps[i].graph)
-            judged[i] = (_xla_total(f, args, donate), _planned_peak(f, args, donate))
-            rounds.append({"step": i, "modelled_peak": snaps[i].peak, "xla_total": judged[i][0],
-                           "planned_peak": judged[i][1]})
+        if i in judged:
+            return judged[i]
+        # Merge groups into earlier ones that already run their nodes, where the model says
+        # that costs no peak; XLA judges that rewrite first.
+        merged, saved = economize(snaps[i].graph, snaps[i].peak)
+        options = [(Snapshot(merged, snaps[i].peak, snaps[i].extra_flops - saved, snaps[i].groups), 1)
+                   ] if saved else []
+        for snap_i, is_merged in options + [(snaps[i], 0)]:
+            f = as_function(snap_i.graph)
+            got = (_xla_total(f, args, donate), _planned_peak(f, args, donate))
+            rounds.append({"step": i, "modelled_peak": snap_i.peak, "xla_total": got[0],
+                           "planned_peak": got[1], "merged": is_merged})
+            if i not in judged or max(got) < max(judged[i]):
+                judged[i] = got
+                if is_merged:
+                    lean[i] = snap_i
+                else:
+                    lean.pop(i, None)
+            # Merged groups hold values longer: where XLA disagrees with the model that this
+            # is free, the rewrite before merging is judged too.
+            if max(judged[i]) <= budget_bytes:
+                break
         return judged[i]
 
     def passes(i: int) -> bool:
@@ -173,7 +192,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     elif last == 0 or not passes(last):
         # XLA's total is not monotone in the model's peak near the end of the search: judge a
         # few rewrites spread over the later half too, and keep the smallest.
-        spread = max_rounds - len(rounds)
+        spread = max_rounds - (len(judged) - 1)
         for k in range(1, spread + 1):
             i = last // 2 + (last - last // 2) * k // (spread + 1)
             if 0 < i < last and passes(i):
@@ -187,7 +206,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         scale = xla_before / max(snaps[0].peak, 1)
         guess = next((i for i, s in enumerate(snaps) if s.peak * scale <= budget_bytes), last)
         probe = min(max(guess, lo + 1), hi - 1) if hi - lo > 1 else None
-        while probe is not None and len(rounds) < max_rounds:
+        while probe is not None and len(judged) - 1 < max_rounds:
             if passes(probe):
                 hi = probe
             else:
@@ -195,7 +214,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             probe = (lo + hi) // 2 if hi - lo > 1 else None
         chosen = hi
     min_reachable = min(max(v) for v in judged.values())
-    snap = snaps[chosen]
+    snap = lean.get(chosen, snaps[chosen])
     xla_total, planned = judged[chosen]
     original_flops = program_flops(graph)
     # The dots_saveable figure: the same search, never recomputing a matmul, run to its end.

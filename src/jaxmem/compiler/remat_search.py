@@ -635,6 +635,71 @@ def _pinned(graph: Graph, lv: Liveness, group: Group) -> list[Group]:
                   group.primitives, group.makers, through)]
 
 
+def merge(graph: Graph, first: int, later: int) -> Graph | None:
+    """The graph with the recompute group at position `later` removed, its readers taking the
+    copies the group at `first` makes of the same values; None if `first` does not run every
+    node of `later` (matched by the original node each recomputes).
+
+    Dropping a residual-stream value `h` recomputes `h = h_prev + tanh(h_prev W1) W2` before
+    `h`'s backward; the `tanh(h_prev W1)` it makes on the way is what a later group recomputes
+    for `h_prev`'s own backward. Handing it over saves that group's product, at the price of
+    holding its output in between.
+    """
+    a, b = graph.nodes[first], graph.nodes[later]
+    made = {}
+    for inner in a.body:
+        made.setdefault(inner.origin, inner)
+    if not a.body or not b.body or any(inner.origin not in made for inner in b.body):
+        return None
+    rename: dict[int, int | Const] = {}
+    extra = []
+    for inner in b.body:
+        for out, src in zip(inner.outs, made[inner.origin].outs):
+            if out is not None and out in b.outs and src is not None:
+                rename[out] = src
+                if src not in a.outs and src not in extra:
+                    extra.append(src)
+    # A product pinned behind the removed group read its operand through it: now directly.
+    for out, src in b.through:
+        rename[out] = b.ins[b.body_ins.index(src)]
+    nodes = []
+    for pos, node in enumerate(graph.nodes):
+        if pos == later:
+            continue
+        if pos == first:
+            node = Node(None, node.ins, node.outs + tuple(extra), node.origin, True, node.body,
+                        node.guard, node.body_ins, node.through)
+        elif pos > first and any(not isinstance(v, Const) and v in rename for v in node.ins):
+            node = Node(node.eqn, tuple(v if isinstance(v, Const) else rename.get(v, v) for v in node.ins),
+                        node.outs, node.origin, node.recompute, node.body, node.guard, node.body_ins,
+                        node.through)
+        nodes.append(node)
+    outvars = [v if isinstance(v, Const) else rename.get(v, v) for v in graph.outvars]
+    return graph.with_nodes(nodes, outvars)
+
+
+def economize(graph: Graph, peak: int) -> tuple[Graph, int]:
+    """Merge every recompute group into an earlier one that already runs all its nodes (see
+    `merge`), where the modelled peak stays at or below `peak`. Returns the graph and the
+    FLOPs saved."""
+    saved = 0
+    groups = [pos for pos, node in enumerate(graph.nodes) if node.body]
+    # Latest first: removing a group does not move the ones before it.
+    for later in reversed(groups):
+        flops = sum(eqn_cost(n.eqn).flops for n in graph.nodes[later].body)
+        if flops == 0:
+            continue  # movement only: nothing to save
+        for first in groups:
+            if first >= later:
+                break
+            merged = merge(graph, first, later)
+            if merged is not None and profile(merged).peak <= peak:
+                saved += flops
+                graph = merged
+                break
+    return graph, saved
+
+
 def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
            guard: str = "cond", matmul: bool = True) -> list[Snapshot]:
     """Run the greedy search from `graph` until no group lowers the peak (or it is below `stop_below`).

@@ -6,7 +6,9 @@ candidate is compiled with `jax.jit(...).lower(...).compile()` and its `memory_a
 total (argument + output + temp - alias) must be within the budget, and so must jaxmem's own
 planned peak (`planner.plan_jaxpr`). Among the rewrites that pass, the one with the least
 recompute is kept; when none passes, the result says so (`fits=False`) and gives the smallest
-budget that was reachable.
+budget that was reachable. Each judged step is compiled with later recompute groups merged into
+earlier ones that already run their nodes (`remat_search.economize`, fewer FLOPs), and as
+searched where XLA finds the merged one over the budget.
 
 >>> import jax, jax.numpy as jnp
 >>> result = fit(step, params, batch, budget="2GiB")        # doctest: +SKIP

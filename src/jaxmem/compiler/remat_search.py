@@ -22,6 +22,13 @@ applied, and the search goes on until no group helps. Every accepted step is kep
 caller can pick the least recompute that meets a budget, and the last step is the smallest
 peak reachable.
 
+Three things keep XLA:CPU's schedule close to the model's. A chain's elementwise tail runs
+right after its group, outside it, where XLA fuses it (`_tail`). The largest gradient product
+after a group reads one of its operands as handed back by the group, so XLA cannot run it
+beside the group's intermediates (`_pinned`). And `economize` merges a later group into an
+earlier one that already runs all its nodes (a dropped residual value's recompute makes the
+activation the next layer's backward needs), which `fit` judges beside the unmerged step.
+
 >>> import jax, jax.numpy as jnp
 >>> from jaxmem.compiler.remat_graph import trace
 >>> g = trace(lambda x: jnp.sum(jnp.sin(x) * jnp.cos(x)), jnp.ones(4))

@@ -662,10 +662,13 @@ def merge(graph: Graph, first: int, later: int) -> Graph | None:
     extra = []
     for inner in b.body:
         for out, src in zip(inner.outs, made[inner.origin].outs):
-            if out is not None and out in b.outs and src is not None:
-                rename[out] = src
-                if src not in a.outs and src not in extra:
-                    extra.append(src)
+            if out is None or out not in b.outs:
+                continue
+            if src is None:
+                return None  # the earlier group drops that output
+            rename[out] = src
+            if src not in a.outs and src not in extra:
+                extra.append(src)
     # A product pinned behind the removed group read its operand through it: now directly.
     for out, src in b.through:
         rename[out] = b.ins[b.body_ins.index(src)]

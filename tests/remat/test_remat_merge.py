@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+import jaxmem
 from jaxmem.compiler.costs import jaxpr_flops
 from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import as_function, trace
@@ -53,3 +54,4 @@ def test_remat_merge_fit_at_50_percent_under_20_percent_flops():
     assert abs((rewritten - original) / original - result.recompute_flops_ratio) < 1e-6
     assert result.recompute_flops_ratio <= 0.20
     _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    _close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor

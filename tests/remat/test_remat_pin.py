@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+import jaxmem
 from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import search
@@ -60,3 +61,4 @@ def test_remat_pin_fit_meets_50_percent_by_xla():
     assert result.fits
     assert result.xla_total_bytes == xla_reference(result.fn, args).total_bytes <= 0.50 * before
     _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    _close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxmem
 from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import trace
 from jaxmem.compiler.remat_search import _tail, candidates, profile
@@ -67,6 +68,7 @@ def test_remat_tail_fit_meets_35_percent_by_xla():
     assert result.fits
     assert result.xla_total_bytes == xla_reference(result.fn, args).total_bytes <= 0.35 * before
     _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    _close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor
 
 
 def test_remat_tail_fit_at_50_percent_recomputes_little():

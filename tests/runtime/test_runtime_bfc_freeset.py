@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from jaxmem.runtime.backends import SimulatedBackend
 from jaxmem.runtime.bfc import BFCAllocator
 
@@ -113,3 +116,38 @@ def test_a_drained_pool_is_whole_again_in_growth_mode_across_regions():
     assert pool.empty_cache() == held
     assert pool.regions() == []
     assert backend.reserved == 0 and pool.memory_stats()["pool_bytes"] == 0
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), preallocate=st.booleans())
+def test_a_pool_never_read_places_every_buffer_as_one_read_after_every_step(seed, preallocate):
+    """Random bursts (thousands of buffers, hundreds to over a thousand free chunks): a pool
+    that merges its frees only when it must, at its next allocation, one by one or by a rebuild,
+    against a twin whose statistics are read after every call, so that it merges at once.
+    Every allocation, and the chunks at the end, must agree."""
+    rng = random.Random(seed)
+    lazy, eager = (BFCAllocator(SimulatedBackend(2 << 30), 1 << 30, preallocate=preallocate) for _ in range(2))
+    live: list = []
+
+    def free_one(index: int) -> None:
+        a, b = live.pop(index)
+        lazy.free(a)
+        eager.free(b)
+        eager.memory_stats()
+
+    for _ in range(30):
+        if live and rng.random() < 0.5:            # a run of frees: a share of what is live
+            rng.shuffle(live)
+            for _ in range(int(len(live) * rng.uniform(0.05, 0.7))):
+                free_one(-1)
+        else:                                      # allocations, with a free now and then
+            for _ in range(rng.randint(1, 1500)):
+                if live and rng.random() < 0.3:
+                    free_one(rng.randrange(len(live)))
+                size = rng.randint(1, 64 << 10)
+                a, b = lazy.allocate(size), eager.allocate(size)
+                eager.memory_stats()
+                assert (a.address, a.size) == (b.address, b.size)
+                live.append((a, b))
+    assert list(lazy.chunks()) == list(eager.chunks())
+    assert lazy.memory_stats() == eager.memory_stats()

@@ -118,6 +118,8 @@ def measure(names: list[str], num_allocations: int, max_size: int, capacity: int
     best = {n: [0.0, 0.0, 0] for n in names}
     for _ in range(repeat):
         for name in names:
+            allocator = None
+            gc.collect()  # the last run's pool and buffers (a cycle, buffer -> owner) go first, untimed
             allocator = make(name, capacity, baselines)
             # the same budget for every allocator: the BFC pool's limit, 0.75 x capacity
             cpu, wall, made, failed = run(allocator, num_allocations, int(capacity * 0.75), randoms)
@@ -176,6 +178,8 @@ def breakdown(count: int, max_size: int, capacity: int, seed: int, repeat: int) 
     best = {name: float("inf") for name in makers}
     for _ in range(repeat):
         for name, maker in makers.items():
+            allocator = None
+            gc.collect()
             allocator = maker()
             if name.endswith("GC off"):
                 gc.disable()

@@ -41,7 +41,7 @@ from jaxmem.errors import OutOfMemory
 from jaxmem.runtime.allocator import Allocator, Buffer
 from jaxmem.runtime.backends import SimulatedBackend
 from jaxmem.runtime.device import Device
-from jaxmem.units import GiB, format_size, parse_size
+from jaxmem.units import format_size, parse_size
 
 ALLOCATION_PROBABILITY = 0.73
 

@@ -8,7 +8,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jaxmem.compiler.costs import eqn_cost, jaxpr_flops
@@ -17,6 +16,7 @@ from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import profile, search
 from jaxmem.compiler.xla import xla_reference
 from jaxmem.errors import ConfigError
+from remat_helpers import assert_close, sgd_step
 
 
 def _wide_mlp(depth: int = 6, batch: int = 128, width: int = 64):
@@ -32,24 +32,14 @@ def _wide_mlp(depth: int = 6, batch: int = 128, width: int = 64):
             h = h + jnp.tanh(h @ w1) @ w2
         return jnp.mean((h - y) ** 2)
 
-    def step(params, x, y):
-        value, grads = jax.value_and_grad(loss)(params, x, y)
-        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    return sgd_step(loss), (params, x, y)
 
-    return step, (params, x, y)
-
-
-def _close(a, b):
-    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        p, q = np.asarray(p), np.asarray(q)
-        scale = max(float(np.max(np.abs(p))), 1e-30)
-        assert float(np.max(np.abs(p - q))) <= 1e-5 * scale
 
 
 def test_remat_graph_round_trip_matches_jax():
     step, args = _wide_mlp(depth=2)
     g = trace(step, *args)
-    _close(jax.jit(step)(*args), jax.jit(as_function(g))(*args))
+    assert_close(jax.jit(step)(*args), jax.jit(as_function(g))(*args))
 
 
 def test_remat_every_search_step_keeps_values_and_lowers_the_model():
@@ -61,7 +51,7 @@ def test_remat_every_search_step_keeps_values_and_lowers_the_model():
     assert peaks == sorted(peaks, reverse=True)  # each accepted step never raises the peak
     for snap in (snaps[1], snaps[len(snaps) // 2], snaps[-1]):
         assert profile(snap.graph).peak == snap.peak
-        _close(ref, jax.jit(as_function(snap.graph))(*args))
+        assert_close(ref, jax.jit(as_function(snap.graph))(*args))
 
 
 def test_remat_fit_lowers_xla_total_and_keeps_values():
@@ -77,7 +67,7 @@ def test_remat_fit_lowers_xla_total_and_keeps_values():
     assert 0 < result.recompute_flops_ratio < 0.5
     assert result.recomputed and all(v.nbytes > 0 for v in result.recomputed)
     assert any(v.source is not None and v.source.file.endswith("test_remat_fit.py") for v in result.recomputed)
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
 
 
 def test_remat_xla_follows_the_model_to_the_end_of_the_search():
@@ -108,7 +98,7 @@ def test_remat_fit_under_jaxmem_executor():
 
     step, args = _wide_mlp(depth=3)
     result = fit(step, *args, budget=int(0.9 * xla_reference(step, args).total_bytes))
-    _close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))
 
 
 def test_remat_impossible_budget_is_an_answer_not_an_exception():
@@ -117,7 +107,7 @@ def test_remat_impossible_budget_is_an_answer_not_an_exception():
     assert not result.fits
     assert result.min_reachable_bytes > 1024
     assert result.min_reachable_bytes <= result.xla_total_bytes_before
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
 
 
 def test_remat_generous_budget_keeps_the_function():
@@ -174,4 +164,4 @@ def test_remat_barrier_guard_keeps_values():
     step, args = _wide_mlp(depth=3)
     result = fit(step, *args, budget=1024, guard="barrier", max_rounds=2)
     assert not result.fits
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))

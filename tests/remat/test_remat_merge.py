@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import jax
-import numpy as np
 
 import jaxmem
 from jaxmem.compiler.costs import jaxpr_flops
@@ -16,7 +15,8 @@ from jaxmem.compiler.remat_search import economize, profile, search
 from jaxmem.compiler.xla import xla_reference
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_remat_pin import _close, _residual_step  # noqa: E402
+from remat_helpers import assert_close  # noqa: E402
+from test_remat_pin import _residual_step  # noqa: E402
 
 
 def test_remat_merge_keeps_values_and_the_peak_and_saves_flops():
@@ -32,7 +32,7 @@ def test_remat_merge_keeps_values_and_the_peak_and_saves_flops():
         groups = lambda g: sum(1 for n in g.nodes if n.body)  # noqa: E731
         assert groups(merged) < groups(snap.graph)
         assert profile(merged).peak <= snap.peak
-        _close(ref, jax.jit(as_function(merged))(*args))
+        assert_close(ref, jax.jit(as_function(merged))(*args))
         # The FLOPs saved are what JAX's own jaxpr of the two rewrites says, less the few
         # scalar FLOPs of each removed group's predicate.
         before = jaxpr_flops(jax.make_jaxpr(as_function(snap.graph))(*args).jaxpr)
@@ -53,5 +53,5 @@ def test_remat_merge_fit_at_50_percent_under_20_percent_flops():
     rewritten = jaxpr_flops(jax.make_jaxpr(result.fn)(*args).jaxpr)
     assert abs((rewritten - original) / original - result.recompute_flops_ratio) < 1e-6
     assert result.recompute_flops_ratio <= 0.20
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
-    _close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor

@@ -10,6 +10,7 @@ from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import search
 from jaxmem.compiler.xla import xla_reference
+from remat_helpers import assert_close, sgd_step
 
 
 def _residual_step(layers: int = 8, batch: int = 1024, width: int = 128):
@@ -26,17 +27,8 @@ def _residual_step(layers: int = 8, batch: int = 1024, width: int = 128):
             h = h + jax.numpy.tanh(h @ p["w1"]) @ p["w2"]
         return jax.numpy.mean((h - y) ** 2)
 
-    def step(params, x, y):
-        value, grads = jax.value_and_grad(loss)(params, x, y)
-        return value, jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+    return sgd_step(loss, lr=1e-3), (params, x, y)
 
-    return step, (params, x, y)
-
-
-def _close(a, b):
-    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        p, q = np.asarray(p), np.asarray(q)
-        assert float(np.max(np.abs(p - q))) <= 1e-5 * max(float(np.max(np.abs(p))), 1e-30)
 
 
 def test_remat_pin_groups_hand_back_an_operand_and_keep_values():
@@ -48,7 +40,7 @@ def test_remat_pin_groups_hand_back_an_operand_and_keep_values():
     assert node_through and all(len(t) == 1 for t in node_through)
     ref = jax.jit(step)(*args)
     for snap in snaps[1:]:
-        _close(ref, jax.jit(as_function(snap.graph))(*args))
+        assert_close(ref, jax.jit(as_function(snap.graph))(*args))
 
 
 def test_remat_pin_fit_meets_50_percent_by_xla():
@@ -60,5 +52,5 @@ def test_remat_pin_fit_meets_50_percent_by_xla():
     # rewrite then reached 52.4% of the original's total (measured before the change).
     assert result.fits
     assert result.xla_total_bytes == xla_reference(result.fn, args).total_bytes <= 0.50 * before
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
-    _close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor

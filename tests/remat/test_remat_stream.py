@@ -8,8 +8,9 @@ import numpy as np
 
 import jaxmem.compiler.remat_search as remat_search
 from jaxmem.compiler.remat import fit
-from jaxmem.compiler.remat_graph import as_function, trace
+from jaxmem.compiler.remat_graph import trace
 from jaxmem.compiler.xla import xla_reference
+from remat_helpers import assert_close, sgd_step
 
 
 def _prenorm_step(layers: int = 12, batch: int = 512, width: int = 64):
@@ -28,17 +29,8 @@ def _prenorm_step(layers: int = 12, batch: int = 512, width: int = 64):
             x = x + jax.nn.gelu(n @ p["up"]) @ p["down"]
         return jnp.mean(x * x)
 
-    def step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    return sgd_step(loss), (params, x)
 
-    return step, (params, x)
-
-
-def _close(a, b):
-    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        p, q = np.asarray(p), np.asarray(q)
-        assert float(np.max(np.abs(p - q))) <= 1e-5 * max(float(np.max(np.abs(p))), 1e-30)
 
 
 def test_remat_stream_sums_are_held_not_fused():
@@ -71,4 +63,4 @@ def test_remat_stream_fit_meets_30_percent_by_xla():
     assert result.fits
     assert result.xla_total_bytes == xla_reference(result.fn, args).total_bytes <= budget
     assert result.recompute_flops_ratio > 0
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))

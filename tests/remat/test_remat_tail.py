@@ -11,6 +11,7 @@ from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import trace
 from jaxmem.compiler.remat_search import _tail, candidates, profile
 from jaxmem.compiler.xla import xla_reference
+from remat_helpers import assert_close, sgd_step
 
 
 def _gelu_step(layers: int = 8, batch: int = 1024, width: int = 128):
@@ -24,17 +25,8 @@ def _gelu_step(layers: int = 8, batch: int = 1024, width: int = 128):
             x = jax.nn.gelu(x @ p["w"] + p["b"])
         return jnp.mean(x * x)
 
-    def step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    return sgd_step(loss), (params, x)
 
-    return step, (params, x)
-
-
-def _close(a, b):
-    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        p, q = np.asarray(p), np.asarray(q)
-        assert float(np.max(np.abs(p - q))) <= 1e-5 * max(float(np.max(np.abs(p))), 1e-30)
 
 
 def test_remat_tail_is_elementwise_and_fed_by_the_group():
@@ -67,8 +59,8 @@ def test_remat_tail_fit_meets_35_percent_by_xla():
     # the group it reaches 33.4%.
     assert result.fits
     assert result.xla_total_bytes == xla_reference(result.fn, args).total_bytes <= 0.35 * before
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
-    _close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jaxmem.jit(result.fn)(*args))  # and under jaxmem's executor
 
 
 def test_remat_tail_fit_at_50_percent_recomputes_little():
@@ -78,4 +70,4 @@ def test_remat_tail_fit_at_50_percent_recomputes_little():
     # Measured before the change: 50% took 35.1% extra FLOPs (whole layers recomputed); with
     # the tail outside the group, elementwise recompute alone gets there (1.0%).
     assert result.fits and result.recompute_flops_ratio <= 0.05
-    _close(jax.jit(step)(*args), jax.jit(result.fn)(*args))
+    assert_close(jax.jit(step)(*args), jax.jit(result.fn)(*args))

@@ -9,6 +9,7 @@ import numpy as np
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import search
 from jaxmem.compiler.xla import xla_reference
+from remat_helpers import sgd_step
 
 
 def _attention_step(layers: int = 2, batch: int = 2, seq: int = 32, d: int = 64, heads: int = 4):
@@ -29,11 +30,7 @@ def _attention_step(layers: int = 2, batch: int = 2, seq: int = 32, d: int = 64,
             x = layer(x, p)
         return jnp.mean(x * x)
 
-    def step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-
-    return step, (params, x)
+    return sgd_step(loss), (params, x)
 
 
 def test_remat_views_rewrite_keeps_values_and_lowers_xla_total():

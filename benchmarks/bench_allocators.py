@@ -15,9 +15,10 @@ loop is the allocator plus the few list operations RMM's loop does too; the pool
 statistics are read at its end, inside the timing, so that work an allocator defers counts.
 
 Figures are alloc+free pairs per second: allocations made / (time of the loop + the final
-frees), timed as this process's CPU time (time.process_time) because the machine is shared
-and wall time mostly measures the neighbours (the wall figure of the same runs is printed
-too); platform, run in the same invocation, is the peer to compare against. The allocators of
+frees), timed as the CPU time of the thread that runs the loop (time.thread_time) because the
+machine is shared and wall time mostly measures the neighbours (the wall figure of the same
+runs is printed too). Not the process's: numpy's OpenBLAS threads spin for a while after
+import, and the first run of a process read half its real rate in process CPU time; platform, run in the same invocation, is the peer to compare against. The allocators of
 one row take turns run by run, so a change in the machine's load hits them alike.
 `--baseline REV` adds "bfc@REV", the BFC pool as committed at git revision REV, loaded
 beside the current one: the before/after ratio then comes from one run.
@@ -63,7 +64,7 @@ def run(allocator: Allocator, num_allocations: int, max_usage: int, randoms) -> 
     allocate, free = allocator.allocate, allocator.free
     live: list = []
     in_use = made = failed = 0
-    wall, start = time.perf_counter(), time.process_time()
+    wall, start = time.perf_counter(), time.thread_time()
     for size, coin, pick in zip(sizes, coins, picks):
         do_alloc = (not live) or (coin and made < num_allocations and in_use + size < max_usage)
         if do_alloc:
@@ -87,7 +88,7 @@ def run(allocator: Allocator, num_allocations: int, max_usage: int, randoms) -> 
     # Read the statistics inside the timing: work an allocator defers (BFC merges the chunks
     # freed into a large free set at the next read) is then counted.
     allocator.memory_stats()
-    return time.process_time() - start, time.perf_counter() - wall, made, failed
+    return time.thread_time() - start, time.perf_counter() - wall, made, failed
 
 
 def baseline_bfc(rev: str):

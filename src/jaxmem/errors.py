@@ -1,6 +1,14 @@
-"""Errors a user can cause. Each carries a one-line message the CLI prints as is."""
+"""Errors a user can cause. Each carries a one-line message the CLI prints as is.
+
+Every error class jaxmem raises is defined here, so `except` clauses and the CLI have one place
+to look. The one kind of exception left elsewhere are the allocators' `OutOfMemory` subclasses
+(`runtime.dump.PoolOutOfMemory`, `runtime.bfc.BFCOutOfMemory`): they are `OutOfMemory` here,
+and carry code that reads the pool they failed in, which belongs beside the pool.
+"""
 
 from __future__ import annotations
+
+import reprlib
 
 
 class JaxmemError(Exception):
@@ -40,3 +48,41 @@ class PlanError(JaxmemError):
 
 class LedgerError(JaxmemError):
     """The shared-GPU reservation ledger is corrupt, or a reservation cannot be had."""
+
+
+class LedgerCorrupt(LedgerError):
+    """The ledger file cannot be trusted; the message names it and the repair command."""
+
+
+class JournalUnusable(LedgerError):
+    """A ledger's journal gives nothing to rebuild from; only `share repair --reset` can go on."""
+
+
+class ReportError(JaxmemError):
+    """A report that cannot be written: an unwritable path, a step outside the program."""
+
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel = 3
+_QUOTE.maxtuple = _QUOTE.maxlist = _QUOTE.maxarray = _QUOTE.maxdict = 4
+_QUOTE.maxset = _QUOTE.maxfrozenset = _QUOTE.maxdeque = 4
+_QUOTE.maxstring, _QUOTE.maxlong, _QUOTE.maxother = 60, 40, 60
+
+
+def quote(value: object) -> str:
+    """A short repr of a value from a file, for an error message: at most ~80 characters.
+
+    Bounded work whatever the value: nested or shared structures are cut at depth 3 and four
+    items, long strings to a prefix (a 50 MB string where an integer belongs must not become a
+    50 MB message, nor a list whose items share structure a repr that never ends).
+
+    >>> quote("x" * 10**6)[:20]
+    "'xxxxxxxxxxxxxxxxxxx"
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        text = _QUOTE.repr(value)
+    except (ValueError, RecursionError, TypeError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."

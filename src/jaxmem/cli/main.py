@@ -7,7 +7,9 @@ exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
 import sys
 
 from jaxmem.errors import JaxmemError
@@ -22,6 +24,20 @@ SUBCOMMANDS: dict[str, str] = {
     "run": "run",
     "share": "share",
 }
+
+
+# Errors of writing our output (a closed pipe, a full disk): one line, not a traceback.
+_OUTPUT_ERRORS = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _usage() -> str:
@@ -52,9 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxmem {name}: not available ({err})", file=sys.stderr)
         return 2
     try:
-        return int(module.main(rest) or 0)
+        code = int(module.main(rest) or 0)
+        sys.stdout.flush()  # here, so a full disk or closed pipe is reported, not lost at exit
+        return code
     except JaxmemError as err:
         print(f"jaxmem {name}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in _OUTPUT_ERRORS:
+            raise
+        _drop_stdout()
+        print(f"jaxmem {name}: error: cannot write the output: {err.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"jaxmem {name}: interrupted", file=sys.stderr)

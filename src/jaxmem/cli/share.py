@@ -4,8 +4,8 @@
     jaxmem share status --json     # the same as JSON
     jaxmem share repair --device 0 # rebuild a corrupt ledger from its journal, keeping live holders
 
-The ledgers live in $JAXMEM_STATE_DIR, else $XDG_RUNTIME_DIR/jaxmem, else /dev/shm/jaxmem-<uid>
-(or /tmp/jaxmem-<uid> where there is no /dev/shm).
+The ledgers live in $JAXMEM_STATE_DIR, else in the node-wide /dev/shm/jaxmem (or /tmp/jaxmem
+where there is no /dev/shm), one directory for every user of the node's GPUs.
 Looking is an access: reservations of processes that have exited are reclaimed first.
 """
 
@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from jaxmem.errors import ConfigError
+from jaxmem.reports.escape import markup, plain
 from jaxmem.share import store
 from jaxmem.share.ledger import status
 from jaxmem.share.repair import repair
@@ -54,11 +55,11 @@ def render(rows: list[dict[str, Any]]) -> None:
 
     console = Console()
     if not rows:
-        console.print(f"no reservations (state directory {store.state_dir()})")
+        console.print(f"no reservations (state directory {markup(store.state_dir())})")
         return
     for row in rows:
         if "error" in row:
-            console.print(f"[bold red]device {row['device']}[/]: {row['error']}", soft_wrap=True)
+            console.print(f"[bold red]device {row['device']}[/]: {markup(row['error'])}", soft_wrap=True)
             continue
         title = (f"device {row['device']}: {format_size(row['capacity'])} total, "
                  f"{format_size(row['reserved'])} reserved, {format_size(row['free'])} free")
@@ -70,10 +71,10 @@ def render(rows: list[dict[str, Any]]) -> None:
                               ("bytes", "right"), ("share", "right"), ("held for", "right")):
             table.add_column(name, justify=justify)
         for r in row["reservations"]:
-            table.add_row(str(r["id"]), ",".join(map(str, r["pids"])), r["label"], format_size(r["bytes"]),
+            table.add_row(str(r["id"]), ",".join(map(str, r["pids"])), markup(r["label"]), format_size(r["bytes"]),
                           f"{100 * r['bytes'] / row['capacity']:.1f}%", _age(r["since"]))
         for w in row["waiters"]:
-            table.add_row(f"#{w['ticket']}", str(w["pid"]), f"{w['label']} (waiting)", format_size(w["bytes"]),
+            table.add_row(f"#{w['ticket']}", str(w["pid"]), f"{markup(w['label'])} (waiting)", format_size(w["bytes"]),
                           f"{100 * w['bytes'] / row['capacity']:.1f}%", _age(w["since"]), style="dim")
         console.print(table)
 
@@ -97,5 +98,7 @@ def main(argv: list[str]) -> int:
     else:
         print(f"device {args.device}: ledger {report['action']}; kept {len(report['kept'])} live reservation(s) "
               f"{report['kept']}, dropped {len(report['dropped'])} of exited processes {report['dropped']}; "
-              f"damaged file kept as {report['moved_to']}")
+              f"damaged file kept as {plain(report['moved_to'])}"
+              + (f"; skipped {len(report['skipped'])} damaged journal line(s) ({plain(report['skipped'][0])}, ...) "
+                 "and kept every live reservation found elsewhere" if report["skipped"] else ""))
     return 0

@@ -13,14 +13,10 @@ import os
 import sys
 from typing import Any, Callable
 
-from jaxmem.errors import JaxmemError
+from jaxmem.errors import ReportError
 from jaxmem.reports.data import ReportData, from_plan, from_replay
 from jaxmem.reports.terminal import busy
 from jaxmem.units import format_size
-
-
-class ReportError(JaxmemError):
-    """A report that cannot be written: an unwritable path, a step outside the program."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from jaxmem.errors import ConfigError, LedgerError
+from jaxmem.errors import ConfigError, LedgerCorrupt, LedgerError, quote
 from jaxmem.share import gpu, procinfo, store
+from jaxmem.share.txn import Txn, reserved_bytes, transaction
 from jaxmem.units import format_size, parse_size
 
 # A waiter wakes when its doorbell rings, and at least every LIVENESS_S to check that holders
@@ -101,95 +102,6 @@ def fraction_text(nbytes: int, capacity: int) -> str:
     return f"{micro // 1_000_000}.{micro % 1_000_000:06d}".rstrip("0").rstrip(".")
 
 
-class _Txn:
-    """One read-modify-write of a device's ledger under its lock."""
-
-    def __init__(self, paths: store.LedgerPaths, state: dict[str, Any] | None) -> None:
-        self.paths = paths
-        self.state = state
-        self.events: list[dict[str, Any]] = []
-        self.dirty = False
-        self.created = False
-
-    def log(self, **event: Any) -> None:
-        event["reserved"] = reserved_bytes(self.state)
-        self.events.append(event)
-        self.dirty = True
-
-
-@contextlib.contextmanager
-def _transaction(device: int, root: Path | None, capacity: int | None = None, *,
-                 create: bool = True) -> Iterator[_Txn]:
-    """Lock device `device`'s ledger, load it (creating or rebuilding it if missing), reclaim
-    what dead processes held, and write back on a clean exit if anything changed."""
-    paths = store.paths_for(device, root)
-    with store.locked(paths):
-        state = store.load(paths)
-        txn = _Txn(paths, state)
-        if state is None and paths.history.exists():
-            # The file was deleted but its journal is here: rebuild rather than forget.
-            from jaxmem.share.repair import rebuild_from_journal
-            txn.state, dropped = rebuild_from_journal(paths)
-            for ticket in dropped:
-                txn.log(op="abandon", ticket=ticket, reason="dropped at rebuild")
-            txn.log(op="repair", action="rebuilt", damaged="ledger file missing",
-                    kept=[r["id"] for r in txn.state["reservations"]], dropped=[])
-        if txn.state is None:
-            if not create:
-                yield txn
-                return
-            if capacity is None:
-                raise ConfigError(f"device {device} has no ledger yet and its capacity is unknown "
-                                  "(no nvidia-smi on PATH): pass a capacity such as '16GiB' or 'h100-80gb'")
-            txn.state = store.new_state(device, capacity)
-            txn.created = True
-        elif capacity is not None and capacity != txn.state["capacity"]:
-            if txn.state["reservations"] or txn.state["waiters"]:
-                _reclaim(txn)
-            if txn.state["reservations"] or txn.state["waiters"]:
-                raise LedgerError(f"device {device}'s ledger records capacity {format_size(txn.state['capacity'])}, "
-                                  f"not {format_size(capacity)}, and has live reservations")
-            txn.log(op="capacity", capacity=capacity, was=txn.state["capacity"])
-            txn.state["capacity"] = capacity
-        _reclaim(txn)
-        yield txn
-        if txn.dirty:
-            if txn.created:
-                # The journal of a new ledger starts with its empty state: a rebuild replays from it.
-                fresh = store.new_state(device, txn.state["capacity"])
-                store.write_snapshot(paths, fresh, reason="created")
-                txn.state["next_seq"] = fresh["next_seq"]
-            store.commit(paths, txn.state, txn.events)
-            if txn.state["waiters"]:
-                store.ring(paths, min(w["ticket"] for w in txn.state["waiters"]))
-
-
-def reserved_bytes(state: dict[str, Any] | None) -> int:
-    """Bytes held by the reservations of a state."""
-    return sum(r["bytes"] for r in state["reservations"]) if state else 0
-
-
-def _dead_reason(pid: int, start: int) -> str:
-    return "dead" if procinfo.start_time(pid) is None else "pid reused"
-
-
-def _reclaim(txn: _Txn) -> None:
-    """Drop reservations none of whose processes is alive, and waiters whose process is gone."""
-    state = txn.state
-    for r in list(state["reservations"]):
-        if any(procinfo.is_alive(pid, start) for pid, start in r["pids"]):
-            continue
-        state["reservations"].remove(r)  # before logging: the event records the total after it
-        txn.log(op="reclaim", id=r["id"], ticket=r["ticket"], bytes=r["bytes"], pids=r["pids"],
-                label=r["label"], reason=_dead_reason(*r["pids"][0]))
-    for w in list(state["waiters"]):
-        if not procinfo.is_alive(w["pid"], w["start"]):
-            state["waiters"].remove(w)
-            store.close_bell(txn.paths, w["ticket"], None)
-            txn.log(op="abandon", ticket=w["ticket"], bytes=w["bytes"], pid=w["pid"],
-                    reason=_dead_reason(w["pid"], w["start"]))
-
-
 class Reservation:
     """A granted share of one device. A context manager: leaving the block releases it.
 
@@ -219,7 +131,7 @@ class Reservation:
     def attach(self, pid: int) -> None:
         """Make process `pid` a holder too: the reservation lives while any holder lives."""
         ident = procinfo.identity(pid)
-        with _transaction(self.device, self._paths.state.parent) as txn:
+        with transaction(self.device, self._paths.state.parent) as txn:
             record = _find(txn.state, self.id)
             if record is None:
                 raise LedgerError(f"reservation {self.id} on device {self.device} is no longer in the ledger")
@@ -232,7 +144,7 @@ class Reservation:
         if self.released:
             return False
         self.released = True
-        with _transaction(self.device, self._paths.state.parent) as txn:
+        with transaction(self.device, self._paths.state.parent) as txn:
             record = _find(txn.state, self.id)
             if record is None:
                 return False
@@ -287,7 +199,7 @@ def _my_turn(state: dict[str, Any], ticket: int, nbytes: int) -> bool:
     return bool(waiting) and min(waiting) == ticket and reserved_bytes(state) + nbytes <= state["capacity"]
 
 
-def _grant(txn: _Txn, ticket: int, nbytes: int, label: str, me: tuple[int, int]) -> Reservation:
+def _grant(txn: Txn, ticket: int, nbytes: int, label: str, me: tuple[int, int]) -> Reservation:
     state = txn.state
     state["waiters"] = [w for w in state["waiters"] if w["ticket"] != ticket]
     record = {"id": state["next_id"], "ticket": ticket, "bytes": nbytes, "label": label,
@@ -298,7 +210,7 @@ def _grant(txn: _Txn, ticket: int, nbytes: int, label: str, me: tuple[int, int])
     return Reservation(txn.paths, record, state["capacity"])
 
 
-def _enqueue(txn: _Txn, nbytes: int, label: str, me: tuple[int, int], requeued: bool = False) -> tuple[int, int]:
+def _enqueue(txn: Txn, nbytes: int, label: str, me: tuple[int, int], requeued: bool = False) -> tuple[int, int]:
     """Queue a request; returns its ticket and the read end of its doorbell."""
     state = txn.state
     ticket = state["next_ticket"]
@@ -315,13 +227,13 @@ def describe_holders(state: dict[str, Any], *, before_ticket: int | None = None)
     parts = []
     for r in sorted(state["reservations"], key=lambda r: r["since"]):
         pids = ",".join(str(p) for p, _ in r["pids"])
-        parts.append(f"pid {pids} {r['label']!r} {format_size(r['bytes'])} since "
+        parts.append(f"pid {pids} {quote(r['label'])} {format_size(r['bytes'])} since "
                      f"{time.strftime('%H:%M:%S', time.localtime(r['since']))}")
     held = "; ".join(parts) if parts else "nobody"
     queue = [w for w in sorted(state["waiters"], key=lambda w: w["ticket"])
              if before_ticket is None or w["ticket"] < before_ticket]
     if queue:
-        held += "; queued ahead: " + "; ".join(f"pid {w['pid']} {w['label']!r} {format_size(w['bytes'])}" for w in queue)
+        held += "; queued ahead: " + "; ".join(f"pid {w['pid']} {quote(w['label'])} {format_size(w['bytes'])}" for w in queue)
     return held
 
 
@@ -371,7 +283,7 @@ def reserve(amount: int | str, *, device: int = 0, capacity: int | str | None = 
     ticket = bell = None
     handed_over = False
     try:
-        with _transaction(device, None, capacity_bytes) as txn:
+        with transaction(device, None, capacity_bytes) as txn:
             state = txn.state
             nbytes = parse_amount(amount, state["capacity"])
             free = state["capacity"] - reserved_bytes(state)
@@ -426,7 +338,7 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
                 store.drain_bell(bell)
                 continue
             try:
-                with _transaction(device, root) as txn:
+                with transaction(device, root) as txn:
                     if not any(w["ticket"] == ticket for w in txn.state["waiters"]):
                         # Our entry is gone (the ledger was repaired): queue again, at the back.
                         store.close_bell(paths, ticket, bell)
@@ -438,7 +350,7 @@ def _wait_for_turn(paths: store.LedgerPaths, ticket: int, bell: int, nbytes: int
                         message = _busy_message(txn.state, nbytes, wait, ticket)
                         txn.state["waiters"] = [w for w in txn.state["waiters"] if w["ticket"] != ticket]
                         txn.log(op="abandon", ticket=ticket, bytes=nbytes, pid=me[0], reason="timeout")
-            except store.LedgerCorrupt:
+            except LedgerCorrupt:
                 # Keep waiting: someone may run `jaxmem share repair` meanwhile. Out of time, say so.
                 if time.monotonic() >= deadline:
                     raise
@@ -483,7 +395,7 @@ def _nothing_to_do(paths: store.LedgerPaths, ticket: int, nbytes: int) -> float 
 def _withdraw(device: int, root: Path, ticket: int, nbytes: int, me: tuple[int, int]) -> None:
     """Leave the queue after an interrupt or error, so a live process never blocks it."""
     with contextlib.suppress(LedgerError, ConfigError, OSError):
-        with _transaction(device, root) as txn:
+        with transaction(device, root) as txn:
             if any(w["ticket"] == ticket for w in txn.state["waiters"]):
                 txn.state["waiters"] = [w for w in txn.state["waiters"] if w["ticket"] != ticket]
                 txn.log(op="abandon", ticket=ticket, bytes=nbytes, pid=me[0], reason="interrupted")
@@ -500,7 +412,7 @@ def status(root: Path | None = None) -> list[dict[str, Any]]:
     rows = []
     for device in sorted(set(store.devices_in(root)) | set(totals)):
         try:
-            with _transaction(device, root, create=False) as txn:
+            with transaction(device, root, create=False) as txn:
                 state = txn.state
         except LedgerError as err:
             rows.append({"device": device, "error": str(err)})

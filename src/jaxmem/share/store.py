@@ -15,6 +15,13 @@ For device N the state directory holds:
         state = load(p) or new_state(0, 16 * GiB)
         commit(p, state, [{"op": "note", "text": "hello"}])
 
+The directory is shared by every user of the node's GPUs (see `state_dir`), so nothing in it is
+trusted to be what its name says: each file is opened relative to the directory, without
+following a symbolic link (O_NOFOLLOW), without blocking on a planted FIFO (O_NONBLOCK), and
+used only when it is a regular file with one link (a hard link could be someone's own file).
+New files are made with O_EXCL (temporary files get an unguessable name) and given the
+directory's sharing (rw for the group or everyone when the directory is writable by them).
+
 The state (format "jaxmem-ledger/1") is plain JSON:
     {"format", "device", "capacity", "next_id", "next_ticket", "next_seq",
      "reservations": [{"id", "ticket", "bytes", "label", "since", "pids": [[pid, start], ...]}],
@@ -24,23 +31,24 @@ The state (format "jaxmem-ledger/1") is plain JSON:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import secrets
 import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from jaxmem.errors import ConfigError, LedgerError
+from jaxmem.errors import ConfigError, LedgerCorrupt, LedgerError, quote
 
 FORMAT = "jaxmem-ledger/1"
 HISTORY_MAX_BYTES = 8 << 20  # module-level so a test can shrink it to exercise rotation
-
-
-class LedgerCorrupt(LedgerError):
-    """The ledger file cannot be trusted; the message names it and the repair command."""
+STATE_MAX_BYTES = 64 << 20   # a planted giant file is refused, not read into memory
+NODE_DIR = "jaxmem"          # the node-wide directory's name under /dev/shm (or the temp dir)
+_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class LedgerPaths(NamedTuple):
@@ -51,35 +59,63 @@ class LedgerPaths(NamedTuple):
     history_old: Path
 
 
-def state_dir() -> Path:
-    """The directory holding the ledgers, created on first use.
+def node_dir() -> Path:
+    """The default, node-wide state directory: `/dev/shm/jaxmem` (else `<tmp>/jaxmem`).
 
-    `JAXMEM_STATE_DIR` when set (point several users at one shared directory to make them see
-    each other); else `$XDG_RUNTIME_DIR/jaxmem`; else `/dev/shm/jaxmem-<uid>`; else
-    `<tmp>/jaxmem-<uid>`. The last two must belong to us. The defaults are memory file systems
-    where the system has them: a ledger lives no longer than the boot its processes ran in, and
-    its fsyncs cost nothing (on a busy disk each one costs milliseconds).
+    One directory for every user of the node, so that two users of one GPU see each other's
+    reservations. Whoever comes first creates it with mode 0777 (no sticky bit: users must be
+    able to replace each other's ledger files by rename); an administrator may create it
+    beforehand with a group instead (mode 2770).
+    """
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+    return base / NODE_DIR
+
+
+def state_dir() -> Path:
+    """The directory holding the ledgers: `JAXMEM_STATE_DIR` when set, else `node_dir()`.
+
+    The defaults are memory file systems where the system has them: a ledger lives no longer
+    than the boot its processes ran in, and its fsyncs cost nothing. The directory must be a
+    real directory (not a symbolic link) that we can write, and not sticky when others can
+    write it (in a sticky directory users cannot replace each other's files).
     """
     env = os.environ.get("JAXMEM_STATE_DIR")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if env:
-        path = Path(env)
-    elif runtime and os.path.isdir(runtime):
-        path = Path(runtime) / "jaxmem"
-    elif os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        path = Path("/dev/shm") / f"jaxmem-{os.getuid()}"
-    else:
-        path = Path(tempfile.gettempdir()) / f"jaxmem-{os.getuid()}"
+    path = Path(env) if env else node_dir()
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if env:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        else:
+            _make_node_dir(path)
         info = path.lstat()
     except OSError as err:
         raise ConfigError(f"cannot use state directory {path}: {err.strerror}") from None
+    return check_state_dir(path, info)
+
+
+def _make_node_dir(path: Path) -> None:
+    try:
+        path.mkdir(mode=0o777)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o777)  # the umask must not make it private to its first user
+
+
+def check_state_dir(path: Path, info: os.stat_result) -> Path:
+    """`path` when it is fit to hold ledgers (see `state_dir`); ConfigError saying why not."""
+    mode = stat.S_IMODE(info.st_mode)
+    if stat.S_ISLNK(info.st_mode):
+        raise ConfigError(f"state directory {path} is a symbolic link; not following it "
+                          "(remove it, or set JAXMEM_STATE_DIR to a real directory)")
     if not stat.S_ISDIR(info.st_mode):
-        raise ConfigError(f"state directory {path} is not a directory")
-    if not env and not runtime and info.st_uid != os.getuid():
-        # A shared /tmp or /dev/shm: someone else made this name first; never write into it.
-        raise ConfigError(f"state directory {path} belongs to uid {info.st_uid}; set JAXMEM_STATE_DIR")
+        raise ConfigError(f"cannot use state directory {path}: it is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot use state directory {path}: not writable by uid {os.geteuid()} "
+                          f"(owner uid {info.st_uid}, group {info.st_gid}, mode {mode:04o}); "
+                          "ask its owner or set JAXMEM_STATE_DIR")
+    if mode & stat.S_ISVTX and mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"state directory {path} is sticky (mode {mode:04o}): its users could not "
+                          "replace each other's ledger files; use mode 0777, or 2770 with a group")
     return path
 
 
@@ -97,9 +133,114 @@ def devices_in(root: Path | None = None) -> list[int]:
     found = set()
     for entry in base.glob("device-*"):
         number = entry.name.removeprefix("device-").split(".", 1)[0]
-        if number.isdigit():
+        if number.isdigit() and len(number) < 6:
             found.add(int(number))
     return sorted(found)
+
+
+# ---- opening files in a directory other users can write ---------------------------------------
+
+@contextlib.contextmanager
+def _directory(base: Path) -> Iterator[int]:
+    """The state directory as a descriptor; every file below is opened relative to it, so a
+    directory swapped for a link between two calls cannot redirect a write."""
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise LedgerError(f"cannot open state directory {base}: {_why(err, base)}") from None
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _share_mode(dir_fd: int, bits: int = 0o666) -> int:
+    """Permissions for a new file: rw for whoever may write the directory (owner always)."""
+    mode = os.fstat(dir_fd).st_mode
+    shared = 0o600 | (0o060 if mode & stat.S_IWGRP else 0) | (0o006 if mode & stat.S_IWOTH else 0)
+    return shared & bits | 0o600
+
+
+def _why(err: OSError, path: Path) -> str:
+    if err.errno == errno.ELOOP:
+        return "it is a symbolic link (not followed; remove it)"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        try:
+            info = os.lstat(path)
+            return (f"permission denied (owner uid {info.st_uid}, group {info.st_gid}, "
+                    f"mode {stat.S_IMODE(info.st_mode):04o}; we are uid {os.geteuid()})")
+        except OSError:
+            return "permission denied"
+    return err.strerror or str(err)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open(dir_fd: int, path: Path, flags: int, create_mode: int | None = None) -> int:
+    """Open `path` (a name in `dir_fd`) as a trusted regular file; create it with O_EXCL and
+    `create_mode` when missing and `create_mode` is given. FileNotFoundError when missing."""
+    while True:
+        try:
+            fd = os.open(path.name, flags | _SAFE, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if create_mode is None:
+                raise
+            try:
+                fd = os.open(path.name, flags | _SAFE | os.O_CREAT | os.O_EXCL, create_mode, dir_fd=dir_fd)
+            except FileExistsError:
+                continue  # made by someone else meanwhile: open theirs
+            except OSError as err:
+                raise LedgerError(f"cannot create {path}: {_why(err, path)}") from None
+            os.fchmod(fd, create_mode)  # the umask must not narrow a shared directory's file
+        except OSError as err:
+            if err.errno == errno.EISDIR:
+                raise LedgerError(f"cannot use {path}: it is a directory, not a ledger file (remove it)") from None
+            raise LedgerError(f"cannot open {path}: {_why(err, path)}") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            what = _kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink} hard links"
+            raise LedgerError(f"cannot use {path}: it is {what}, not a ledger file (remove it)")
+        return fd
+
+
+def _read_capped(fd: int, path: Path, limit: int) -> bytes:
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise LedgerCorrupt(f"ledger file {path} is {size} bytes, more than a ledger ever holds ({limit}); "
+                            "it is not ours: remove it or run `jaxmem share repair`")
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _read_file(path: Path, limit: int) -> bytes | None:
+    """The bytes of a ledger file, or None when it does not exist."""
+    with _directory(path.parent) as dir_fd:
+        try:
+            fd = _open(dir_fd, path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return _read_capped(fd, path, limit)
+        except OSError as err:
+            raise LedgerError(f"cannot read {path}: {_why(err, path)}") from None
+        finally:
+            os.close(fd)
+
+
+def exists(path: Path) -> bool:
+    """Whether a name exists in the directory at all (a link or directory counts: it is in the way)."""
+    return os.path.lexists(path)
 
 
 @contextlib.contextmanager
@@ -108,10 +249,8 @@ def locked(paths: LedgerPaths) -> Iterator[LedgerPaths]:
     if the process dies, so a crashed holder never wedges the ledger."""
     # Read-only is enough for flock, and lets users sharing a state directory lock each
     # other's lock file.
-    try:
-        fd = os.open(paths.lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        raise LedgerError(f"cannot open ledger lock {paths.lock}: {err.strerror}") from None
+    with _directory(paths.lock.parent) as dir_fd:
+        fd = _open(dir_fd, paths.lock, os.O_RDONLY, _share_mode(dir_fd))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield paths
@@ -129,6 +268,15 @@ def repair_hint(paths: LedgerPaths) -> str:
     return f"run `jaxmem share repair --device {paths.device}` to rebuild it from {paths.history.name} (live reservations are kept)"
 
 
+def read_raw_state(paths: LedgerPaths) -> Any:
+    """The state file decoded as JSON but not validated; None when missing or not JSON."""
+    raw = _read_file(paths.state, STATE_MAX_BYTES)
+    try:
+        return json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):
+        return None
+
+
 def load(paths: LedgerPaths) -> dict[str, Any] | None:
     """The device's state, or None when it has no ledger file yet.
 
@@ -136,17 +284,14 @@ def load(paths: LedgerPaths) -> dict[str, Any] | None:
     so a reader sees one whole version. A damaged file raises LedgerError naming the file and
     the repair command.
     """
-    try:
-        raw = paths.state.read_bytes()
-    except FileNotFoundError:
+    raw = _read_file(paths.state, STATE_MAX_BYTES)
+    if raw is None:
         return None
-    except OSError as err:
-        raise LedgerError(f"cannot read ledger {paths.state}: {err.strerror}") from None
     try:
         state = json.loads(raw)
         problem = validate(state, paths.device)
-    except (ValueError, UnicodeDecodeError) as err:
-        problem = f"not JSON ({err})"
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        problem = f"not JSON ({str(err)[:100]})"
     if problem:
         raise LedgerCorrupt(f"ledger {paths.state} is corrupt: {problem}; {repair_hint(paths)}")
     return state
@@ -161,19 +306,19 @@ def validate(state: Any, device: int) -> str | None:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         return f"not a {FORMAT} document"
     if state.get("device") != device:
-        return f"it describes device {state.get('device')!r}, not {device}"
+        return f"it describes device {quote(state.get('device'))}, not {device}"
     for key, low in (("capacity", 1), ("next_id", 1), ("next_ticket", 1), ("next_seq", 1)):
         if not _is_int(state.get(key), low):
-            return f"field {key!r} is {state.get(key)!r}"
+            return f"field {key!r} is {quote(state.get(key))}"
     reservations, waiters = state.get("reservations"), state.get("waiters")
     if not isinstance(reservations, list) or not isinstance(waiters, list):
         return "reservations/waiters are not lists"
     ids, tickets = set(), set()
     for r in reservations:
         if not isinstance(r, dict) or not all(_is_int(r.get(k), 1) for k in ("id", "ticket", "bytes")):
-            return f"bad reservation {r!r:.120}"
+            return f"bad reservation {quote(r)}"
         if not isinstance(r.get("label"), str) or not isinstance(r.get("since"), (int, float)):
-            return f"bad reservation {r!r:.120}"
+            return f"bad reservation {quote(r)}"
         pids = r.get("pids")
         if not isinstance(pids, list) or not pids or not all(
                 isinstance(p, list) and len(p) == 2 and _is_int(p[0], 1) and _is_int(p[1]) for p in pids):
@@ -184,9 +329,9 @@ def validate(state: Any, device: int) -> str | None:
         tickets.add(r["ticket"])
     for w in waiters:
         if not isinstance(w, dict) or not all(_is_int(w.get(k), 1) for k in ("ticket", "bytes", "pid")):
-            return f"bad waiter {w!r:.120}"
+            return f"bad waiter {quote(w)}"
         if not _is_int(w.get("start")) or not isinstance(w.get("label"), str):
-            return f"bad waiter {w!r:.120}"
+            return f"bad waiter {quote(w)}"
         if w["ticket"] in tickets or w["ticket"] >= state["next_ticket"]:
             return f"waiter ticket {w['ticket']} is duplicated or beyond the counters"
         tickets.add(w["ticket"])
@@ -196,28 +341,43 @@ def validate(state: Any, device: int) -> str | None:
     return None
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    # Only lock holders write; the pid in the name keeps users who share a directory from
-    # tripping over each other's leftovers (a writer killed mid-write leaves one behind).
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+def _write_atomic(dir_fd: int, path: Path, data: bytes) -> None:
+    # Only lock holders write. The temporary name is unguessable and made with O_EXCL, so
+    # nothing planted under it is followed or truncated; rename replaces whatever has the
+    # final name (a planted link included) without following it.
+    tmp = f"{path.name}.tmp.{os.getpid()}.{secrets.token_hex(6)}"
+    mode = _share_mode(dir_fd)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE, mode, dir_fd=dir_fd)
+    except OSError as err:
+        raise LedgerError(f"cannot write ledger {path}: cannot create a file beside it ({_why(err, path.parent)})") from None
+    try:
+        try:
+            os.fchmod(fd, mode)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise LedgerError(f"cannot write ledger {path}: {_why(err, path)}") from None
 
 
-def _append(path: Path, data: bytes) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _append(dir_fd: int, path: Path, data: bytes) -> int:
+    fd = _open(dir_fd, path, os.O_WRONLY | os.O_APPEND, _share_mode(dir_fd))
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
         return os.fstat(fd).st_size
+    except OSError as err:
+        raise LedgerError(f"cannot write ledger journal {path}: {_why(err, path)}") from None
     finally:
         os.close(fd)
 
@@ -231,49 +391,53 @@ def commit(paths: LedgerPaths, state: dict[str, Any], events: list[dict[str, Any
 
     Each event gets the next `seq` and a wall-clock `t`. The journal is written first (write-
     ahead): a writer killed between the two steps leaves a journal entry for a change whose
-    owner is dead, which liveness checks discard anyway.
+    owner is dead, which liveness checks discard anyway. Failures raise LedgerError naming
+    the file that could not be written.
     """
-    try:
-        _commit(paths, state, events)
-    except OSError as err:
-        raise LedgerError(f"cannot write ledger {paths.state}: {err.strerror or err}") from None
-
-
-def _commit(paths: LedgerPaths, state: dict[str, Any], events: list[dict[str, Any]]) -> None:
     now = time.time()
     for event in events:
         event["seq"] = state["next_seq"]
         event.setdefault("t", now)
         state["next_seq"] += 1
-    if events:
-        size = _append(paths.history, b"".join(_line(e) for e in events))
-        if size > HISTORY_MAX_BYTES:
-            os.replace(paths.history, paths.history_old)
-            write_snapshot(paths, state, reason="rotated")
-    _write_atomic(paths.state, json.dumps(state, separators=(",", ":")).encode())
+    with _directory(paths.state.parent) as dir_fd:
+        if events:
+            size = _append(dir_fd, paths.history, b"".join(_line(e) for e in events))
+            if size > HISTORY_MAX_BYTES:
+                try:
+                    os.rename(paths.history.name, paths.history_old.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                except OSError as err:
+                    raise LedgerError(f"cannot rotate ledger journal {paths.history}: {_why(err, paths.history_old)}") from None
+                _snapshot(dir_fd, paths, state, reason="rotated")
+        _write_atomic(dir_fd, paths.state, json.dumps(state, separators=(",", ":")).encode())
 
 
 def write_snapshot(paths: LedgerPaths, state: dict[str, Any], reason: str) -> None:
     """Append a `snapshot` event holding the whole state (a starting point for a rebuild)."""
+    with _directory(paths.history.parent) as dir_fd:
+        _snapshot(dir_fd, paths, state, reason)
+
+
+def _snapshot(dir_fd: int, paths: LedgerPaths, state: dict[str, Any], reason: str) -> None:
     event = {"op": "snapshot", "reason": reason, "seq": state["next_seq"], "t": time.time(),
              "state": json.loads(json.dumps(state))}
     state["next_seq"] += 1
     event["state"]["next_seq"] = state["next_seq"]
-    _append(paths.history, _line(event))
+    _append(dir_fd, paths.history, _line(event))
 
 
-def read_history(paths: LedgerPaths, *, include_rotated: bool = True) -> list[dict[str, Any]]:
-    """The journal's events, oldest first (the rotated generation first when kept).
+def read_journal(paths: LedgerPaths, *, include_rotated: bool = True) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
+    """The journal's readable events, oldest first, and where it is damaged: ("file:line",
+    number of readable events before it).
 
-    A final line cut short (its writer killed mid-append) is skipped; any other damage raises
-    LedgerError naming the file.
+    A final line cut short (its writer killed mid-append) is skipped and not counted as damage.
     """
     events: list[dict[str, Any]] = []
+    damaged: list[tuple[str, int]] = []
+    limit = max(STATE_MAX_BYTES, 4 * HISTORY_MAX_BYTES)
     files = [paths.history_old, paths.history] if include_rotated else [paths.history]
     for path in files:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
+        raw = _read_file(path, limit)
+        if raw is None:
             continue
         lines = raw.split(b"\n")
         for number, line in enumerate(lines, 1):
@@ -283,11 +447,24 @@ def read_history(paths: LedgerPaths, *, include_rotated: bool = True) -> list[di
                 event = json.loads(line)
                 if not isinstance(event, dict) or not _is_int(event.get("seq"), 1):
                     raise ValueError("not an event")
-            except ValueError:
-                if number == len(lines):  # no newline after it: a torn last append
-                    continue
-                raise LedgerError(f"ledger journal {path} is damaged at line {number}") from None
+            except (ValueError, RecursionError):
+                if number < len(lines):  # with a newline after it: not a torn last append
+                    damaged.append((f"{path}:{number}", len(events)))
+                continue
             events.append(event)
+    return events, damaged
+
+
+def read_history(paths: LedgerPaths, *, include_rotated: bool = True) -> list[dict[str, Any]]:
+    """The journal's events, oldest first (the rotated generation first when kept).
+
+    A final line cut short (its writer killed mid-append) is skipped; any other damage raises
+    LedgerError naming the file.
+    """
+    events, damaged = read_journal(paths, include_rotated=include_rotated)
+    if damaged:
+        where, _, number = damaged[0][0].rpartition(":")
+        raise LedgerError(f"ledger journal {where} is damaged at line {number}")
     return events
 
 
@@ -302,22 +479,33 @@ def bell_path(paths: LedgerPaths, ticket: int) -> Path:
 def open_bell(paths: LedgerPaths, ticket: int) -> int:
     """Create the waiter's FIFO and open it read-write (so it never reads end-of-file)."""
     path = bell_path(paths, ticket)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a stale one from a previous ledger generation
-        os.mkfifo(path, 0o622)
-        return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as err:
-        raise LedgerError(f"cannot make the waiting doorbell {path}: {err.strerror}") from None
+    with _directory(path.parent) as dir_fd:
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=dir_fd)  # a stale one from a previous ledger generation
+            mode = _share_mode(dir_fd, 0o622)  # others ring it; only we read it
+            os.mkfifo(path.name, mode, dir_fd=dir_fd)
+            fd = os.open(path.name, os.O_RDWR | _SAFE, dir_fd=dir_fd)
+        except OSError as err:
+            raise LedgerError(f"cannot make the waiting doorbell {path}: {_why(err, path)}") from None
+        info = os.fstat(fd)
+        if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.geteuid():
+            os.close(fd)  # swapped between mkfifo and open
+            raise LedgerError(f"cannot use the waiting doorbell {path}: it was replaced by {_kind(info.st_mode)}")
+        os.fchmod(fd, mode)
+        return fd
 
 
 def ring(paths: LedgerPaths, ticket: int) -> None:
+    path = bell_path(paths, ticket)
     try:
-        fd = os.open(bell_path(paths, ticket), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:  # no such bell, or nobody listening (ENXIO)
+        with _directory(path.parent) as dir_fd:
+            fd = os.open(path.name, os.O_WRONLY | _SAFE, dir_fd=dir_fd)
+    except (OSError, LedgerError):  # no such bell, nobody listening (ENXIO), or a link
         return
     try:
-        os.write(fd, b"!")
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):  # never write into a planted regular file
+            os.write(fd, b"!")
     except OSError:  # full: the waiter has rings pending already
         pass
     finally:

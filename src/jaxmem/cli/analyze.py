@@ -314,7 +314,9 @@ def render(data: dict[str, Any], console: Any) -> None:
     from rich.text import Text
 
     peak, lower, xla_total = data["peak_bytes"], data["lower_bound_bytes"], data["xla_total_bytes"]
-    summary = Table(title=f"jaxmem analyze · {data['target']}", title_justify="left", show_header=False,
+    from jaxmem.reports.escape import markup
+
+    summary = Table(title=f"jaxmem analyze · {markup(data['target'])}", title_justify="left", show_header=False,
                     box=None, padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column(justify="right")
@@ -325,7 +327,8 @@ def render(data: dict[str, Any], console: Any) -> None:
         ratio = data["ratio_to_xla"]
         style = "green" if ratio is not None and ratio <= 1.0 else "red"
         summary.add_row("XLA total here", _size(xla_total),
-                        Text(f"{ratio:.3f}x of XLA ({data['xla']['scheduler']} scheduler)", style=style))
+                        Text(f"{ratio:.3f}x of XLA ({data['xla']['scheduler']} scheduler)" if ratio is not None
+                             else f"XLA holds nothing ({data['xla']['scheduler']} scheduler)", style=style))
         if data["xla"]["library_hidden_bytes"]:
             summary.add_row("", "", f"XLA:CPU's YNNPACK fusions hold {_size(data['xla']['library_hidden_bytes'])} "
                             "of dot/conv results that its figure leaves out")
@@ -365,7 +368,7 @@ def render(data: dict[str, Any], console: Any) -> None:
     for i, row in enumerate(data["top_buffers"], 1):
         cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
                  row["category"] or row["kind"], row["label"]]
-        table.add_row(*cells, *([short_source(row["source"]) or "—"] if with_source else []))
+        table.add_row(*map(markup, cells), *([markup(short_source(row["source"])) or "—"] if with_source else []))
     console.print(table)
 
 

@@ -59,8 +59,8 @@ def _budget(text: str, fn: Any, args: tuple, donate: tuple[int, ...]) -> int:
             share = float(text[:-1]) / 100
         except ValueError:
             raise ConfigError(f"cannot read budget {text!r}: use bytes, '2GiB', a preset or '50%'") from None
-        if not 0 < share:
-            raise ConfigError(f"budget must be positive, got {text!r}")
+        if not 0 < share < float("inf"):  # inf% would overflow int() below
+            raise ConfigError(f"budget must be a positive, finite share, got {text!r}")
         from jaxmem.compiler.xla import xla_reference
 
         return max(1, int(share * xla_reference(fn, args, donate_argnums=donate).total_bytes))
@@ -97,7 +97,9 @@ def _render(result: Any, target: str) -> None:
 
     console = Console(highlight=False)
     verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
-    console.print(f"jaxmem fit {target}: budget {format_size(result.budget_bytes)}: {verdict}")
+    from jaxmem.reports.escape import markup
+
+    console.print(f"jaxmem fit {markup(target)}: budget {format_size(result.budget_bytes)}: {verdict}")
     table = Table(title="peak memory")
     table.add_column("")
     table.add_column("before", justify="right")

@@ -50,7 +50,9 @@ def render_table(report, console) -> None:
     """Print the comparison table and the first out-of-memory of each allocator."""
     from rich.table import Table
 
-    title = f"{report.source}  ({report.format}, {report.events:,} events, capacity {format_size(report.capacity)})"
+    from jaxmem.reports.escape import markup
+
+    title = f"{markup(report.source)}  ({markup(report.format)}, {report.events:,} events, capacity {format_size(report.capacity)})"
     table = Table(title=title, title_justify="left")
     for col in ("allocator", "peak in use", "peak reserved", "reserved/in use", "XLA frag",
                 "device allocs", "device alloc bytes", "first OOM"):
@@ -70,7 +72,7 @@ def render_table(report, console) -> None:
                       format_size(run.device_alloc_bytes), oom)
     console.print(table)
     if report.settings:
-        console.print(f"caching allocator settings: {report.settings}")
+        console.print(f"caching allocator settings: {markup(report.settings)}")
     for name, run in report.runs.items():
         if not run.oom:
             continue
@@ -80,7 +82,7 @@ def render_table(report, console) -> None:
                       f"{format_size(o['reserved_bytes'])} reserved (limit {format_size(run.limit)}). Largest live:")
         for row in o["largest_live"][:5]:
             where = row.get("frame") or row.get("label") or ("before the window" if "event_index" not in row else f"event {row['event_index']}")
-            console.print(f"    {format_size(row['size']):>12}  at {row['addr']:#x}  {where}")
+            console.print(f"    {format_size(row['size']):>12}  at {row['addr']:#x}  {markup(where)}")
 
 
 def main(argv: list[str]) -> int:

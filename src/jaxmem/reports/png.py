@@ -130,4 +130,7 @@ def write_png(path: str | Path, data: ReportData, dpi: int = 110) -> None:
         ax.set_title("placement map: address against step" if is_plan else "placement map: recorded address (unused gaps removed) against event")
         ax.set_xlabel(data.x_label)
         _bytes_axis(ax)
-    fig.savefig(path)
+    # Always PNG, at exactly `path`: given a name, matplotlib would pick the format from its
+    # extension (and fail on an unknown one) or add ".png" to a name without one.
+    with open(path, "wb") as out:
+        fig.savefig(out, format="png")

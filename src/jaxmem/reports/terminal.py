@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxmem.reports.data import ReportData
+from jaxmem.reports.escape import markup
 from jaxmem.units import format_size
 
 DELAY = 1.0
@@ -34,15 +35,16 @@ def console(stderr: bool = False) -> Console:
 
 
 def make_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[str] = ()) -> Table:
-    """A rich table; the columns named in `numeric` are right-aligned.
+    """A rich table; the columns named in `numeric` are right-aligned. The title and cells are
+    text, not markup: names from user code and trace files are shown as they are.
 
     >>> console().print(make_table("peaks", ["allocator", "peak"], [["bfc", "1.00 GiB"]], numeric=["peak"]))
     """
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=markup(title), title_justify="left", header_style="bold")
     for name in columns:
-        table.add_column(name, justify="right" if name in numeric else "left", overflow="fold")
+        table.add_column(markup(name), justify="right" if name in numeric else "left", overflow="fold")
     for row in rows:
-        table.add_row(*(str(cell) for cell in row))
+        table.add_row(*(markup(cell) for cell in row))
     return table
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from jaxmem.errors import TraceError
+from jaxmem.errors import TraceError, quote
 from jaxmem.traces.model import Block, Event, Trace
 
 MEMORY_EVENT = "[memory]"
@@ -26,9 +26,18 @@ CUDA = 1
 
 
 def _num(value: Any, where: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TraceError(f"{where}: '{what}' must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or abs(value) >= 2.0 ** 64:
+        raise TraceError(f"{where}: '{what}' must be a 64-bit number, got {quote(value)}")
     return int(value)
+
+
+def _device_of(args: dict, where: str) -> tuple[int, int]:
+    kind, index = args.get("Device Type", 0), args.get("Device Id", 0)
+    for what, value in (("Device Type", kind), ("Device Id", index)):
+        if type(value) is not int:
+            raise TraceError(f"{where}: '{what}' must be an integer, got {quote(value)}")
+    return kind, index
 
 
 def chrome_to_trace(data: Any, source: str = "<chrome trace>", device: tuple[int, int] | None = None) -> Trace:
@@ -51,7 +60,7 @@ def chrome_to_trace(data: Any, source: str = "<chrome trace>", device: tuple[int
         args = e.get("args")
         if not isinstance(args, dict):
             raise TraceError(f"{source}: event {i} ([memory]): no args")
-        counts[(args.get("Device Type", 0), args.get("Device Id", 0))] += 1
+        counts[_device_of(args, f"{source}: event {i} ([memory])")] += 1
     if device is None:
         gpus = [k for k in counts if k[0] == CUDA]
         device = max(gpus or list(counts), key=lambda k: counts[k])
@@ -62,7 +71,7 @@ def chrome_to_trace(data: Any, source: str = "<chrome trace>", device: tuple[int
     start_reserved = 0
     for i, e in mem:
         args = e["args"]
-        if (args.get("Device Type", 0), args.get("Device Id", 0)) != device:
+        if _device_of(args, source) != device:
             continue
         where = f"{source}: event {i} ([memory])"
         addr = _num(args.get("Addr"), where, "Addr")
@@ -106,4 +115,6 @@ def read_chrome_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}: cannot read ({err})") from None
     except json.JSONDecodeError as err:
         raise TraceError(f"{path}: corrupt or truncated JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: JSON nested too deeply to be a Chrome trace") from None
     return chrome_to_trace(data, str(path))

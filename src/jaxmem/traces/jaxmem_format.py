@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from jaxmem.errors import TraceError
+from jaxmem.errors import TraceError, quote
 from jaxmem.traces.model import ACTIONS, Block, Event, Frame, Segment, Trace
 
 FORMAT, VERSION = "jaxmem-trace", 1
@@ -68,8 +68,35 @@ def write_jaxmem_trace(trace: Trace, path: str | Path) -> None:
 
 def _int(obj: dict, key: str, where: str, default: int | None = None) -> int:
     value = obj.get(key, default)
-    if type(value) is not int:
-        raise TraceError(f"{where}: '{key}' must be an integer, got {value!r}")
+    if type(value) is not int or not -(1 << 64) < value < 1 << 64:
+        raise TraceError(f"{where}: '{key}' must be a 64-bit integer, got {quote(value)}")
+    return value
+
+
+def _json_line(line: str, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{where}: corrupt or truncated line ({err.msg})") from None
+    except RecursionError:
+        raise TraceError(f"{where}: nested too deeply") from None
+
+
+def _list(header: dict, key: str, where: str) -> list:
+    value = header.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: '{key}' must be a list, got {quote(value)}")
+    return value
+
+
+def _dict(header: dict, key: str, where: str) -> dict:
+    value = header.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TraceError(f"{where}: '{key}' must be an object, got {quote(value)}")
     return value
 
 
@@ -90,38 +117,37 @@ def parse_jaxmem_trace(text: str, source: str = "<jaxmem trace>") -> Trace:
     lines = text.splitlines()
     if not lines:
         raise TraceError(f"{source}: empty file")
-    try:
-        header = json.loads(lines[0])
-    except json.JSONDecodeError as err:
-        raise TraceError(f"{source}: corrupt header line ({err.msg})") from None
+    header = _json_line(lines[0], f"{source}: header line")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise TraceError(f"{source}: not a jaxmem trace (no '\"format\": \"{FORMAT}\"' header)")
     if header.get("version") != VERSION:
-        raise TraceError(f"{source}: unsupported jaxmem trace version {header.get('version')!r}")
+        raise TraceError(f"{source}: unsupported jaxmem trace version {quote(header.get('version'))}")
+    settings = _dict(header, "allocator_settings", source)
+    meta = _dict(header, "meta", source)
     segments = []
-    for k, s in enumerate(header.get("initial_segments") or []):
+    for k, s in enumerate(_list(header, "initial_segments", source)):
         where = f"{source}: initial segment {k}"
         if not isinstance(s, dict):
             raise TraceError(f"{where}: must be an object")
+        pool = s.get("pool", "large")
+        if pool not in ("large", "small"):
+            raise TraceError(f"{where}: 'pool' must be \"large\" or \"small\", got {quote(pool)}")
         segments.append(Segment(_int(s, "addr", where), _int(s, "size", where), _int(s, "stream", where, 0),
-                                str(s.get("pool", "large")), [_block(b, where) for b in s.get("blocks") or []],
+                                pool, [_block(b, where) for b in _list(s, "blocks", where)],
                                 bool(s.get("expandable", False))))
-    blocks = [_block(b, f"{source}: initial block {k}") for k, b in enumerate(header.get("initial_blocks") or [])]
+    blocks = [_block(b, f"{source}: initial block {k}") for k, b in enumerate(_list(header, "initial_blocks", source))]
     events: list[Event] = []
     frame_cache: dict[tuple, Frame] = {}
     for n, line in enumerate(lines[1:]):
         if not line.strip():
             continue
         where = f"{source}: event {len(events)} (line {n + 2})"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise TraceError(f"{where}: corrupt or truncated line ({err.msg})") from None
+        obj = _json_line(line, where)
         if not isinstance(obj, dict):
             raise TraceError(f"{where}: must be an object")
         action = obj.get("action")
-        if action not in ACTIONS:
-            raise TraceError(f"{where}: unknown action {action!r}")
+        if not isinstance(action, str) or action not in ACTIONS:
+            raise TraceError(f"{where}: unknown action {quote(action)}")
         size = _int(obj, "size", where)
         if size < 0:
             raise TraceError(f"{where}: negative size {size}")
@@ -129,23 +155,26 @@ def parse_jaxmem_trace(text: str, source: str = "<jaxmem trace>") -> Trace:
         if req is not None and (type(req) is not int or req < 0):
             raise TraceError(f"{where}: 'requested' must be a non-negative integer")
         t = obj.get("time_us", 0.0)
-        if not isinstance(t, (int, float)) or isinstance(t, bool):
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not abs(t) < 1e300:
             raise TraceError(f"{where}: 'time_us' must be a number")
         frames = []
-        for f in obj.get("frames") or []:
-            if not (isinstance(f, list) and len(f) == 3 and type(f[1]) is int):
+        for f in _list(obj, "frames", where):
+            if not (isinstance(f, list) and len(f) == 3 and type(f[1]) is int and isinstance(f[0], str)
+                    and isinstance(f[2], str)):
                 raise TraceError(f"{where}: a frame must be [filename, line, name]")
-            key = (str(f[0]), f[1], str(f[2]))
+            key = (f[0], f[1], f[2])
             fr = frame_cache.get(key)
             if fr is None:
                 fr = frame_cache[key] = Frame(*key)
             frames.append(fr)
+        label = obj.get("label", "")
         events.append(Event(action, _int(obj, "addr", where), size, _int(obj, "stream", where, 0), float(t),
-                            req, tuple(frames), str(obj.get("label", ""))))
+                            req, tuple(frames), label if isinstance(label, str) else ""))
     cap = header.get("device_capacity")
-    return Trace(events, str(header.get("source") or source), str(header.get("trace_format") or "jaxmem"),
-                 segments, blocks, dict(header.get("allocator_settings") or {}),
-                 cap if type(cap) is int else None, dict(header.get("meta") or {}))
+    name, kind = header.get("source"), header.get("trace_format")
+    return Trace(events, name if isinstance(name, str) and name else source,
+                 kind if isinstance(kind, str) and kind else "jaxmem", segments, blocks, settings,
+                 cap if type(cap) is int and 0 < cap < 1 << 64 else None, meta)
 
 
 def read_jaxmem_trace(path: str | Path) -> Trace:

@@ -10,13 +10,18 @@ profiler trace with [memory] events), "rmm-csv" (RMM's logging_resource_adaptor)
 
 from __future__ import annotations
 
-import gzip
 import json
+import os
 import zlib
 from pathlib import Path
 
-from jaxmem.errors import TraceError
+from jaxmem.errors import TraceError, quote
 from jaxmem.traces.model import Trace
+from jaxmem.units import format_size, parse_size
+
+# A gzipped trace may expand at most this far (a gzip bomb is a few KB per GiB);
+# JAXMEM_TRACE_MAX_BYTES raises or lowers it.
+MAX_DECOMPRESSED = 1 << 30
 
 FORMATS = ("torch-snapshot", "chrome", "rmm-csv", "jaxmem")
 _ALIASES = {"pickle": "torch-snapshot", "snapshot": "torch-snapshot", "torch": "torch-snapshot",
@@ -53,13 +58,44 @@ def _text(data: bytes, source: str) -> str:
         raise TraceError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
+def max_decompressed() -> int:
+    """The most bytes a compressed trace may expand to (`JAXMEM_TRACE_MAX_BYTES` or 1 GiB)."""
+    text = os.environ.get("JAXMEM_TRACE_MAX_BYTES")
+    return parse_size(text) if text else MAX_DECOMPRESSED
+
+
+def gunzip(data: bytes, source: str, limit: int) -> bytes:
+    """The decompressed bytes of a gzip file (every member), refused past `limit` bytes
+    without ever holding more than that."""
+    out: list[bytes] = []
+    total = 0
+    while data:
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            while data:
+                chunk = inflater.decompress(data, limit + 1 - total)
+                total += len(chunk)
+                out.append(chunk)
+                if total > limit:
+                    raise TraceError(f"{source}: decompresses to more than {format_size(limit)}; "
+                                     "set JAXMEM_TRACE_MAX_BYTES higher if the trace is genuine")
+                if inflater.eof:
+                    break
+                data = inflater.unconsumed_tail
+                if not chunk and not data:
+                    break
+            if not inflater.eof:
+                raise TraceError(f"{source}: corrupt or truncated gzip (it ends inside a compressed stream)")
+        except zlib.error as err:
+            raise TraceError(f"{source}: corrupt or truncated gzip ({err})") from None
+        data = inflater.unused_data.lstrip(b"\0")  # the next member, if any (zero padding allowed)
+    return b"".join(out)
+
+
 def parse_trace(data: bytes, source: str, format: str | None = None) -> Trace:
     """A Trace from a file's bytes (see `load_trace`)."""
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as err:
-            raise TraceError(f"{source}: corrupt or truncated gzip ({err})") from None
+        data = gunzip(data, source, max_decompressed())
     if not data.strip():
         raise TraceError(f"{source}: empty file")
     fmt = _ALIASES.get(format, format) if format else sniff_format(data)
@@ -79,6 +115,8 @@ def parse_trace(data: bytes, source: str, format: str | None = None) -> Trace:
             parsed = json.loads(_text(data, source))
         except json.JSONDecodeError as err:
             raise TraceError(f"{source}: corrupt or truncated JSON ({err.msg} at line {err.lineno})") from None
+        except RecursionError:
+            raise TraceError(f"{source}: JSON nested too deeply to be a Chrome trace") from None
         return chrome_to_trace(parsed, source)
     if fmt == "rmm-csv":
         from jaxmem.traces.rmm_csv import parse_rmm_csv
@@ -88,7 +126,7 @@ def parse_trace(data: bytes, source: str, format: str | None = None) -> Trace:
         from jaxmem.traces.jaxmem_format import parse_jaxmem_trace
 
         return parse_jaxmem_trace(_text(data, source), source)
-    raise TraceError(f"{source}: unknown format {format!r}; one of: {', '.join(FORMATS)}")
+    raise TraceError(f"{source}: unknown format {quote(format)}; one of: {', '.join(FORMATS)}")
 
 
 def load_trace(path: str | Path, format: str | None = None) -> Trace:

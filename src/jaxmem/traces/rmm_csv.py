@@ -14,7 +14,7 @@ import csv
 import io
 from pathlib import Path
 
-from jaxmem.errors import TraceError
+from jaxmem.errors import TraceError, quote
 from jaxmem.traces.model import Event, Trace
 
 HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
@@ -25,9 +25,12 @@ _DAY_US = 86_400_000_000
 def _parse_int(text: str, where: str, what: str) -> int:
     t = text.strip()
     try:
-        return int(t, 16) if t.lower().startswith(("0x", "-0x")) else int(t)
+        value = int(t, 16) if t.lower().startswith(("0x", "-0x")) else int(t)
     except ValueError:
-        raise TraceError(f"{where}: {what} {text!r} is not a number") from None
+        raise TraceError(f"{where}: {what} {quote(text)} is not a number") from None
+    if not -(1 << 64) < value < 1 << 64:
+        raise TraceError(f"{where}: {what} {quote(text)} is not a 64-bit number")
+    return value
 
 
 def _parse_time(text: str, where: str) -> float:
@@ -46,7 +49,7 @@ def _parse_time(text: str, where: str) -> float:
             raise ValueError(t)
         return ((int(h) * 60 + int(m)) * 60 + sec) * 1e6
     except ValueError:
-        raise TraceError(f"{where}: cannot read time {text!r}") from None
+        raise TraceError(f"{where}: cannot read time {quote(text)}") from None
 
 
 def parse_rmm_csv(text: str, source: str = "<rmm csv>") -> Trace:
@@ -74,7 +77,7 @@ def _parse(text: str, source: str) -> Trace:
         thread, time_s, action, ptr, size_s, stream_s = (c.strip() for c in row[:6])
         kind = _ACTIONS.get(action.lower())
         if kind is None:
-            raise TraceError(f"{where}: unknown action {action!r}")
+            raise TraceError(f"{where}: unknown action {quote(action)}")
         addr = _parse_int(ptr, where, "pointer") if ptr else 0
         size = _parse_int(size_s, where, "size")
         if size < 0:

@@ -5,6 +5,12 @@ importable callable (os.system, builtins.eval) and have the loader call it; an U
 `find_class` refuses every global turns that into an error before anything runs.
 
     data = load_plain_pickle("snapshot.pickle")   # dict, or TraceError on anything else
+
+Plain data can still cost more than its size: a pickle's memo lets one list be referenced many
+times, so 1.2 KB of nested `[a, a]` stands for 2**60 elements to anything that walks it as a
+tree (`repr`, `str`, `json.dumps`, a loop over every segment's blocks). Loading itself is
+linear; the readers then touch only values of the type they expect, visit a shared list once
+(`torch_snapshot`), and quote values in messages with `errors.quote`, which is bounded.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def loads_plain(data: bytes, source: str = "<bytes>") -> Any:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
             AttributeError, OverflowError, MemoryError, UnicodeDecodeError) as err:
         kind = "truncated" if isinstance(err, EOFError) else "corrupt"
-        raise TraceError(f"{source}: {kind} pickle ({type(err).__name__}: {err})") from None
+        raise TraceError(f"{source}: {kind} pickle ({type(err).__name__}: {str(err)[:100]})") from None
 
 
 def load_plain_pickle(path: str | Path) -> Any:

@@ -21,7 +21,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-from jaxmem.errors import JaxmemError, TraceError
+from jaxmem.errors import JaxmemError, TraceError, quote
 from jaxmem.runtime.caching_config import K_SMALL_BUFFER, K_SMALL_SIZE, config_from_settings, round_size
 from jaxmem.traces.model import Block, Event, Frame, Segment, Trace
 from jaxmem.traces.safe_pickle import load_plain_pickle
@@ -45,24 +45,50 @@ def read_torch_snapshot(path: str | Path, device: int | None = None) -> Trace:
     return snapshot_to_trace(data, str(path), device)
 
 
+_MAX_INT = 1 << 64   # addresses and sizes beyond 64 bits are not from a real device
+
+
 def _int(value: Any, source: str, where: str, what: str) -> int:
-    if type(value) is not int:
-        raise TraceError(f"{source}: {where}: {what} is not an integer ({value!r})")
+    if type(value) is not int or not -_MAX_INT < value < _MAX_INT:
+        raise TraceError(f"{source}: {where}: {what} is not a 64-bit integer ({quote(value)})")
     return value
 
 
-def _frames(raw: Any, cache: dict[tuple, Frame]) -> tuple[Frame, ...]:
+def _text(value: Any) -> str:
+    # Only a string is taken as text: str() of a list could be the repr of a shared structure
+    # that expands without end.
+    return value if isinstance(value, str) else ""
+
+
+def _frames(raw: Any, cache: dict[tuple, Frame], lists: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
+    """The frames of an event; a frames list shared by many events is read once (`lists`,
+    keyed by the list's identity), so shared structure costs what it costs in the file."""
     if not isinstance(raw, list):
         return ()
+    known = lists.get(id(raw))
+    if known is not None:
+        return known
     out = []
     for f in raw:
         if isinstance(f, dict):
-            key = (str(f.get("filename", "")), f.get("line", 0) if type(f.get("line", 0)) is int else 0, str(f.get("name", "")))
+            line = f.get("line", 0)
+            key = (_text(f.get("filename", "")), line if type(line) is int and abs(line) < _MAX_INT else 0,
+                   _text(f.get("name", "")))
             frame = cache.get(key)
             if frame is None:
                 frame = cache[key] = Frame(*key)
             out.append(frame)
-    return tuple(out)
+    lists[id(raw)] = result = tuple(out)
+    return result
+
+
+def _settings(raw: Any) -> dict[str, Any]:
+    """The allocator settings' plain values (anything nested is dropped: it is not a setting,
+    and printing or saving it could expand shared structure)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and (v is None or isinstance(v, (str, bool, float)))
+            or isinstance(k, str) and type(v) is int and abs(v) < _MAX_INT}
 
 
 def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None = None) -> Trace:
@@ -71,22 +97,23 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         raise TraceError(f"{source}: not a PyTorch memory snapshot (expected a dict with 'segments' and 'device_traces')")
     traces = data["device_traces"]
     if device is None:
-        lengths = [len(t) if isinstance(t, list) else 0 for t in traces]
+        lengths = [len(t) if isinstance(t, list) else 0 for t in traces[:4096]]
         device = max(range(len(lengths)), key=lambda d: lengths[d]) if lengths else 0
     if traces and not 0 <= device < len(traces):
         raise TraceError(f"{source}: no trace for device {device} (the snapshot has {len(traces)})")
     entries = traces[device] if traces else []
     if not isinstance(entries, list):
         raise TraceError(f"{source}: device_traces[{device}] is not a list")
-    settings = data.get("allocator_settings") if isinstance(data.get("allocator_settings"), dict) else {}
+    settings = _settings(data.get("allocator_settings"))
     try:
         cfg = config_from_settings(settings)
-    except JaxmemError as err:
-        raise TraceError(f"{source}: allocator_settings: {err}") from None
+    except (JaxmemError, TypeError, ValueError, OverflowError) as err:
+        raise TraceError(f"{source}: allocator_settings: {str(err)[:200]}") from None
 
     # ---- the dump-time state -------------------------------------------------------------
     dump_segments: dict[int, dict[str, Any]] = {}
     dump_live: dict[int, tuple[int, int | None]] = {}   # block addr -> (size, requested)
+    block_lists: set[int] = set()
     for k, seg in enumerate(data["segments"]):
         where = f"segment {k}"
         if not isinstance(seg, dict):
@@ -97,15 +124,19 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         size = _int(seg.get("total_size"), source, where, "total_size")
         if size <= 0 or addr < 0:
             raise TraceError(f"{source}: {where}: bad address/size ({addr}, {size})")
-        seg_stream = seg.get("stream", 0) or 0
-        if type(seg_stream) is not int:
-            raise TraceError(f"{source}: {where}: stream is not an integer ({seg_stream!r})")
+        seg_stream = _int(seg.get("stream", 0) or 0, source, where, "stream")
         blocks = seg.get("blocks") or []
         if not isinstance(blocks, list):
             raise TraceError(f"{source}: {where}: blocks is not a list")
+        if blocks and id(blocks) in block_lists:
+            # Shared by reference in the pickle: walking it once per segment would make the
+            # work grow with the square of the file. PyTorch never writes this.
+            raise TraceError(f"{source}: {where}: its block list is the same object as an earlier segment's")
+        block_lists.add(id(blocks))
         dump_segments[addr] = {"size": size, "stream": seg_stream,
                                "pool": "small" if seg.get("segment_type") == "small" else "large",
                                "expandable": bool(seg.get("is_expandable", False))}
+        offset = 0                            # running sum of the sizes before block j
         for j, blk in enumerate(blocks):
             if not isinstance(blk, dict):
                 raise TraceError(f"{source}: {where} block {j} is not a dict")
@@ -113,13 +144,15 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
             if blk.get("state") in _ALLOCATED_STATES:
                 baddr = blk.get("address")
                 if type(baddr) is not int:   # older snapshots list blocks without addresses
-                    baddr = addr + sum(b["size"] for b in blocks[:j])
+                    baddr = addr + offset
                 dump_live[baddr] = (bsize, blk.get("requested_size"))
+            offset += bsize
 
     # ---- the window's events, forward ------------------------------------------------------
     has_completed = any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries)
     free_actions = {"free_completed"} if has_completed else {"free", "free_requested"}
     frame_cache: dict[tuple, Frame] = {}
+    frame_lists: dict[int, tuple[Frame, ...]] = {}
     events: list[Event] = []
     live: dict[int, int] = {}            # allocated in the window: addr -> block size
     prewindow_frees: list[int] = []      # indices into events
@@ -127,6 +160,8 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         if not isinstance(e, dict):
             raise TraceError(f"{source}: event {i} is not a dict")
         action = e.get("action")
+        if not isinstance(action, str):
+            continue                       # not an action PyTorch writes (and maybe unhashable)
         if action in free_actions:
             kind = "free"
         else:
@@ -138,13 +173,11 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         size = _int(e.get("size"), source, where, "size")
         if size < 0:
             raise TraceError(f"{source}: {where}: negative size {size}")
-        stream = e.get("stream", 0) or 0
-        if type(stream) is not int:
-            raise TraceError(f"{source}: {where}: stream is not an integer ({stream!r})")
+        stream = _int(e.get("stream", 0) or 0, source, where, "stream")
         t = e.get("time_us", 0) or 0
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
-            raise TraceError(f"{source}: {where}: time_us is not a number ({t!r})")
-        frames = _frames(e.get("frames"), frame_cache)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or abs(t) > 1e300:
+            raise TraceError(f"{source}: {where}: time_us is not a number ({quote(t)})")
+        frames = _frames(e.get("frames"), frame_cache, frame_lists)
         if kind == "alloc":
             if size == 0:
                 raise TraceError(f"{source}: {where}: zero-byte allocation")

@@ -21,6 +21,11 @@ without --wait it fails at once and says who holds what), then runs CMD with:
 
 The command is a holder of the reservation as much as this wrapper: if the wrapper is killed
 (even with SIGKILL) while the command runs, the memory stays reserved until the command exits.
+Processes the command started are holders too: when the command exits and leaves some running
+(`server &`, a daemon that detached with setsid), each becomes a holder and the reservation
+lasts until the last of them exits, while the wrapper returns the command's exit code. On Linux
+the wrapper is a child subreaper (prctl), so it finds them however they detached; a process
+one of them starts later is covered while its parent lives.
 SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to the wrapper are passed to the
 command (a Ctrl-C typed at the terminal already reaches both, and is not sent twice). The
 reservation is released when the command ends, however it ends, and its exit code is returned
@@ -33,6 +38,8 @@ context and libraries (typically a few hundred MiB) outside the pool.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import errno
 import importlib.util
 import os
@@ -46,6 +53,7 @@ from jaxmem.units import format_size
 
 NEW_VAR, OLD_VAR = "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_PR_SET_CHILD_SUBREAPER = 36
 _SI_KERNEL = 0x80  # si_code of a signal the kernel sent (a terminal's Ctrl-C), as opposed to kill()
 _GO = b"g"
 
@@ -174,7 +182,62 @@ def _exit_code(status: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _supervise(child: int) -> int:
+def _set_subreaper(on: bool) -> bool:
+    """Make orphaned descendants our children (Linux), so none escapes the reservation."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """{pid: (parent pid, state letter)} of every process, from /proc ({} without it)."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            table[int(name)] = (int(fields[1]), fields[0].decode("ascii", "replace"))
+    return table
+
+
+def left_running(own: set[int]) -> list[int]:
+    """Live processes below this one, other than the children in `own` (those that were ours
+    before the command started) and what runs below them."""
+    table = _process_table()
+    below: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        below.setdefault(parent, []).append(pid)
+    found, todo = [], [p for p in below.get(os.getpid(), []) if p not in own]
+    while todo:
+        pid = todo.pop()
+        if table.get(pid, (0, "Z"))[1] not in ("Z", "X", "x"):
+            found.append(pid)
+        todo.extend(below.get(pid, []))
+    return sorted(found)
+
+
+def _reap_orphans(own: set[int], child: int) -> None:
+    """Collect orphans of the command that were handed to us and have exited (we are their
+    subreaper); never another child of this process's, nor the command itself."""
+    for pid, (parent, state) in _process_table().items():
+        if parent == os.getpid() and state == "Z" and pid not in own and pid != child:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def _supervise(child: int, own: set[int] = frozenset()) -> int:
     """Forward signals to the child until it exits; return its exit code. Signals are blocked."""
     waited = set(FORWARDED) | {signal.SIGCHLD}
     while True:
@@ -183,6 +246,7 @@ def _supervise(child: int) -> int:
             return _exit_code(status)
         info = signal.sigwaitinfo(waited)
         if info.si_signo == signal.SIGCHLD:
+            _reap_orphans(own, child)
             continue
         if not should_forward(info.si_code, _group_of(child), os.getpgrp()):
             continue
@@ -200,6 +264,40 @@ def should_forward(si_code: int, child_group: int | None, own_group: int) -> boo
     again would interrupt the command's own clean-up. Anything sent with kill() is passed on.
     """
     return not (si_code == _SI_KERNEL and child_group == own_group)
+
+
+def _hand_over(reservation: Reservation, own: set[int], child: int, quiet: bool) -> bool:
+    """Make the processes the command left running holders; True when any still runs (the
+    reservation is then theirs, not released here).
+
+    A daemon detaches by forking and exiting, so the set settles over a few milliseconds:
+    look again until three looks 50 ms apart find nobody new (at most a second). Orphans are
+    handed to us meanwhile (we are their subreaper), so a grandchild whose parent exits now is
+    still found.
+    """
+    import time
+
+    held: list[int] = []
+    quiet_looks, deadline = 0, time.monotonic() + 1.0
+    while True:
+        new = [pid for pid in left_running(own) if pid not in held]
+        for pid in new:
+            try:
+                reservation.attach(pid)
+                held.append(pid)
+            except ProcessLookupError:
+                continue  # exited meanwhile
+        if not held:
+            return False
+        quiet_looks = 0 if new else quiet_looks + 1
+        if quiet_looks >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+        _reap_orphans(own, child)
+    if not quiet:
+        print(f"jaxmem run: the command left {len(held)} process(es) running ({', '.join(map(str, held[:10]))}); "
+              "the reservation stays until they exit", file=sys.stderr)
+    return True
 
 
 def _group_of(pid: int) -> int | None:
@@ -232,6 +330,7 @@ def main(argv: list[str]) -> int:
             signal.signal(signum, _raise_signalled)
     reservation = None
     old_mask: set[int] | None = None
+    subreaper = kept = False
     try:
         reservation = reserve(args.memory, device=args.device, capacity=args.capacity,
                               wait=args.wait, label=label)
@@ -242,6 +341,8 @@ def main(argv: list[str]) -> int:
         for note in notes:
             print(f"jaxmem run: {note}", file=sys.stderr)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
+        own = set(left_running(set()))  # our children before the command: not the command's
+        subreaper = _set_subreaper(True)
         child, gate, errors = _spawn_gated(cmd, env, old_mask, dispositions)
         try:
             reservation.attach(child)
@@ -258,13 +359,17 @@ def main(argv: list[str]) -> int:
             number, _, message = failure.decode(errors="replace").partition(":")
             print(f"jaxmem run: cannot run {cmd[0]!r}: {message}", file=sys.stderr)
             return 127 if number == str(errno.ENOENT) else 126  # the shell's convention
-        return _supervise(child)
+        code = _supervise(child, own)
+        kept = _hand_over(reservation, own, child, args.quiet)
+        return code
     except _Signalled as stop:
         return 128 + stop.signum
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     finally:
-        if reservation is not None:
+        if subreaper:
+            _set_subreaper(False)
+        if reservation is not None and not kept:
             try:
                 reservation.release()
             except JaxmemError as err:  # keep the command's exit code; liveness reclaims it later

@@ -142,7 +142,9 @@ class Jitted:
             self._cache[key] = entry
         return entry
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:  # as jax.jit: keyword arguments are traced like positional ones
+            args = positional(self.fn, args, kwargs)
         return self.lower(*args).run(args)
 
     def _cache_size(self) -> int:
@@ -153,6 +155,20 @@ class Jitted:
         for entry in self._cache.values():
             entry.release()
         self._cache.clear()
+
+
+def positional(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """`args` and `kwargs` as one positional tuple for `fn` (defaults fill any gap)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError) as err:
+        raise PlanError(f"cannot call {getattr(fn, '__name__', 'the function')}: {err}") from None
+    bound.apply_defaults()
+    if bound.kwargs:
+        raise PlanError(f"jaxmem.jit passes keyword-only arguments positionally; cannot pass {', '.join(bound.kwargs)}")
+    return bound.args
 
 
 def jit(fn: Callable[..., Any] | None = None, *, device: Any = None,

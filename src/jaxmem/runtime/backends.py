@@ -18,6 +18,9 @@ A CUDA pool would be a third class with the same four members (`kind`, `capacity
 
 from __future__ import annotations
 
+import mmap
+import sys
+
 from bisect import bisect_left, insort
 
 from jaxmem.errors import AllocationError, ConfigError
@@ -149,10 +152,19 @@ class SimulatedBackend:
         raise AllocationError("a simulated device has addresses only, no bytes to view; use backend='host'")
 
 
+# Private anonymous memory, not counted against the commit limit until written. Python's mmap
+# module names MAP_NORESERVE only from 3.12; 0x4000 is its value on Linux.
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+_LAZY_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE
+
+
 class HostBackend(SimulatedBackend):
     """The whole device is one real numpy uint8 buffer; `view` exposes a buffer's bytes.
 
-    The buffer is made with `np.empty`, so pages nobody writes cost no physical memory.
+    The buffer is an anonymous mapping made with MAP_NORESERVE: pages nobody writes cost no
+    memory, and a device larger than the free memory can be made (with preallocation off,
+    only what is used is ever backed). Writing more than the machine has still fails, as it
+    would on the device.
 
     >>> backend = HostBackend("1MiB")
     >>> address = backend.reserve(256)
@@ -170,9 +182,10 @@ class HostBackend(SimulatedBackend):
         # The bytes are real, so the addresses are exactly the buffer's.
         super().__init__(capacity, address_space=parse_size(capacity))
         try:
-            self.memory = np.empty(self.capacity, dtype=np.uint8)
-        except (MemoryError, ValueError) as err:
+            self._mapping = mmap.mmap(-1, max(1, self.capacity), flags=_LAZY_FLAGS)
+        except (OSError, OverflowError, ValueError) as err:
             raise ConfigError(f"cannot back a host device of {self.capacity} bytes: {err}") from None
+        self.memory = np.frombuffer(self._mapping, dtype=np.uint8, count=self.capacity)
 
     def view(self, address: int, size: int):
         """A writable numpy uint8 view of `size` bytes at `address`."""

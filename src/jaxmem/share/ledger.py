@@ -276,7 +276,7 @@ def reserve(amount: int | str, *, device: int = 0, capacity: int | str | None = 
     """
     device = _check_device(device)
     wait = _check_wait(wait)
-    label = _default_label() if label is None else str(label)
+    label = (_default_label() if label is None else str(label))[:store.LABEL_MAX]
     capacity_bytes = resolve_capacity(device, capacity)
     me = procinfo.identity(os.getpid())
     failure: LedgerError | None = None

@@ -45,6 +45,7 @@ from typing import Any, Iterator, NamedTuple
 from jaxmem.errors import ConfigError, LedgerCorrupt, LedgerError, quote
 
 FORMAT = "jaxmem-ledger/1"
+LABEL_MAX = 200            # characters of a label: it is printed in other users' status lines
 HISTORY_MAX_BYTES = 8 << 20  # module-level so a test can shrink it to exercise rotation
 STATE_MAX_BYTES = 64 << 20   # a planted giant file is refused, not read into memory
 NODE_DIR = "jaxmem"          # the node-wide directory's name under /dev/shm (or the temp dir)
@@ -81,7 +82,9 @@ def state_dir() -> Path:
     write it (in a sticky directory users cannot replace each other's files).
     """
     env = os.environ.get("JAXMEM_STATE_DIR")
-    path = Path(env) if env else node_dir()
+    # A directory the user names may be reached through links of theirs; the node's default
+    # is checked as it is (a link planted there is refused).
+    path = Path(os.path.realpath(env)) if env else node_dir()
     try:
         if env:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -301,6 +304,10 @@ def _is_int(value: Any, low: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
+def _is_label(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= LABEL_MAX
+
+
 def validate(state: Any, device: int) -> str | None:
     """What is wrong with a decoded state, or None when it is well formed and consistent."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -317,7 +324,7 @@ def validate(state: Any, device: int) -> str | None:
     for r in reservations:
         if not isinstance(r, dict) or not all(_is_int(r.get(k), 1) for k in ("id", "ticket", "bytes")):
             return f"bad reservation {quote(r)}"
-        if not isinstance(r.get("label"), str) or not isinstance(r.get("since"), (int, float)):
+        if not _is_label(r.get("label")) or not isinstance(r.get("since"), (int, float)):
             return f"bad reservation {quote(r)}"
         pids = r.get("pids")
         if not isinstance(pids, list) or not pids or not all(
@@ -330,7 +337,7 @@ def validate(state: Any, device: int) -> str | None:
     for w in waiters:
         if not isinstance(w, dict) or not all(_is_int(w.get(k), 1) for k in ("ticket", "bytes", "pid")):
             return f"bad waiter {quote(w)}"
-        if not _is_int(w.get("start")) or not isinstance(w.get("label"), str):
+        if not _is_int(w.get("start")) or not _is_label(w.get("label")):
             return f"bad waiter {quote(w)}"
         if w["ticket"] in tickets or w["ticket"] >= state["next_ticket"]:
             return f"waiter ticket {w['ticket']} is duplicated or beyond the counters"

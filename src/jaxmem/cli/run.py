@@ -48,6 +48,7 @@ import sys
 from pathlib import Path
 
 from jaxmem.errors import ConfigError, JaxmemError
+from jaxmem.share import procinfo
 from jaxmem.share.ledger import Reservation, fraction_text, reserve
 from jaxmem.units import format_size
 
@@ -270,16 +271,16 @@ def _hand_over(reservation: Reservation, own: set[int], child: int, quiet: bool)
     """Make the processes the command left running holders; True when any still runs (the
     reservation is then theirs, not released here).
 
-    A daemon detaches by forking and exiting, so the set settles over a few milliseconds:
-    look again until three looks 50 ms apart find nobody new (at most a second). Orphans are
-    handed to us meanwhile (we are their subreaper), so a grandchild whose parent exits now is
-    still found.
+    A daemon detaches by forking and exiting, and a process forked just before its parent
+    exited can take tens of milliseconds to show in /proc; so look again until three looks
+    30 ms apart find nobody new (at most a second), even when the first finds nobody. Orphans
+    are handed to us meanwhile (we are their subreaper), so none slips out while we look.
     """
     import time
 
     held: list[int] = []
     quiet_looks, deadline = 0, time.monotonic() + 1.0
-    while True:
+    while quiet_looks < 3 and time.monotonic() < deadline:
         new = [pid for pid in left_running(own) if pid not in held]
         for pid in new:
             try:
@@ -287,17 +288,14 @@ def _hand_over(reservation: Reservation, own: set[int], child: int, quiet: bool)
                 held.append(pid)
             except ProcessLookupError:
                 continue  # exited meanwhile
-        if not held:
-            return False
         quiet_looks = 0 if new else quiet_looks + 1
-        if quiet_looks >= 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        time.sleep(0.03)
         _reap_orphans(own, child)
-    if not quiet:
+    held = [pid for pid in held if procinfo.start_time(pid) is not None]
+    if held and not quiet:
         print(f"jaxmem run: the command left {len(held)} process(es) running ({', '.join(map(str, held[:10]))}); "
               "the reservation stays until they exit", file=sys.stderr)
-    return True
+    return bool(held)
 
 
 def _group_of(pid: int) -> int | None:

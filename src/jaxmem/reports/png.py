@@ -69,6 +69,11 @@ def _placement_image(data: ReportData) -> tuple[np.ndarray, int]:
 
 def write_png(path: str | Path, data: ReportData, dpi: int = 110) -> None:
     """Draw the report's timeline (and for a plan, its placement map) into a PNG file."""
+    with open(path, "wb") as out:  # first, so an unwritable path fails before the drawing
+        _draw(out, data, dpi)
+
+
+def _draw(out, data: ReportData, dpi: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -132,5 +137,5 @@ def write_png(path: str | Path, data: ReportData, dpi: int = 110) -> None:
         _bytes_axis(ax)
     # Always PNG, at exactly `path`: given a name, matplotlib would pick the format from its
     # extension (and fail on an unknown one) or add ".png" to a name without one.
-    with open(path, "wb") as out:
-        fig.savefig(out, format="png")
+    out.seek(0)
+    fig.savefig(out, format="png")

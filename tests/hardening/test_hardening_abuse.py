@@ -642,6 +642,16 @@ def test_abuse_hostile_rmm_log(state: Path, capsys, case: str) -> None:
     assert_bounded(result, len(RMM[case]))
 
 
+def test_abuse_gzip_bomb_default_limit(state: Path, capsys) -> None:
+    inflater = zlib.compressobj(9, zlib.DEFLATED, 31)
+    data = b"".join(inflater.compress(b"\0" * (16 << 20)) for _ in range(8)) + inflater.flush()  # 128 MiB
+    path = state.parent / "in" / "bomb.pickle.gz"
+    path.write_bytes(data)
+    result = _replay(capsys, path)
+    assert_one_line(result, "decompresses to more than 64.00 MiB")
+    assert_bounded(result, len(data) + (64 << 20) // 8)
+
+
 def test_abuse_gzip_bomb_is_refused(state: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("JAXMEM_TRACE_MAX_BYTES", "8MiB")
     inflater = zlib.compressobj(9, zlib.DEFLATED, 31)

@@ -19,9 +19,11 @@ from jaxmem.errors import TraceError, quote
 from jaxmem.traces.model import Trace
 from jaxmem.units import format_size, parse_size
 
-# A gzipped trace may expand at most this far (a gzip bomb is a few KB per GiB);
-# JAXMEM_TRACE_MAX_BYTES raises or lowers it.
-MAX_DECOMPRESSED = 1 << 30
+# A gzipped trace may expand to EXPANSION times its size, and to MIN_LIMIT at least: traces
+# compress 5-20 times, a gzip bomb about 1000 times, so work and memory stay bounded by the
+# size of the file. JAXMEM_TRACE_MAX_BYTES replaces the limit.
+EXPANSION = 50
+MIN_LIMIT = 64 << 20
 
 FORMATS = ("torch-snapshot", "chrome", "rmm-csv", "jaxmem")
 _ALIASES = {"pickle": "torch-snapshot", "snapshot": "torch-snapshot", "torch": "torch-snapshot",
@@ -58,10 +60,10 @@ def _text(data: bytes, source: str) -> str:
         raise TraceError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
-def max_decompressed() -> int:
-    """The most bytes a compressed trace may expand to (`JAXMEM_TRACE_MAX_BYTES` or 1 GiB)."""
+def max_decompressed(compressed: int) -> int:
+    """The most bytes a compressed trace of `compressed` bytes may expand to."""
     text = os.environ.get("JAXMEM_TRACE_MAX_BYTES")
-    return parse_size(text) if text else MAX_DECOMPRESSED
+    return parse_size(text) if text else max(MIN_LIMIT, EXPANSION * compressed)
 
 
 def gunzip(data: bytes, source: str, limit: int) -> bytes:
@@ -77,8 +79,9 @@ def gunzip(data: bytes, source: str, limit: int) -> bytes:
                 total += len(chunk)
                 out.append(chunk)
                 if total > limit:
-                    raise TraceError(f"{source}: decompresses to more than {format_size(limit)}; "
-                                     "set JAXMEM_TRACE_MAX_BYTES higher if the trace is genuine")
+                    raise TraceError(f"{source}: decompresses to more than {format_size(limit)} (the limit: "
+                                     f"{EXPANSION} times the file, at least {format_size(MIN_LIMIT)}); set "
+                                     "JAXMEM_TRACE_MAX_BYTES higher if the trace is genuine")
                 if inflater.eof:
                     break
                 data = inflater.unconsumed_tail
@@ -95,7 +98,7 @@ def gunzip(data: bytes, source: str, limit: int) -> bytes:
 def parse_trace(data: bytes, source: str, format: str | None = None) -> Trace:
     """A Trace from a file's bytes (see `load_trace`)."""
     if data[:2] == b"\x1f\x8b":
-        data = gunzip(data, source, max_decompressed())
+        data = gunzip(data, source, max_decompressed(len(data)))
     if not data.strip():
         raise TraceError(f"{source}: empty file")
     fmt = _ALIASES.get(format, format) if format else sniff_format(data)

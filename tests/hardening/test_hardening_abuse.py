@@ -697,6 +697,15 @@ def test_abuse_frame_names_and_paths_are_not_markup(state: Path, capsys) -> None
     assert ESC not in result.out and "out of memory" in result.out
 
 
+@pytest.mark.parametrize("name", ["two\nlines.pickle", "esc" + ESC + "]0;title" + "\x07.pickle", "bidi\u202e.pickle"])
+def test_abuse_error_quoting_a_hostile_path_stays_one_line(state: Path, capsys, name: str) -> None:
+    path = state.parent / "out" / name
+    path.write_bytes(b"\x80\x04garbage")
+    result = _replay(capsys, path)
+    assert_one_line(result, "pickle")
+    assert ESC not in result.err and "\u202e" not in result.err
+
+
 # ==== errors that used to be tracebacks ======================================================
 
 def test_abuse_png_given_a_directory(state: Path, capsys) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 
 from jaxmem.errors import JaxmemError
+from jaxmem.reports.escape import plain
 
 # subcommand -> module under jaxmem.cli. Imported lazily so `jaxmem share status` does not
 # pay for importing JAX.
@@ -72,13 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, so a full disk or closed pipe is reported, not lost at exit
         return code
     except JaxmemError as err:
-        print(f"jaxmem {name}: error: {err}", file=sys.stderr)
+        # One line whatever the message quotes: a path or label with a newline or an escape
+        # sequence in it is shown, not obeyed.
+        print(f"jaxmem {name}: error: {plain(err)}", file=sys.stderr)
         return 2
     except OSError as err:
         if err.errno not in _OUTPUT_ERRORS:
             raise
         _drop_stdout()
-        print(f"jaxmem {name}: error: cannot write the output: {err.strerror}", file=sys.stderr)
+        print(f"jaxmem {name}: error: cannot write the output: {plain(err.strerror)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"jaxmem {name}: interrupted", file=sys.stderr)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import re
 
-from rich.markup import escape as _escape_markup
-
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -35,4 +33,7 @@ def plain(text: object) -> str:
 
 def markup(text: object) -> str:
     """`plain(text)` with rich markup escaped, for `Console.print` and table cells."""
-    return _escape_markup(plain(text))
+    # Imported here: the CLI's error line uses `plain` on every command, rich on few.
+    from rich.markup import escape
+
+    return escape(plain(text))

@@ -105,13 +105,17 @@ def other_python() -> str:
     return os.environ.get("JAXMEM_OTHER_UID_PYTHON") or sys.executable
 
 
-def second_uid_reason() -> str | None:
-    """Why a second uid cannot be used here, or None when it can."""
+def second_uid_reason(through_shell: bool = False) -> str | None:
+    """Why a second uid cannot be used here, or None when it can (`through_shell`: also from a
+    shell running as that uid, which must be able to reach the interpreter's directory)."""
     if os.geteuid() != 0:
         return f"running as uid {os.geteuid()}: switching to another uid needs root"
+    probe = [other_python(), "-c", "import jaxmem"]
+    if through_shell:
+        probe = ["sh", "-c", 'exec "$0" -c "import jaxmem"', other_python()]
     try:
-        done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                               other_python(), "-c", "import jaxmem"], capture_output=True, timeout=60)
+        done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *probe],
+                              capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"setpriv is not usable: {err}"
     if done.returncode != 0:

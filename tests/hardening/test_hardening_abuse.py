@@ -288,6 +288,65 @@ def test_abuse_two_users_share_one_ledger(shared_dir: Path) -> None:
         held.wait(timeout=60)
 
 
+def test_abuse_other_users_waiter_is_woken(shared_dir: Path) -> None:
+    """A waiter of one uid queues behind another's reservation and is granted when it ends:
+    the doorbell (a FIFO the waiter made) can be rung by the other user."""
+    state = shared_dir / "ledger"
+    state.mkdir()
+    state.chmod(0o777)
+    with _env_reserve(state, "12GiB"):
+        waiter = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                                   *jaxmem_argv("run", "-q", "--memory", "8GiB", "--wait", "120", "--", "true",
+                                                python=other_python())],
+                                  env=child_env(state), stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not json.loads((state / "device-0.json").read_text())["waiters"]:
+            assert time.monotonic() < deadline and waiter.poll() is None, waiter.stderr.read() if waiter.poll() else ""
+            time.sleep(0.05)
+        (bell,) = state.glob("device-0.bell-*")
+        assert bell.stat().st_uid == NOBODY and stat.S_ISFIFO(bell.stat().st_mode)
+        released = time.monotonic()
+    assert waiter.wait(timeout=60) == 0, waiter.stderr.read()
+    assert time.monotonic() - released < 30
+
+
+@pytest.mark.slow
+def test_abuse_two_uids_racing_never_oversubscribe(shared_dir: Path) -> None:
+    """Eight processes of two uids, each taking 30% five times, waiting their turn."""
+    why = second_uid_reason(through_shell=True)
+    if why:
+        pytest.skip(why)
+    state = shared_dir / "race"
+    state.mkdir()
+    state.chmod(0o777)
+    with _env_reserve(state, "1GiB"):
+        pass  # the ledger exists with its capacity; every racer finds it
+    loop = ("for i in 1 2 3 4 5; do {jaxmem} run -q --memory 30% --wait 300 -- sleep 0.05 || exit 1; done")
+    argv = " ".join(jaxmem_argv(python=other_python())[:3]).replace("; entry()", "; entry()'").replace(
+        "-c from", "-c 'from")
+    racers = []
+    for k in range(8):
+        cmd = ["sh", "-c", loop.format(jaxmem=argv)]
+        if k % 2:
+            cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *cmd]
+        racers.append(subprocess.Popen(cmd, env=child_env(state), stderr=subprocess.PIPE, text=True))
+    for racer in racers:
+        assert racer.wait(timeout=600) == 0, racer.stderr.read()
+    held: dict[int, int] = {}
+    grants = 0
+    for line in (state / "device-0.history").read_text().splitlines():
+        event = json.loads(line)
+        if event["op"] == "snapshot":
+            held = {r["id"]: r["bytes"] for r in event["state"]["reservations"]}
+        elif event["op"] == "grant":
+            held[event["id"]] = event["bytes"]
+            grants += 1
+        elif event["op"] in ("release", "reclaim"):
+            held.pop(event["id"])
+        assert sum(held.values()) <= 16 * GiB
+    assert grants >= 40
+
+
 def test_abuse_group_directory_works_for_every_member(shared_dir: Path) -> None:
     state = shared_dir / "group-ledger"
     state.mkdir()

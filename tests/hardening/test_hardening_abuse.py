@@ -827,6 +827,41 @@ def test_abuse_run_label_from_command_with_escapes(state: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+ZERO_TARGETS = """\
+import jax.numpy as jnp
+
+
+def returns_none():
+    return (lambda x: None), (jnp.ones(3),)
+
+
+def returns_empty():
+    return (lambda x: jnp.zeros((0,))), (jnp.ones(3),)
+"""
+
+
+@pytest.fixture
+def zero_targets(state: Path) -> Path:
+    folder = state.parent / "out" / "t["  # with the file's "]": a TARGET path holding "[/]"
+    folder.mkdir()
+    path = folder / "]zero.py"
+    path.write_text(ZERO_TARGETS)
+    return path
+
+
+@pytest.mark.parametrize("factory", ["returns_none", "returns_empty"])
+def test_abuse_analyze_where_xla_holds_nothing(zero_targets: Path, capsys, factory: str) -> None:
+    result = cli(capsys, "analyze", f"{zero_targets}:{factory}", measure_memory=False)
+    assert result.code == 0, result.err
+    assert "t[/]" in result.out and "XLA holds nothing" in result.out
+
+
+@pytest.mark.parametrize("budget", ["inf%", "nan%", "-5%", "0%"])
+def test_abuse_fit_budget_that_is_no_share(zero_targets: Path, capsys, budget: str) -> None:
+    result = cli(capsys, "fit", f"{zero_targets}:returns_empty", f"--budget={budget}", measure_memory=False)
+    assert_one_line(result, "budget")
+
+
 # ==== what the command started ================================================================
 
 def _run_detached(state: Path, *args: str) -> subprocess.CompletedProcess:

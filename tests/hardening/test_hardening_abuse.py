@@ -418,10 +418,14 @@ def test_abuse_old_private_journal_names_the_right_file(shared_dir: Path) -> Non
 # ==== repair never drops a live holder =========================================================
 
 def _live_holder(state: Path, amount: str, label: str) -> subprocess.Popen:
+    """`jaxmem run` holding `amount` for a command that has started (so its environment,
+    not the wrapper's, is what /proc shows)."""
+    started = state.parent / "out" / f"started-{label}"
     proc = subprocess.Popen(jaxmem_argv("run", "-q", "--memory", amount, "--capacity", "16GiB", "--label", label,
-                                        "--", "sleep", "60"), env=child_env(state), stderr=subprocess.PIPE)
+                                        "--", "sh", "-c", f"touch {started}; exec sleep 60"),
+                            env=child_env(state), stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while not any(r["label"] == label for row in ledger.status() for r in row["reservations"]):
+    while not started.exists():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     return proc
@@ -478,6 +482,22 @@ def test_abuse_damage_after_the_snapshot_keeps_live_from_state_file(state: Path,
         result = cli(capsys, "share", "repair", measure_memory=False)
         assert result.code == 0 and "skipped 1 damaged journal line" in result.out, result.out + result.err
         assert [r["label"] for r in ledger.status()[0]["reservations"]] == ["live"]
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=60)
+
+
+def test_abuse_reset_with_no_record_left_keeps_live_run(state: Path, capsys) -> None:
+    holder = _live_holder(state, "40%", "live")
+    try:
+        paths = store.paths_for(0)
+        paths.history.write_bytes(b"garbage\n")  # every record gone
+        paths.state.write_text("{")
+        result = cli(capsys, "share", "repair", "--reset", "--capacity", "16GiB", measure_memory=False)
+        assert result.code == 0 and "reset" in result.out, result.err
+        (kept,) = ledger.status()[0]["reservations"]
+        assert kept["bytes"] >= 0.4 * 16 * GiB and kept["label"].startswith("recovered from pid")
+        assert_one_line(cli(capsys, "run", "-q", "--memory", "70%", "--", "true", measure_memory=False), "recovered")
     finally:
         holder.send_signal(signal.SIGTERM)
         holder.wait(timeout=60)
@@ -874,9 +894,21 @@ def _run_detached(state: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(done.args, done.returncode, "", err.read_text())
 
 
-def test_abuse_backgrounded_child_keeps_the_reservation(state: Path) -> None:
-    gate = state.parent / "out" / "go"
-    script = f"(while [ ! -e {gate} ]; do sleep 0.05; done) & exit 0"
+@pytest.fixture
+def gate(state: Path):
+    """A file whose creation ends the processes a case leaves running (they also stop by
+    themselves after about a minute, so a failing case leaves nothing behind for long)."""
+    path = state.parent / "out" / "go"
+    yield path
+    path.touch()
+
+
+def _until_gate(gate: Path) -> str:
+    return f"for i in $(seq 1200); do [ -e {gate} ] && break; sleep 0.05; done"
+
+
+def test_abuse_backgrounded_child_keeps_the_reservation(state: Path, gate: Path) -> None:
+    script = f"({_until_gate(gate)}) & exit 0"
     done = _run_detached(state, "--label", "bg", "--", "sh", "-c", script)
     assert done.returncode == 0 and "process(es) running" in done.stderr, done.stderr
     try:
@@ -892,9 +924,8 @@ def test_abuse_backgrounded_child_keeps_the_reservation(state: Path) -> None:
         time.sleep(0.05)
 
 
-def test_abuse_detached_daemon_keeps_the_reservation(state: Path) -> None:
-    gate = state.parent / "out" / "go"
-    daemon = f"setsid sh -c '(while [ ! -e {gate} ]; do sleep 0.05; done) & exit 0' & exit 0"
+def test_abuse_detached_daemon_keeps_the_reservation(state: Path, gate: Path) -> None:
+    daemon = f"setsid sh -c '({_until_gate(gate)}) & exit 0' & exit 0"
     done = _run_detached(state, "--label", "daemon", "--", "sh", "-c", daemon)
     assert done.returncode == 0, done.stderr
     try:

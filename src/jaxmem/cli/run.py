@@ -17,7 +17,9 @@ without --wait it fails at once and says who holds what), then runs CMD with:
                               GPUs as nvidia-smi does.
   XLA_PYTHON_CLIENT_PREALLOCATE is left as it is: preallocation stays on (JAX takes its whole
                               share at start, so no fragmentation cost) unless you set it false.
-  JAXMEM_RESERVATION        = "<device>:<id>" of the reservation.
+  JAXMEM_RESERVATION        = "<device>:<id>" of the reservation, and JAXMEM_LEDGER its state
+                              directory (with the fraction, what lets `jaxmem share repair
+                              --reset` find a live command when no ledger record is left).
 
 The command is a holder of the reservation as much as this wrapper: if the wrapper is killed
 (even with SIGKILL) while the command runs, the memory stays reserved until the command exits.
@@ -128,6 +130,7 @@ def child_environment(base: dict[str, str], reservation: Reservation, variable: 
     env["CUDA_VISIBLE_DEVICES"] = str(reservation.device)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["JAXMEM_RESERVATION"] = f"{reservation.device}:{reservation.id}"
+    env["JAXMEM_LEDGER"] = str(reservation.ledger_dir)
     if env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").strip() in ("false", "False", "0"):
         notes.append("XLA_PYTHON_CLIENT_PREALLOCATE is false: JAX grows on demand up to the fraction "
                      "(the whole share stays reserved; expect fragmentation)")

@@ -120,6 +120,11 @@ class Reservation:
         self.released = False
 
     @property
+    def ledger_dir(self) -> Path:
+        """The state directory this reservation's ledger lives in."""
+        return self._paths.state.parent
+
+    @property
     def fraction(self) -> float:
         return self.bytes / self.capacity
 

@@ -9,9 +9,10 @@ reservations as of the last completed change; damaged lines before that snapshot
 matter. The damaged file is kept beside it as `device-N.json.corrupt-<time>`. Waiters are
 dropped (a waiting process notices and queues again).
 
-Nothing is forgotten silently, and no live holder is ever dropped: without a usable journal
-only an explicit `reset=True` starts a new ledger, and even that keeps every reservation of a
-live process that any readable record (journal line or damaged state file) mentions.
+Nothing is forgotten silently, and no live holder is dropped that can be found: without a
+usable journal only an explicit `reset=True` starts a new ledger, and even that keeps every
+reservation of a live process that any readable record (journal line or damaged state file)
+mentions, and every live `jaxmem run` command whose environment names one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 
 from jaxmem.errors import ConfigError, JournalUnusable, LedgerError
 from jaxmem.share import store
-from jaxmem.share.txn import Txn, holders_alive, live_reservations_anywhere, rebuild_from_journal, reclaim
+from jaxmem.share.txn import (Txn, holders_alive, holders_from_environment, live_reservations_anywhere,
+                              rebuild_from_journal, reclaim)
 
 
 def repair(device: int, *, root: Path | None = None, reset: bool = False,
@@ -74,6 +76,7 @@ def repair(device: int, *, root: Path | None = None, reset: bool = False,
             # Lines after the snapshot were unreadable: a grant among them would be lost, so
             # also keep every live reservation any other record mentions.
             _merge(state, live_reservations_anywhere(paths))
+            _merge(state, holders_from_environment(paths, state["capacity"]))
         _set_aside(paths, action)
         kept = [r for r in state["reservations"] if holders_alive(r)]
         dropped = [r for r in state["reservations"] if not holders_alive(r)]
@@ -103,6 +106,7 @@ def _reset_state(paths: store.LedgerPaths, capacity: int) -> dict[str, Any]:
     above every one seen, so nothing is handed out twice)."""
     state = store.new_state(paths.device, capacity)
     _merge(state, live_reservations_anywhere(paths))
+    _merge(state, holders_from_environment(paths, capacity))
     return state
 
 

@@ -13,6 +13,9 @@ it logged when the body leaves without an exception.
 from __future__ import annotations
 
 import contextlib
+import math
+import os
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -223,3 +226,51 @@ def live_reservations_anywhere(paths: store.LedgerPaths) -> list[dict[str, Any]]
             if record is not None:
                 found.setdefault(record["id"], record)
     return sorted((r for r in found.values() if holders_alive(r)), key=lambda r: r["id"])
+
+
+# What `jaxmem run` gives each command it starts (see cli/run.py): the reservation and its share.
+_RESERVATION_VAR = b"JAXMEM_RESERVATION="
+_LEDGER_VAR = b"JAXMEM_LEDGER="
+_FRACTION_VARS = (b"XLA_CLIENT_MEM_FRACTION=", b"XLA_PYTHON_CLIENT_MEM_FRACTION=")
+
+
+def holders_from_environment(paths: store.LedgerPaths, capacity: int) -> list[dict[str, Any]]:
+    """Reservations of live `jaxmem run` commands in this ledger (its directory and device),
+    read from their environments: the last trace of a holder when no ledger record is left.
+
+    Only environments this user may read are seen (root: all). The bytes are taken from the
+    fraction the command was given, rounded up by the 6th decimal it was rounded down by, so
+    a recovered reservation is never smaller than the real one.
+    """
+    found: dict[int, dict[str, Any]] = {}
+    ledger = _LEDGER_VAR + os.fsencode(paths.state.parent)
+    try:
+        names = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read(1 << 20).split(b"\0")
+        except OSError:
+            continue
+        marker = next((v[len(_RESERVATION_VAR):] for v in environ if v.startswith(_RESERVATION_VAR)), None)
+        fraction = next((v.split(b"=", 1)[1] for v in environ if v.startswith(_FRACTION_VARS)), None)
+        if marker is None or fraction is None or ledger not in environ:
+            continue
+        where, _, rid = marker.partition(b":")
+        try:
+            if int(where) != paths.device:
+                continue
+            rid_number, share = int(rid), float(fraction)
+        except ValueError:
+            continue
+        start = procinfo.start_time(int(name))
+        if start is None or rid_number < 1 or not 0 < share <= 1:
+            continue
+        nbytes = min(capacity, math.ceil((share + 1e-6) * capacity))
+        record = found.setdefault(rid_number, {"id": rid_number, "ticket": rid_number, "bytes": nbytes,
+                                               "label": f"recovered from pid {name}", "since": time.time(),
+                                               "pids": []})
+        record["pids"].append([int(name), start])
+    return sorted(found.values(), key=lambda r: r["id"])

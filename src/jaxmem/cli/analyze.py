@@ -375,12 +375,19 @@ def render_execute(execute: dict[str, Any], eager: list[dict[str, Any]], planned
 
     console.print()
     run = Table(title="Planned execution against jax.jit", title_justify="left")
-    for col in ("results", "max abs err", "max rel err", "planned", "jax.jit"):
+    for col in ("results", "max abs err", "rel err", "tolerance", "JAX op by op", "planned", "jax.jit"):
         run.add_column(col, justify="right")
+    tol, noise = execute.get("tolerance"), execute.get("noise_rel")
     run.add_row("equal" if execute.get("ok") else "DIFFER", f"{execute.get('max_abs_err', 0.0):.3g}",
-                f"{execute.get('max_rel_err', 0.0):.3g}", f"{execute.get('seconds', 0.0):.3f} s",
+                f"{execute.get('max_rel_err', 0.0):.3g}", "exact" if tol is None else f"{tol:.3g}",
+                "—" if noise is None else f"{noise:.3g}", f"{execute.get('seconds', 0.0):.3f} s",
                 f"{execute.get('jax_jit_seconds', 0.0):.3f} s")
     console.print(run)
+    if tol is not None:
+        console.print(f"[dim]rel err: the worst output's largest error over its largest magnitude; tolerance: "
+                      f"{execute.get('reduction', 1):,}-term sums in its dtype"
+                      f"{'' if noise is None else ', or 4x JAX op by op against jax.jit'}[/dim]")
+    console.print()
     table = Table(title="Eager (op by op) under each allocator", title_justify="left")
     for col in ("allocator", "peak in use", "vs planned", "pool", "largest free", "fragmentation", "allocs",
                 "device allocs", "fits"):

@@ -123,7 +123,7 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
         `(peak_step, rows)` where peak_step is a schedule index (-1: on entry) and each row has
         size_bytes, shape, dtype, kind, category, label and source.
     """
-    from jaxmem.reports.categories import buffer_category, value_categories
+    from jaxmem.reports.categories import argument_reasons, buffer_category, value_categories
 
     live = live_bytes_by_step(plan)
     peak_index = max(range(len(live)), key=live.__getitem__)
@@ -132,10 +132,12 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
     # The reports' categories (residuals, gradients, optimizer state, ...), derived from the
     # program's structure, so the table and the HTML report name a buffer the same way.
     cats = value_categories(plan, arg_paths=names)
+    reasons = argument_reasons(plan, arg_paths=names)  # an argument's category, and why
     rows = [{
         "size_bytes": b.size, "shape": list(b.shape), "dtype": b.dtype, "kind": b.kind,
         "category": buffer_category(b.kind, cats.get(b.values[0]) if b.values else None),
         "label": b.label, "source": _source(b.source), "offset": b.offset,
+        **({"category_reason": reasons[b.values[0]]} if b.values and b.values[0] in reasons else {}),
     } for b in plan.buffers if b.start <= peak_step <= b.end]
     # Non-donated arguments stay in the caller's memory but are live at the peak all the same.
     for position, vid in enumerate(plan.invars):
@@ -145,7 +147,7 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
         rows.append({
             "size_bytes": info.nbytes, "shape": list(info.shape), "dtype": info.dtype, "kind": "argument",
             "category": cats.get(vid, "parameters"), "label": names[position] if position < len(names) else "argument",
-            "source": "", "offset": None,
+            "source": "", "offset": None, "category_reason": reasons.get(vid, ""),
         })
     rows.sort(key=lambda r: -r["size_bytes"])
     return peak_step, rows[:top]

@@ -187,3 +187,15 @@ def test_analyze_hands_the_plan_to_the_report_writers(tmp_path, capsys):
     events = events["traceEvents"] if isinstance(events, dict) else events
     assert any(e.get("ph") == "C" for e in events)
     assert html.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_analyze_json_says_the_batch_is_an_input_and_why(tmp_path, capsys):
+    path = tmp_path / "small_inputs.py"
+    path.write_text(textwrap.dedent(SMALL))
+    assert cli_main(["analyze", f"{path}:make", "--json", "--no-xla", "--top", "50"]) == 0
+    rows = {r["label"]: r for r in json.loads(capsys.readouterr().out)["top_buffers"] if r["kind"] == "argument"}
+    batch = rows["args[1]"]
+    assert batch["category"] == "inputs" and batch["category_reason"].startswith("only read")
+    weights = [r for label, r in rows.items() if label.startswith("args[0]")]
+    assert weights and all(r["category"] == "parameters" and r["category_reason"] == "its updated value is returned"
+                           for r in weights)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmem.compiler.planner import plan as jaxmem_plan
-from jaxmem.reports.categories import CATEGORIES, is_backward, value_categories
+from jaxmem.reports.categories import CATEGORIES, argument_reasons, is_backward, value_categories
 from reports_fixtures import naive_plan, train_step_example
 
 
@@ -25,7 +25,8 @@ def _check_train_step(plan, args):
     assert set(cats) == set(plan.values) and set(cats.values()) <= set(CATEGORIES)
     params, mu, nu, x, y = _flat_arg_slices(args)
     flat_cat = [cats[v] for v in plan.invars]
-    assert all(flat_cat[i] == "parameters" for i in [*params, *x, *y])
+    assert all(flat_cat[i] == "parameters" for i in params)
+    assert all(flat_cat[i] == "inputs" for i in [*x, *y])      # the batch is only read
     assert all(flat_cat[i] == "optimizer_state" for i in [*mu, *nu])
     # One gradient per parameter, of the parameter's shape: what jax.grad returns.
     param_shapes = sorted(tuple(p.shape) for p in args[0])
@@ -90,10 +91,41 @@ def test_gpt_train_step_categories():
     cats = value_categories(plan)
     params, opt_state, batch = _flat_arg_slices(args)
     flat_cat = [cats[v] for v in plan.invars]
-    assert all(flat_cat[i] == "parameters" for i in [*params, *batch])
+    assert all(flat_cat[i] == "parameters" for i in params)
+    assert all(flat_cat[i] == "inputs" for i in batch)
     # Adam's moments and its step counter are optimizer state (found from structure alone).
     assert all(flat_cat[i] == "optimizer_state" for i in opt_state)
     param_bytes = sorted(int(np.prod(p.shape)) for p in jax.tree.leaves(args[0]))
     grad_sizes = sorted(int(np.prod(plan.values[v].shape)) for v, c in cats.items() if c == "gradients")
     # Each parameter has a gradient in memory unless the fusion model keeps it out (then none).
     assert set(grad_sizes) <= set(param_bytes) and grad_sizes
+
+
+def test_a_batch_of_the_parameters_shape_is_still_an_input():
+    # A VAE-style step: the batch is float32[256, 64] and so is a weight; position and shape say
+    # nothing, data flow does (the weight's update is returned, the batch is only read).
+    def step(params, x):
+        def loss(p):
+            z = jnp.tanh(x @ p["enc"].T)
+            return jnp.mean((z @ p["dec"] - x) ** 2)
+        g = jax.grad(loss)(params)
+        return jax.tree_util.tree_map(lambda p, d: p - 0.01 * d, params, g)
+
+    params = {"dec": jnp.ones((256, 64)) * 0.01, "enc": jnp.ones((256, 64)) * 0.02}
+    x = jnp.ones((256, 64))
+    plan = naive_plan(step, params, x)
+    cats, why = value_categories(plan), argument_reasons(plan)
+    assert [cats[v] for v in plan.invars] == ["parameters", "parameters", "inputs"]
+    assert [why[v] for v in plan.invars] == ["its updated value is returned"] * 2 + [
+        "only read: the step returns no updated value of it"]
+
+
+def test_state_a_program_updates_in_place_is_a_parameter_and_the_rest_says_why():
+    def decode(cache, token, w):                  # no backward part: a KV-cache style update
+        return jax.lax.dynamic_update_slice(cache, (token @ w)[None], (3, 0)), (token @ w).sum()
+
+    plan = naive_plan(decode, jnp.zeros((8, 16)), jnp.ones((16,)), jnp.ones((16, 16)))
+    why = argument_reasons(plan)
+    assert [value_categories(plan)[v] for v in plan.invars] == ["parameters"] * 3
+    assert why[plan.invars[0]] == "its updated value is returned"
+    assert "without a backward pass" in why[plan.invars[1]] and "without a backward pass" in why[plan.invars[2]]

@@ -123,7 +123,7 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
         `(peak_step, rows)` where peak_step is a schedule index (-1: on entry) and each row has
         size_bytes, shape, dtype, kind, category, label and source.
     """
-    from jaxmem.reports.categories import buffer_category, value_categories
+    from jaxmem.reports.categories import argument_reasons, buffer_category, value_categories
 
     live = live_bytes_by_step(plan)
     peak_index = max(range(len(live)), key=live.__getitem__)
@@ -132,10 +132,12 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
     # The reports' categories (residuals, gradients, optimizer state, ...), derived from the
     # program's structure, so the table and the HTML report name a buffer the same way.
     cats = value_categories(plan, arg_paths=names)
+    reasons = argument_reasons(plan, arg_paths=names)  # an argument's category, and why
     rows = [{
         "size_bytes": b.size, "shape": list(b.shape), "dtype": b.dtype, "kind": b.kind,
         "category": buffer_category(b.kind, cats.get(b.values[0]) if b.values else None),
         "label": b.label, "source": _source(b.source), "offset": b.offset,
+        **({"category_reason": reasons[b.values[0]]} if b.values and b.values[0] in reasons else {}),
     } for b in plan.buffers if b.start <= peak_step <= b.end]
     # Non-donated arguments stay in the caller's memory but are live at the peak all the same.
     for position, vid in enumerate(plan.invars):
@@ -145,7 +147,7 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
         rows.append({
             "size_bytes": info.nbytes, "shape": list(info.shape), "dtype": info.dtype, "kind": "argument",
             "category": cats.get(vid, "parameters"), "label": names[position] if position < len(names) else "argument",
-            "source": "", "offset": None,
+            "source": "", "offset": None, "category_reason": reasons.get(vid, ""),
         })
     rows.sort(key=lambda r: -r["size_bytes"])
     return peak_step, rows[:top]
@@ -378,12 +380,19 @@ def render_execute(execute: dict[str, Any], eager: list[dict[str, Any]], planned
 
     console.print()
     run = Table(title="Planned execution against jax.jit", title_justify="left")
-    for col in ("results", "max abs err", "max rel err", "planned", "jax.jit"):
+    for col in ("results", "max abs err", "rel err", "tolerance", "JAX op by op", "planned", "jax.jit"):
         run.add_column(col, justify="right")
+    tol, noise = execute.get("tolerance"), execute.get("noise_rel")
     run.add_row("equal" if execute.get("ok") else "DIFFER", f"{execute.get('max_abs_err', 0.0):.3g}",
-                f"{execute.get('max_rel_err', 0.0):.3g}", f"{execute.get('seconds', 0.0):.3f} s",
+                f"{execute.get('max_rel_err', 0.0):.3g}", "exact" if tol is None else f"{tol:.3g}",
+                "—" if noise is None else f"{noise:.3g}", f"{execute.get('seconds', 0.0):.3f} s",
                 f"{execute.get('jax_jit_seconds', 0.0):.3f} s")
     console.print(run)
+    if tol is not None:
+        console.print(f"[dim]rel err: the worst output's largest error over its largest magnitude; tolerance: "
+                      f"{execute.get('reduction', 1):,}-term sums in its dtype"
+                      f"{'' if noise is None else ', or 4x JAX op by op against jax.jit'}[/dim]")
+    console.print()
     table = Table(title="Eager (op by op) under each allocator", title_justify="left")
     for col in ("allocator", "peak in use", "vs planned", "pool", "largest free", "fragmentation", "allocs",
                 "device allocs", "fits"):

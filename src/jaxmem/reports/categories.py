@@ -1,7 +1,7 @@
 """Sort a plan's values into report categories from the program's structure.
 
-The six categories, in stacking order: parameters, optimizer_state, residuals, gradients,
-temporaries, outputs. They are derived, not declared, so any traced function gets them:
+The seven categories, in stacking order: parameters, optimizer_state, inputs, residuals,
+gradients, temporaries, outputs. They are derived, not declared, so any traced function gets them:
 
 1. The backward part. JAX's autodiff builds the backward pass by transposing the linearized
    forward pass, and every equation it emits carries `transpose(...)` in its name stack
@@ -11,12 +11,16 @@ temporaries, outputs. They are derived, not declared, so any traced function get
    others are forward or update steps. A program without any (an inference function, or a
    hand-written backward) has no backward part, and then it has no residuals and no
    gradients: everything it makes is a temporary or an output.
-2. Arguments are parameters, except optimizer state: an argument that does not flow into the
-   backward part (the differentiated function never reads it) but meets a gradient in some
-   update step (Adam's moments and step count, momentum buffers). A pytree path that names
-   optimizer state (`opt_state`, `mu`, `nu`, `momentum`, ...), when the caller gives paths,
-   marks an argument too. Closed-over constants count as parameters (they are weights the
-   function closed over).
+2. Arguments, from what the function does with them. Optimizer state: an argument that does
+   not flow into the backward part (the differentiated function never reads it) but meets a
+   gradient in some update step (Adam's moments and step count, momentum buffers); a pytree
+   path that names optimizer state (`opt_state`, `mu`, `nu`, `momentum`, ...), when the caller
+   gives paths, marks one too. Parameters: an argument whose updated value the function
+   returns (a result of its shape and dtype computed from it outside the backward part). In a
+   program with a backward part, any other argument is only read: an input (the batch, the
+   labels, a random key). A program without one cannot tell its weights from its batch by data
+   flow, so its read-only arguments stay parameters. `argument_reasons` says which rule decided
+   each. Closed-over constants count as parameters (weights the function closed over).
 3. Residuals: values made outside the backward part and read by it (what the forward pass
    saves for the backward pass). A value the fusion model keeps out of memory is computed by
    its readers from its own inputs, so reading it counts as reading those inputs.
@@ -39,7 +43,7 @@ from typing import Any, Sequence
 from jaxmem.compiler.plan_types import Plan, Step, ValueId
 
 CATEGORIES: tuple[str, ...] = (
-    "parameters", "optimizer_state", "residuals", "gradients", "temporaries", "outputs",
+    "parameters", "optimizer_state", "inputs", "residuals", "gradients", "temporaries", "outputs",
 )
 
 # Pytree keys that optimizer libraries (optax, flax.optim, hand-written Adam) use for state.
@@ -130,35 +134,77 @@ def _ancestors(plan: Plan, seeds: Sequence[Step]) -> set[ValueId]:
     return marked
 
 
-def optimizer_arguments(plan: Plan, backward: set[int], gradients: set[ValueId],
-                        arg_paths: Sequence[str] | None = None) -> set[ValueId]:
-    """The top-level arguments that hold optimizer state (see the module docstring).
-
-    >>> optimizer_arguments(plan, backward, gradients)   # Adam: the moments and the count
-    {3, 4, 5}
-    """
-    found: set[ValueId] = set()
-    if arg_paths is not None:
-        for v, path in zip(plan.invars, arg_paths):
-            if path and _OPTIMIZER_PATH.search(str(path)):
-                found.add(v)
-    if not backward:
-        return found
-    feeds_backward = _ancestors(plan, [s for s in plan.schedule if s.index in backward])
-    # Update steps: outside the backward part, reading something computed from a gradient.
-    derived = set(gradients)
-    updates = []
+def _arguments_reaching(plan: Plan, backward: set[int]) -> dict[ValueId, int]:
+    """For each value, a bit mask of the top-level arguments it is computed from outside the
+    backward part (bit i: `plan.invars[i]`); one forward sweep over the schedule."""
+    masks: dict[ValueId, int] = {v: 1 << i for i, v in enumerate(plan.invars)}
     for step in plan.schedule:
         if step.index in backward:
             continue
-        if any(v in derived for v in step.inputs):
-            updates.append(step)
-            derived.update(v for v in step.outputs if v is not None)
-    meets_gradient = _ancestors(plan, updates)
-    for v in plan.invars:
-        if v in meets_gradient and v not in feeds_backward:
-            found.add(v)
+        mask = 0
+        for v in step.inputs:
+            mask |= masks.get(v, 0)
+        if mask:
+            for v in step.outputs:
+                if v is not None:
+                    masks[v] = masks.get(v, 0) | mask
+    return masks
+
+
+def _returned_updated(plan: Plan, backward: set[int]) -> set[ValueId]:
+    """Arguments whose updated value the function returns: some result of the same shape and
+    dtype is computed from the argument outside the backward part (`p - lr * g`, `m * b + g`, a
+    cache written with `dynamic_update_slice`)."""
+    masks = _arguments_reaching(plan, backward)
+    values, found = plan.values, set()
+    for out in plan.outvars:
+        if out is None or out not in values:
+            continue
+        mask, shape, dtype = masks.get(out, 0), values[out].shape, values[out].dtype
+        for i, v in enumerate(plan.invars):
+            if mask >> i & 1 and v in values and values[v].shape == shape and values[v].dtype == dtype:
+                found.add(v)
     return found
+
+
+def argument_roles(plan: Plan, backward: set[int], gradients: set[ValueId],
+                   arg_paths: Sequence[str] | None = None) -> dict[ValueId, tuple[str, str]]:
+    """The category of each top-level argument and the rule that decided it (module docstring).
+
+    >>> argument_roles(plan, backward, gradients)[plan.invars[-1]]
+    ('inputs', 'only read: the step returns no updated value of it')
+    """
+    roles: dict[ValueId, tuple[str, str]] = {}
+    if arg_paths is not None:
+        for v, path in zip(plan.invars, arg_paths):
+            if path and _OPTIMIZER_PATH.search(str(path)):
+                roles[v] = ("optimizer_state", f"its pytree path {path} names optimizer state")
+    if backward:
+        feeds_backward = _ancestors(plan, [s for s in plan.schedule if s.index in backward])
+        # Update steps: outside the backward part, reading something computed from a gradient.
+        derived = set(gradients)
+        updates = []
+        for step in plan.schedule:
+            if step.index in backward:
+                continue
+            if any(v in derived for v in step.inputs):
+                updates.append(step)
+                derived.update(v for v in step.outputs if v is not None)
+        meets_gradient = _ancestors(plan, updates)
+        for v in plan.invars:
+            if v not in roles and v in meets_gradient and v not in feeds_backward:
+                roles[v] = ("optimizer_state", "meets a gradient in the update and is not differentiated")
+    updated = _returned_updated(plan, backward)
+    for v in plan.invars:
+        if v in roles:
+            continue
+        if v in updated:
+            roles[v] = ("parameters", "its updated value is returned")
+        elif backward:
+            roles[v] = ("inputs", "only read: the step returns no updated value of it")
+        else:
+            roles[v] = ("parameters", "read-only in a program without a backward pass (taken for a weight)")
+    return roles
 
 
 def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict[ValueId, str]:
@@ -201,18 +247,34 @@ def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict
             else:
                 cats[v] = "temporaries"
 
-    optimizer = optimizer_arguments(plan, backward, gradients, arg_paths)
-    invars = set(plan.invars)
+    roles = argument_roles(plan, backward, gradients, arg_paths)
     for v, info in plan.values.items():
         if v in cats:
             continue
-        if v in invars:
-            cats[v] = "optimizer_state" if v in optimizer else "parameters"
+        if v in roles:
+            cats[v] = roles[v][0]
         elif info.producer is None:
             cats[v] = "parameters"  # a closed-over constant
         else:
             cats[v] = "temporaries"
     return cats
+
+
+def argument_reasons(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict[ValueId, str]:
+    """How each top-level argument's category was decided, in words, for reports.
+
+    >>> argument_reasons(plan)[plan.invars[0]]
+    'its updated value is returned'
+    """
+    backward = backward_steps(plan)
+    gradients = _gradients(plan, backward, _reads(plan, backward))
+    return {v: why for v, (_, why) in argument_roles(plan, backward, gradients, arg_paths).items()}
+
+
+def _gradients(plan: Plan, backward: set[int], reads: dict[ValueId, int]) -> set[ValueId]:
+    """Values the backward part makes that are read outside it or returned."""
+    return {v for step in plan.schedule if step.index in backward for v in step.outputs
+            if v is not None and reads.get(v, 0) & (_RETURNED | _READ_FORWARD)}
 
 
 def buffer_category(kind: str, first_value_category: str | None) -> str:

@@ -36,13 +36,14 @@ _GRID_X, _GRID_Y = 400, 200
 COLORS = {
     "parameters": "#4c78a8",
     "optimizer_state": "#9d6fd0",
+    "inputs": "#72b7b2",
     "residuals": "#f58518",
     "gradients": "#e45756",
     "temporaries": "#a0a7b4",
     "outputs": "#54a24b",
     "allocations": "#4c78a8",
 }
-_EXTRA = ["#72b7b2", "#eeca3b", "#ff9da6", "#9d755d", "#bab0ac", "#b279a2"]
+_EXTRA = ["#eeca3b", "#ff9da6", "#9d755d", "#bab0ac", "#b279a2"]
 
 
 def _asset(name: str) -> str:

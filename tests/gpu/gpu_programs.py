@@ -36,7 +36,7 @@ def abstract_mlp_step(batch_size: int = 64, width: int = 256):
 
 
 def abstract_big(batch_size: int = 4096):
-    """An abstract MLP step of about 20 GB of parameters (width 16384, bf16)."""
+    """An abstract MLP step with 8 GiB of float32 parameters (width 16384), about 26 GiB in all."""
     return abstract_mlp_step(batch_size=batch_size, width=16384)
 
 
@@ -56,3 +56,22 @@ def fragmenting_step():
     between: the second step's temp allocation finds the free bytes split in two."""
     return _frag_step, (jax.ShapeDtypeStruct((1 << 21,), jnp.float32), jax.ShapeDtypeStruct((1 << 21,), jnp.float32),
                         jax.ShapeDtypeStruct((1 << 20,), jnp.float32))
+
+
+def _sgd_in_place(params):
+    return jax.tree.map(lambda p: p - 0.001 * jnp.tanh(p), params)
+
+
+def abstract_resident_64gib():
+    """Eight float32 parameter blocks of 8 GiB (64 GiB) updated in place (donate 0): an abstract
+    program whose XLA:GPU total is about 0.80 of an H100 80GB."""
+    return _sgd_in_place, ({f"w{i}": jax.ShapeDtypeStruct((1 << 16, 1 << 15), jnp.float32) for i in range(8)},)
+
+
+def _double(x):
+    return x * 2.0
+
+
+def rows_step(rows: int = 1):
+    """`rows` rows of 48 MiB (float32[rows, 12582912]), doubled in place (donate 0)."""
+    return _double, (jax.ShapeDtypeStruct((rows, 12 << 20), jnp.float32),)

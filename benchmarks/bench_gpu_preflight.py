@@ -8,7 +8,9 @@ this machine (a fresh process, XLA's default scheduler, as `jaxmem analyze --xla
 total for h100-80gb and a100-40gb (`jaxmem.compiler.xla_gpu`, the cache bypassed so the compile
 time is real), each compile's seconds, and jaxmem's own plan peak. "CPU/GPU" is XLA:CPU's total
 over XLA:GPU H100's: how far the figure jaxmem judged fits by before this change was from the
-compiler the GPU runs; "plan/GPU" the same for jaxmem's planned peak. Compile times are wall
+compiler the GPU runs; "plan/GPU" the same for jaxmem's planned peak. † marks a target where
+XLA's default deviceless compile failed (its untuned Triton GEMM tiling) and jaxmem compiled
+with Triton GEMM fusions off instead. Compile times are wall
 seconds of one compile on a shared 2-core machine (the subprocess start is not counted).
 """
 
@@ -40,7 +42,8 @@ def row(name: str) -> dict:
                              top=0, use_cache=False)
     return {"name": name, "peak": peak, "cpu": cpu.total_bytes, "cpu_seconds": cpu_seconds,
             "h100": h100.total_bytes, "h100_temp": h100.temp_bytes, "h100_seconds": h100.compile_seconds,
-            "a100": a100.total_bytes, "a100_seconds": a100.compile_seconds, "cpu_temp": cpu.temp_bytes}
+            "a100": a100.total_bytes, "a100_seconds": a100.compile_seconds, "cpu_temp": cpu.temp_bytes,
+            "h100_note": h100.note, "a100_note": a100.note}
 
 
 def main() -> None:
@@ -54,9 +57,12 @@ def main() -> None:
     for name in names:
         r = row(name)
         ratios.append(r["cpu"] / r["h100"])
-        print(f"| {name} | {mib(r['cpu'])} ({mib(r['cpu_temp'])}) | {mib(r['h100'])} ({mib(r['h100_temp'])}) "
-              f"| {mib(r['a100'])} | {r['cpu'] / r['h100']:.3f} | {r['peak'] / r['h100']:.3f} | {r['cpu_seconds']:.1f} "
+        mark = {k: " †" if r[f"{k}_note"] else "" for k in ("h100", "a100")}
+        print(f"| {name} | {mib(r['cpu'])} ({mib(r['cpu_temp'])}) | {mib(r['h100'])} ({mib(r['h100_temp'])}){mark['h100']} "
+              f"| {mib(r['a100'])}{mark['a100']} | {r['cpu'] / r['h100']:.3f} | {r['peak'] / r['h100']:.3f} | {r['cpu_seconds']:.1f} "
               f"| {r['h100_seconds']:.1f} | {r['a100_seconds']:.1f} |", flush=True)
+    print("\n† the default deviceless compile failed (XLA's untuned Triton GEMM tiling); compiled with Triton GEMM "
+          "fusions off, as jaxmem does")
     if ratios:
         import math
 

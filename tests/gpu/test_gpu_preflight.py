@@ -175,7 +175,8 @@ def test_analyze_fails_at_75_percent_and_fits_at_95_with_an_abstract_64gib_progr
 # -- analyze's reports ---------------------------------------------------------------------------
 
 @needs_gpu_compiler
-def test_analyze_json_text_and_html_show_xla_gpu_and_its_peak(tmp_path, capsys, mlp_refs):
+def test_analyze_json_text_and_html_show_xla_gpu_and_its_peak(tmp_path, capsys, mlp_refs, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     target = f"{PROGRAMS}:mlp_step"
     html = tmp_path / "r.html"
     assert cli_main(["analyze", target, "--json", "--html", str(html)]) == 0

@@ -473,6 +473,8 @@ def render(data: dict[str, Any], console: Any) -> None:
                         f"arguments {_size(gpu['argument_bytes'])} + outputs {_size(gpu['output_bytes'])} + temp "
                         f"{_size(gpu['temp_bytes'])} - aliased {_size(gpu['alias_bytes'])}; jaxmem {ratio:.3f}x of it; "
                         + ("cached" if gpu.get("cached") else f"compiled deviceless in {gpu['compile_seconds']:.1f} s"))
+        if gpu.get("note"):
+            summary.add_row("", "", Text(gpu["note"][:160], style="yellow"))
     pool = data.get("pool")
     if pool:
         on = "XLA:GPU" if pool.get("judged_on") == "xla_gpu" else "XLA:CPU"
@@ -548,7 +550,20 @@ def render_gpu_peak(data: dict[str, Any], console: Any) -> None:
     table.add_column("source line", overflow="fold")
     for i, row in enumerate(data["xla_gpu_peak_buffers"], 1):
         table.add_row(str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
-                      row["jaxpr_array"] or "—", row["op_name"] or row["hlo"], short_source(row["source"]) or "—")
+                      row["jaxpr_array"] or "—", short_op(row["op_name"]) or row["hlo"],
+                      short_source(row["source"]) or "—")
+    console.print(table)
+
+
+def short_op(op_name: str) -> str:
+    """An HLO op_name without its leading `jit(fn)/`, as the table shows it.
+
+    >>> short_op("jit(train_step)/jvp()/dot_general")
+    'jvp()/dot_general'
+    """
+    if op_name.startswith("jit(") and "/" in op_name:
+        return op_name.split("/", 1)[1]
+    return op_name
     console.print(table)
 
 

@@ -85,6 +85,7 @@ class XlaGpuReference:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     peak_buffers: list[dict[str, Any]] = field(default_factory=list)
     peak_live_bytes: int = 0
+    note: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -95,7 +96,7 @@ class XlaGpuReference:
         return {"target": self.target, "spec": self.spec, "argument_bytes": self.argument_bytes,
                 "output_bytes": self.output_bytes, "temp_bytes": self.temp_bytes,
                 "alias_bytes": self.alias_bytes, "total_bytes": self.total_bytes,
-                "compile_seconds": round(self.compile_seconds, 3), "cached": self.cached}
+                "compile_seconds": round(self.compile_seconds, 3), "cached": self.cached, "note": self.note}
 
 
 # -- targets ---------------------------------------------------------------------------------
@@ -391,11 +392,24 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
             hit["cached"] = True
             return hit
     started = time.perf_counter()
+    note = ""
     try:
         compiled = lowered.compile()
+    except Exception as err:
+        # Without autotuning, XLA takes its default Triton GEMM tiling, which some shapes on
+        # some targets cannot use ("Couldn't find output tile sizes"); on a GPU the autotuner
+        # would pick another. Compile again with Triton GEMM fusions off (cuBLAS), and say so.
+        first = " ".join(str(err).split())[:200]
+        try:
+            compiled = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
+        except Exception as again:
+            raise PlanError(f"XLA:GPU could not compile the function: {type(again).__name__}: "
+                            f"{' '.join(str(again).split())[:300]}") from None
+        note = f"compiled with Triton GEMM fusions off: the default compile failed ({type(err).__name__}: {first})"
+    try:
         stats = compiled.memory_analysis()
     except Exception as err:
-        raise PlanError(f"XLA:GPU could not compile the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+        raise PlanError(f"XLA:GPU gives no memory analysis: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
     seconds = time.perf_counter() - started
     flat = jax.tree.leaves(structs)
     wanted = set(donate_argnums)
@@ -419,7 +433,7 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
                        "shape": _shape_key(leaf)} for i, leaf in enumerate(flat)],
         "outputs": [{"bytes": _nbytes(leaf), "aliases": aliases.get(i), "shape": _shape_key(leaf)}
                     for i, leaf in enumerate(outs)],
-        "peak_buffers": peak, "peak_live_bytes": live,
+        "peak_buffers": peak, "peak_live_bytes": live, "note": note,
     }
     if use_cache:
         cache_write(directory, key, data)

@@ -239,3 +239,21 @@ def test_maxbatch_errors_are_one_line(capsys):
     assert cli_main(["maxbatch", f"{PROGRAMS}:rows_step", "--arg", "not a name"]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 3 and "Traceback" not in err
+
+
+def test_pool_device_follows_jax_environment_and_flags(monkeypatch):
+    from jaxmem.runtime.steps import make_device
+
+    dev = make_device("h100-80gb", {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_CLIENT_MEM_FRACTION": ".5"})
+    assert dev.preallocate is False and dev.mem_fraction == 0.5
+    assert dev.allocator.limit == int(0.5 * PRESETS["h100-80gb"])
+    dev = make_device("h100-80gb", {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, mem_fraction=0.9)
+    assert dev.allocator_name == "platform"
+    dev = make_device("h100-80gb", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".95"}, preallocate=False)
+    assert dev.mem_fraction == 0.95 and dev.preallocate is False
+
+
+def test_analyze_execute_refuses_abstract_arguments_in_one_line(capsys):
+    assert cli_main(["analyze", f"{PROGRAMS}:abstract_mlp_step", "--no-xla", "--execute"]) == 2
+    err = capsys.readouterr().err
+    assert "ShapeDtypeStruct" in err and len(err.strip().splitlines()) == 1

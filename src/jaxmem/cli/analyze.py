@@ -391,6 +391,13 @@ def cpu_step_program(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[
     return StepProgram(arguments, match_state(arguments, outputs, keys_in, keys_out), int(temp_bytes))
 
 
+def has_abstract_args(args: Sequence[Any]) -> bool:
+    """Whether any argument leaf is a `jax.ShapeDtypeStruct` (shape and dtype, no values)."""
+    import jax
+
+    return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(tuple(args)))
+
+
 def _cpu_reference(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...]) -> Any:
     from jaxmem.compiler.xla import xla_reference
 
@@ -630,6 +637,9 @@ def main(argv: list[str]) -> int:
     target = args.target or DEFAULT_TARGET
     fn, fn_args = load_target(target)
     donate = parse_donate(args.donate, len(fn_args))
+    if args.execute and has_abstract_args(fn_args):
+        raise PlanError(f"--execute runs the program, and {target} returns jax.ShapeDtypeStruct arguments "
+                        "(no values); plan and compile it without --execute")
 
     started = time.perf_counter()
     gpu, pool, note = None, None, None

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Callable, Sequence
 
@@ -382,7 +382,9 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
         stablehlo = lowered.as_text(debug_info=True)
     except Exception as err:  # JAX's own errors are many types; the user needs one line
         raise PlanError(f"JAX could not lower the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
-    versions = f"jax {jax.__version__} jaxlib {jax.lib.__version__ if hasattr(jax.lib, '__version__') else ''}"
+    import jaxlib
+
+    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')}"
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split() if not t.startswith("--xla_dump"))
     key = cache_key(stablehlo, text, versions, flags)
     directory = cache_dir()

@@ -349,13 +349,29 @@ def start_gpu_reference(target: str, device: str, donate: tuple[int, ...], top: 
 
     def work() -> None:
         try:
-            box["ref"] = xla_gpu_reference(target, device=device, donate_argnums=donate, top=top)
+            box["ref"] = xla_gpu_reference(target, device=device, donate_argnums=donate, top=top,
+                                           on_start=lambda proc: box.__setitem__("proc", proc))
         except BaseException as err:  # handed to the main thread
             box["err"] = err
 
     worker = threading.Thread(target=work, name="jaxmem-xla-gpu", daemon=True)
     worker.start()
     return worker, box
+
+
+def stop_gpu_reference(worker: threading.Thread | None, box: dict[str, Any] | None) -> None:
+    """Kill XLA:GPU's compile (planning failed: its answer is not needed) and wait for the thread."""
+    if worker is None or box is None:
+        return
+    for _ in range(50):   # the child may not have started yet
+        proc = box.get("proc")
+        if proc is not None or not worker.is_alive():
+            break
+        worker.join(0.1)
+    proc = box.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+    worker.join(10.0)
 
 
 def cpu_step_program(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...], temp_bytes: int) -> Any:
@@ -661,7 +677,11 @@ def main(argv: list[str]) -> int:
     cpu_reference = not args.no_xla and (args.xla != "gpu" or not want_gpu)
     label = f"planning · compiling for XLA:GPU ({device[0]})" if want_gpu else "planning"
     with progress_after(1.0, label):
-        plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=cpu_reference), f"cannot plan {target}")
+        try:
+            plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=cpu_reference), f"cannot plan {target}")
+        except BaseException:
+            stop_gpu_reference(worker, box)
+            raise
         if worker is not None:
             worker.join()
     if box is not None:

@@ -208,7 +208,7 @@ def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, st
 
 def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums: Sequence[int] = (),
                       kwargs: dict[str, int] | None = None, top: int = TOP_BUFFERS, use_cache: bool = True,
-                      timeout: float = 1800.0) -> XlaGpuReference:
+                      timeout: float = 1800.0, on_start: Callable[[Any], None] | None = None) -> XlaGpuReference:
     """XLA:GPU's memory analysis of a TARGET for a GPU preset, compiled deviceless in a fresh
     Python (cached by lowered program, target and JAX version).
 
@@ -224,6 +224,7 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
         top: how many buffers live at XLA's peak to return.
         use_cache: read and write the cache (see `cache_dir`).
         timeout: seconds before the child is killed.
+        on_start: called with the child's `subprocess.Popen` once it runs (to kill it early).
 
     Raises:
         GpuUnavailable: the CUDA plugin is not installed here or failed to load.
@@ -246,16 +247,22 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
         cmd.append("--no-cache")
     dump_dir = tempfile.mkdtemp(prefix="jaxmem-xla-gpu-")
     try:
-        proc = subprocess.run(cmd, env=child_env(dump_dir), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise PlanError(f"XLA:GPU compile of {target!r} took more than {timeout:.0f} s") from None
+        proc = subprocess.Popen(cmd, env=child_env(dump_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if on_start is not None:
+            on_start(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise PlanError(f"XLA:GPU compile of {target!r} took more than {timeout:.0f} s") from None
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         from jaxmem.compiler.jax_start import filter_noise
 
-        tail = [line for line in filter_noise(proc.stderr).splitlines() if line.strip()]
+        tail = [line for line in filter_noise(stderr).splitlines() if line.strip()]
         last = tail[-1].strip() if tail else f"exit {proc.returncode}"
         if last.startswith("error: "):
             last = last[len("error: "):]

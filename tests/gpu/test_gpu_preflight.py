@@ -257,3 +257,28 @@ def test_analyze_execute_refuses_abstract_arguments_in_one_line(capsys):
     assert cli_main(["analyze", f"{PROGRAMS}:abstract_mlp_step", "--no-xla", "--execute"]) == 2
     err = capsys.readouterr().err
     assert "ShapeDtypeStruct" in err and len(err.strip().splitlines()) == 1
+
+
+def test_search_is_exact_on_monotone_judges_from_any_guess():
+    import random
+
+    from jaxmem.compiler.maxbatch import Judgement, search
+
+    rng = random.Random(0)
+    for _ in range(300):
+        base, slope = rng.randint(0, 10**6), rng.randint(1, 10**4)
+        limit = rng.randint(base + slope, base + slope * 5000)
+        wobble = rng.choice([0, slope // 3])
+        def total(v):
+            return base + slope * v + (v % 7) * wobble
+        threshold = next((v - 1 for v in range(1, 6002) if total(v) > limit), 6001)
+        if threshold == 0:
+            continue
+        calls = []
+        def judge(v):
+            calls.append(v)
+            return Judgement(v, v <= threshold, total(v))
+        result = search(judge, limit_bytes=limit, guess=rng.choice([None, 1, threshold // 2 + 1, 3 * threshold]),
+                        maximum=6000)
+        assert result.value == threshold or (result.at_maximum and threshold >= 6000)
+        assert len(calls) == len(set(calls)) <= 40

@@ -108,11 +108,20 @@ def main(argv: list[str]) -> int:
     try:
         guess, plan_seconds = planner_guess(args.target, args.arg, args.minimum, limit, donate)
 
+        bracket: dict[str, int] = {}
+
         def judge(value: int) -> Judgement:
-            bar.update(f"XLA:GPU compile {counts['compiles'] + 1}: {args.arg}={value}")
+            known = ", ".join(f"{k} {v}" for k, v in (("fits at", bracket.get("lo")), ("not at", bracket.get("hi")))
+                              if v is not None)
+            bar.update(f"XLA:GPU compile {counts['compiles'] + counts['cached'] + 1}: {args.arg}={value}"
+                       + (f" ({known})" if known else ""))
             ref = xla_gpu_reference(args.target, device=device, donate_argnums=donate, kwargs={args.arg: value}, top=0)
             counts["cached" if ref.cached else "compiles"] += 1
             verdict = simulate_steps(program_from_reference(ref), pool_device(args, capacity), args.steps)
+            if verdict.fits:
+                bracket["lo"] = max(value, bracket.get("lo", value))
+            else:
+                bracket["hi"] = min(value, bracket.get("hi", value))
             return Judgement(value, verdict.fits, ref.total_bytes, ref.cached)
 
         result = search(judge, limit_bytes=limit, guess=guess, minimum=args.minimum, maximum=args.maximum)

@@ -32,8 +32,11 @@ INDEPENDENT = textwrap.dedent("""
     import importlib.util, jax
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
-    spec_path, programs_path, requests = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    topo = topologies.get_topology_desc(platform="cuda", target_config=open(spec_path).read(), topology="1x1x1")
+    spec_path, programs_path, requests, capacity = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+    # The preset's capacity as the device's memory, as jaxmem gives it to XLA.
+    lines = [("  device_memory_size: " + capacity) if l.strip().startswith("device_memory_size:") else l
+             for l in open(spec_path).read().splitlines()]
+    topo = topologies.get_topology_desc(platform="cuda", target_config=chr(10).join(lines), topology="1x1x1")
     sharding = NamedSharding(topologies.make_mesh(topo, (1,), ("x",)), PartitionSpec())
     module_spec = importlib.util.spec_from_file_location("progs", programs_path)
     progs = importlib.util.module_from_spec(module_spec); module_spec.loader.exec_module(progs)
@@ -47,10 +50,12 @@ INDEPENDENT = textwrap.dedent("""
 """)
 
 
-def independent(spec: str, requests: list) -> list[list[int]]:
-    """[argument, output, temp, alias] bytes per (factory name, kwargs, donate) request."""
-    spec_path = Path(xla_gpu.__file__).parent / "gpu_targets" / f"{spec}.txtpb"
-    proc = subprocess.run([sys.executable, "-c", INDEPENDENT, str(spec_path), PROGRAMS, json.dumps(requests)],
+def independent(preset: str, requests: list) -> list[list[int]]:
+    """[argument, output, temp, alias] bytes per (factory name, kwargs, donate) request, compiled
+    for the preset's XLA target description with the preset's capacity."""
+    spec_path = Path(xla_gpu.__file__).parent / "gpu_targets" / f"{GPU_TARGETS[preset]}.txtpb"
+    proc = subprocess.run([sys.executable, "-c", INDEPENDENT, str(spec_path), PROGRAMS, json.dumps(requests),
+                           str(PRESETS[preset])],
                           capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -75,8 +80,8 @@ def mlp_refs():
 
 @needs_gpu_compiler
 def test_xla_gpu_figures_equal_an_independent_deviceless_compile_byte_for_byte(mlp_refs):
-    h100 = independent("h100_sxm", [["mlp_step", {}, []], ["abstract_mlp_step", {}, [0]]])
-    a100 = independent("a100_sxm_40", [["mlp_step", {}, []]])
+    h100 = independent("h100-80gb", [["mlp_step", {}, []], ["abstract_mlp_step", {}, [0]]])
+    a100 = independent("a100-40gb", [["mlp_step", {}, []]])
     assert figures(mlp_refs[("mlp_step", "h100-80gb")]) == h100[0]
     assert figures(mlp_refs[("abstract_mlp_step", "h100-80gb")]) == h100[1]
     assert figures(mlp_refs[("mlp_step", "a100-40gb")]) == a100[0]
@@ -115,7 +120,8 @@ def test_cache_hits_and_a_corrupt_entry_is_ignored(mlp_refs, gpu_cache_dir):
 def test_every_gpu_preset_has_a_target_description():
     for preset, spec in GPU_TARGETS.items():
         assert preset in PRESETS
-        assert "gpu_device_info" in xla_gpu.target_config(spec)
+        text = xla_gpu.with_memory(xla_gpu.target_config(spec), PRESETS[preset])
+        assert "gpu_device_info" in text and f"device_memory_size: {PRESETS[preset]}" in text
     assert xla_gpu.spec_for("tpu-v5e-16gb") is None
 
 
@@ -225,7 +231,7 @@ def test_maxbatch_is_exact_against_independent_compiles(capsys):
     assert set(data) >= {"arg", "value", "total_bytes", "next_total_bytes", "limit_bytes", "seconds", "compiles"}
     value, limit = data["value"], data["limit_bytes"]
     assert data["arg"] == "rows" and limit == int(0.75 * PRESETS["v100-16gb"])
-    at, after = independent("v100", [["rows_step", {"rows": value}, [0]], ["rows_step", {"rows": value + 1}, [0]]])
+    at, after = independent("v100-16gb", [["rows_step", {"rows": value}, [0]], ["rows_step", {"rows": value + 1}, [0]]])
     total_at, total_after = sum(at[:3]) - at[3], sum(after[:3]) - after[3]
     assert (total_at, total_after) == (data["total_bytes"], data["next_total_bytes"])
     assert total_at <= limit < total_after

@@ -119,6 +119,20 @@ def target_config(spec: str) -> str:
         raise PlanError(f"no GPU target description {spec!r}; jaxmem ships {', '.join(names)}") from None
 
 
+def with_memory(text: str, capacity: int) -> str:
+    """A target description with `device_memory_size` set to `capacity` bytes: XLA:GPU's
+    scheduler and rematerialization read it (they try to keep the program within the device),
+    so the preset's capacity, not the description's, must be what XLA sees.
+
+    >>> with_memory("gpu_device_info {\n  device_memory_size: 42331013120\n}", 1024)
+    'gpu_device_info {\n  device_memory_size: 1024\n}'
+    """
+    replaced, count = re.subn(r"(?m)^(\s*device_memory_size:\s*)\d+", lambda m: f"{m.group(1)}{int(capacity)}", text, count=1)
+    if count:
+        return replaced
+    return text.replace("gpu_device_info {", f"gpu_device_info {{\n  device_memory_size: {int(capacity)}", 1)
+
+
 def unavailable_reason() -> str | None:
     """Why deviceless CUDA compiles cannot run on this machine, or None when they can."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -376,7 +390,11 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from jaxmem.units import PRESETS
+
     text = target_config(spec)
+    if device in PRESETS:
+        text = with_memory(text, PRESETS[device])
     try:
         topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology="1x1x1")
     except Exception as err:  # the plugin did not load or refused the description

@@ -288,3 +288,15 @@ def test_search_is_exact_on_monotone_judges_from_any_guess():
                         maximum=6000)
         assert result.value == threshold or (result.at_maximum and threshold >= 6000)
         assert len(calls) == len(set(calls)) <= 40
+
+
+def test_an_unmodelled_allocator_in_the_environment_skips_the_pool_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")
+    target = f"{PROGRAMS}:tanh_matmul"
+    assert cli_main(["analyze", target, "--xla", "cpu", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["pool"] is None
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cuda_async" in lines[0] and "not simulated" in lines[0]
+    assert cli_main(["analyze", target, "--xla", "cpu", "--json", "--allocator", "bfc"]) == 0
+    assert json.loads(capsys.readouterr().out)["pool"]["allocator"] == "bfc"

@@ -698,8 +698,18 @@ def main(argv: list[str]) -> int:
             gpu = box["ref"]
     if note:
         print(f"jaxmem analyze: {note}", file=sys.stderr)
-    dev = pool_device(args, device[1])
-    if gpu is not None:
+    try:
+        dev = pool_device(args, device[1])
+    except ConfigError as err:
+        if any(v is not None for v in (args.mem_fraction, args.preallocate, args.allocator)):
+            raise
+        # The environment holds a setting jaxmem cannot model: the plan and XLA's figures stand,
+        # the pool is not simulated, and the user is told in one line.
+        print(f"jaxmem analyze: the pool is not simulated: {err}", file=sys.stderr)
+        dev = None
+    if dev is None:
+        pass
+    elif gpu is not None:
         from jaxmem.runtime.steps import program_from_reference, simulate_steps
 
         pool = simulate_steps(program_from_reference(gpu), dev, args.steps)
@@ -709,7 +719,8 @@ def main(argv: list[str]) -> int:
         program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
         pool = simulate_steps(program, dev, args.steps)
     data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
-                     device=device, top=args.top, gpu=gpu, pool=pool, fraction=dev.mem_fraction, note=note)
+                     device=device, top=args.top, gpu=gpu, pool=pool,
+                     fraction=dev.mem_fraction if dev is not None else PREALLOCATE_FRACTION, note=note)
     data["total_seconds"] = time.perf_counter() - started
 
     execute = eager = None

@@ -37,13 +37,34 @@ def has_nvidia_device() -> bool:
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
 
 
+# JAX's report that the CUDA plugin found no CUDA runtime (a traceback, when JAX_PLATFORMS does
+# not rule CUDA out), from its first line to the traceback's last.
+_PLUGIN_ERROR = "Jax plugin configuration error: Exception when calling jax_plugins.xla_cuda"
+_TRACEBACK_LINE = ("  ", "Traceback (most recent call last)", "The above exception was the direct cause",
+                   "RuntimeError: ")
+
+
 def filter_noise(text: str) -> str:
-    """`text` without the CUDA plugin's known start-up lines.
+    """`text` without the CUDA plugin's known start-up lines, and without JAX's traceback saying
+    the plugin found no CUDA runtime; every other line is kept.
 
     >>> filter_noise("I0000 cudart_stub.cc:31] Could not find cuda drivers\\nreal line\\n")
     'real line\\n'
     """
-    return "".join(line for line in text.splitlines(keepends=True) if not any(n in line for n in NOISE))
+    kept, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if _PLUGIN_ERROR in line:
+            skipping = True
+            continue
+        if skipping:
+            if line.startswith(_TRACEBACK_LINE) or not line.strip():
+                if line.startswith("RuntimeError: Unable to load CUDA"):
+                    skipping = False
+                continue
+            skipping = False
+        if not any(n in line for n in NOISE):
+            kept.append(line)
+    return "".join(kept)
 
 
 def quiet_jax_start() -> None:

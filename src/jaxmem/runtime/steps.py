@@ -213,10 +213,22 @@ def make_device(capacity: int | str, environ: Any = None, *, allocator: str | No
                 preallocate: bool | None = None, mem_fraction: float | None = None) -> Any:
     """A simulated device set up as JAX would from `environ` (default: this process's), with any
     of allocator, preallocate and mem_fraction overridden (the CLI's flags)."""
+    import os
+
     from jaxmem.runtime.config import config_from_env
     from jaxmem.runtime.device import Device
 
-    config = config_from_env(environ)
+    # A flag replaces its variable before the environment is read, so that a value jaxmem cannot
+    # model (XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) is no error once a flag overrides it.
+    env = dict(os.environ if environ is None else environ)
+    if allocator is not None:
+        env["XLA_PYTHON_CLIENT_ALLOCATOR"] = allocator
+    if mem_fraction is not None:
+        env.pop("XLA_CLIENT_MEM_FRACTION", None)
+        env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    if preallocate is not None:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if preallocate else "false"
+    config = config_from_env(env)
     return Device(capacity, allocator=allocator or config.allocator,
                   preallocate=config.preallocate if preallocate is None else preallocate,
                   mem_fraction=config.mem_fraction if mem_fraction is None else mem_fraction,

@@ -509,8 +509,9 @@ def render(data: dict[str, Any], console: Any) -> None:
                             f"{_size(pool['limit_bytes'])}, headroom {_size(pool['headroom_bytes'])} ({mode})")
         else:
             why = "fragmentation: the free bytes add up, no block is large enough" if pool["fragmentation"] else "out of memory"
+            where = "the arguments alone" if pool["failed_step"] == 0 else f"step {pool['failed_step']} of {pool['steps']}"
             summary.add_row("pool", Text("does not fit", style="bold red"),
-                            f"step {pool['failed_step']} of {pool['steps']}: {pool['failed_allocation']} "
+                            f"{where}: {pool['failed_allocation']} "
                             f"({_size(pool['failed_bytes'])}) under limit {_size(pool['limit_bytes'])}; {why} ({mode})")
     summary.add_row("lower bound", _size(lower),
                     f"gap {100 * data['gap_to_lower_bound']:.2f}% (program order: "

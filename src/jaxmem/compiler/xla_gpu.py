@@ -487,27 +487,27 @@ _FRAME_RE = re.compile(r"stack_frame_id=(\d+)")
 _PARAM_RE = re.compile(r"parameter\((\d+)\)")
 
 
-def _dump_files(dump_dir: str) -> tuple[str | None, str | None]:
-    """(live-range report, optimized HLO text) of the GPU module in `dump_dir`, the largest
-    module when there are several."""
-    live = hlo = None
+def _dump_files(dump_dir: str) -> tuple[str | None, str | None, str | None]:
+    """(live-range report, optimized HLO text, buffer assignment) of the GPU module in
+    `dump_dir`, the largest module when there are several; None for a file that is missing."""
     try:
         names = os.listdir(dump_dir)
     except OSError:
-        return None, None
+        return None, None, None
     ranges = [n for n in names if n.endswith("gpu_after_optimizations-live-range.txt")]
     if not ranges:
-        return None, None
+        return None, None, None
     ranges.sort(key=lambda n: os.path.getsize(os.path.join(dump_dir, n)), reverse=True)
-    live = os.path.join(dump_dir, ranges[0])
-    text_name = ranges[0].replace("-live-range.txt", ".txt")
-    if text_name in names:
-        hlo = os.path.join(dump_dir, text_name)
-    return live, hlo
+    found = []
+    for suffix in ("-live-range.txt", ".txt", "-buffer-assignment.txt"):
+        name = ranges[0].replace("-live-range.txt", suffix)
+        found.append(os.path.join(dump_dir, name) if name in names else None)
+    return found[0], found[1], found[2]
 
 
 def parse_peak(live_range_text: str) -> list[tuple[str, int]]:
-    """(HLO value name, bytes) for every value live at XLA's peak, from a live-range report.
+    """(HLO value, bytes) for every value live at XLA's peak, from a live-range report; a value
+    is its instruction's name, with the tuple index when it has one (`fusion.3{1}`).
 
     >>> parse_peak("  Live ranges at 3 (peak):\\n    fusion.1{}: 64 bytes (cumulative: 64 bytes)\\n  Stack\\n")
     [('fusion.1', 64)]
@@ -522,8 +522,37 @@ def parse_peak(live_range_text: str) -> list[tuple[str, int]]:
             m = _PEAK_ROW_RE.match(line)
             if not m:
                 break
-            rows.append((m.group(1), int(m.group(3))))
+            index = m.group(2) or "{}"
+            rows.append((m.group(1) + ("" if index == "{}" else index), int(m.group(3))))
     return rows
+
+
+_ALLOCATION_RE = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
+_VALUE_RE = re.compile(r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): ([a-z0-9]+\[[0-9,]*\])?")
+
+
+def parse_assignment(text: str) -> dict[str, tuple[int, int, str, str]]:
+    """Per HLO value: (allocation, offset, kind, shape), kind being "argument" (a parameter's
+    allocation), "output" (live out) or "temporary", shape like `f32[2,3]` ("" for a tuple), from
+    XLA's buffer-assignment dump.
+
+    >>> parse_assignment("allocation 0: size 8, parameter 0, shape |f32[2]| at ShapeIndex {}:\\n"
+    ...                  " value: <1 p.1 @0> (size=8,offset=0): f32[2]{0}")
+    {'p.1': (0, 0, 'argument', 'f32[2]')}
+    """
+    out: dict[str, tuple[int, int, str, str]] = {}
+    allocation, kind = -1, "temporary"
+    for line in text.splitlines():
+        head = _ALLOCATION_RE.match(line)
+        if head:
+            allocation = int(head.group(1))
+            flags = head.group(3)
+            kind = "argument" if " parameter " in flags else "output" if "live-out" in flags else "temporary"
+            continue
+        value = _VALUE_RE.match(line)
+        if value and allocation >= 0:
+            out.setdefault(value.group(1), (allocation, int(value.group(3)), kind, value.group(4) or ""))
+    return out
 
 
 def parse_hlo_metadata(hlo_text: str) -> tuple[dict[str, dict[str, Any]], dict[int, str]]:
@@ -598,8 +627,9 @@ def _split_shape(text: str) -> tuple[str, list[int]]:
 
 def peak_buffers_from_dump(dump_dir: str, top: int) -> tuple[list[dict[str, Any]], int]:
     """The `top` largest buffers live at XLA's peak (and the bytes live there in all), each with
-    its HLO name, dtype and shape, kind (argument or temporary), op_name and source line."""
-    live_path, hlo_path = _dump_files(dump_dir)
+    its HLO name, dtype and shape, kind (argument, output or temporary), op_name and source line.
+    Values that share storage (an output written in place of a donated argument) count once."""
+    live_path, hlo_path, assignment_path = _dump_files(dump_dir)
     if live_path is None:
         return [], 0
     with open(live_path, encoding="utf-8", errors="replace") as f:
@@ -609,19 +639,40 @@ def peak_buffers_from_dump(dump_dir: str, top: int) -> tuple[list[dict[str, Any]
     if hlo_path:
         with open(hlo_path, encoding="utf-8", errors="replace") as f:
             instructions, sources = parse_hlo_metadata(f.read())
-    total = sum(size for _, size in rows)
-    rows.sort(key=lambda r: -r[1])
+    slices: dict[str, tuple[int, int, str, str]] = {}
+    if assignment_path:
+        with open(assignment_path, encoding="utf-8", errors="replace") as f:
+            slices = parse_assignment(f.read())
+
+    def instruction(value: str) -> dict[str, Any]:
+        return instructions.get(value.split("{", 1)[0], {})
+
+    # The buffer assignment writes a tuple's own value as `name{}`, the live-range report `name`.
+    slices = {**{k[:-2]: v for k, v in slices.items() if k.endswith("{}")}, **slices}
+
+    # Largest first; of values sharing a slice, the argument (the donated buffer) is shown.
+    rows.sort(key=lambda r: (-r[1], instruction(r[0]).get("opcode") != "parameter"))
+    seen: set[tuple[int, int]] = set()
+    unique = []
+    for value, size in rows:
+        where = slices.get(value)
+        if where is not None:
+            if where[:2] in seen:
+                continue
+            seen.add(where[:2])
+        unique.append((value, size))
     out = []
-    for name, size in rows[:top]:
-        info = instructions.get(name, {})
-        dtype, shape = _split_shape(info.get("shape", ""))
-        is_param = info.get("opcode") == "parameter"
+    for value, size in unique[:top]:
+        info = instruction(value)
+        shape_text = slices[value][3] if value in slices and slices[value][3] else info.get("shape", "")
+        dtype, shape = _split_shape(shape_text) if "[" in shape_text else ("", [])
+        kind = slices[value][2] if value in slices else ("argument" if info.get("opcode") == "parameter" else "temporary")
         out.append({
-            "name": name, "size_bytes": size, "dtype": dtype, "shape": shape,
-            "kind": "argument" if is_param else "temporary", "parameter": info.get("parameter"),
-            "op_name": info.get("op_name", ""), "source": sources.get(info.get("frame", -1), ""),
+            "name": value, "size_bytes": size, "dtype": dtype, "shape": shape, "kind": kind,
+            "parameter": info.get("parameter"), "op_name": info.get("op_name", ""),
+            "source": sources.get(info.get("frame", -1), ""),
         })
-    return out, total
+    return out, sum(size for _, size in unique)
 
 
 # -- the subprocess entry ----------------------------------------------------------------------

@@ -51,8 +51,9 @@ class StepProgram:
 
 @dataclass
 class PoolVerdict:
-    """The pool across the steps: `fits`; else `failed_step` (1-based), the allocation that
-    failed and whether fragmentation caused it. `peak_bytes` is the pool's peak in use."""
+    """The pool across the steps: `fits`; else `failed_step` (1-based; 0 when the resident
+    arguments alone do not fit), the allocation that failed and whether fragmentation caused it.
+    `peak_bytes` is the pool's peak in use."""
 
     fits: bool
     limit_bytes: int
@@ -88,6 +89,9 @@ class PoolVerdict:
             return (f"fits: {self.steps} steps, pool peak {format_size(self.peak_bytes)} of "
                     f"{format_size(self.limit_bytes)} ({format_size(self.headroom_bytes)} headroom)")
         why = "fragmentation: the free bytes add up but no block is large enough" if self.fragmentation else "out of memory"
+        if self.failed_step == 0:
+            return (f"does not fit: the arguments alone cannot be placed ({self.failed_allocation}, "
+                    f"{format_size(self.failed_bytes or 0)}) under {format_size(self.limit_bytes)}; {why}")
         return (f"does not fit: step {self.failed_step} cannot allocate {self.failed_allocation} "
                 f"({format_size(self.failed_bytes or 0)}) under {format_size(self.limit_bytes)}; {why}")
 

@@ -173,6 +173,9 @@ def test_analyze_fails_at_75_percent_and_fits_at_95_with_an_abstract_64gib_progr
     assert raised["pool"]["fits"] is True and raised["pool"]["failed_step"] is None and raised["fits"] is True
     assert raised["pool"]["limit_bytes"] == int(0.95 * PRESETS["h100-80gb"])
     assert raised["xla_gpu"]["total_bytes"] == total and raised["xla_gpu"]["cached"] is True
+    # The updated blocks are written in place of the donated ones: held once at XLA's peak.
+    assert default["xla_gpu_peak_live_bytes"] <= total
+    assert [r["kind"] for r in default["xla_gpu_peak_buffers"]] == ["argument"] * 3
     # The flag overrides the environment.
     assert cli_main(["analyze", target, "--donate", "0", "--json", "--mem-fraction", "0.75", "--xla", "gpu"]) == 0
     assert json.loads(capsys.readouterr().out)["pool"]["fits"] is False
@@ -300,3 +303,21 @@ def test_an_unmodelled_allocator_in_the_environment_skips_the_pool_in_one_line(c
     assert len(lines) == 1 and "cuda_async" in lines[0] and "not simulated" in lines[0]
     assert cli_main(["analyze", target, "--xla", "cpu", "--json", "--allocator", "bfc"]) == 0
     assert json.loads(capsys.readouterr().out)["pool"]["allocator"] == "bfc"
+
+
+def test_dump_and_header_parsers():
+    text = ("allocation 0: size 8, parameter 0, shape |f32[2]| at ShapeIndex {}, maybe-live-out:\n"
+            " value: <1 p.1 @0> (size=8,offset=0): f32[2]{0}\n"
+            " value: <2 add.2 @0> (size=8,offset=0): f32[2]{0}\n"
+            "allocation 1: size 24, preallocated-temp:\n"
+            " value: <3 f{} @0> (size=16,offset=0): (f32[], s32[])\n"
+            " value: <4 f{0} @0> (size=4,offset=16): f32[]\n")
+    slices = xla_gpu.parse_assignment(text)
+    assert slices["p.1"][:3] == slices["add.2"][:3] == (0, 0, "argument")
+    assert slices["f{0}"] == (1, 16, "temporary", "f32[]") and slices["f{}"][3] == ""
+    peak = xla_gpu.parse_peak("  Live ranges at 7 (peak):\n    add.2{}: 8 bytes (cumulative: 8 bytes)\n"
+                              "    f{0}: 4 bytes (cumulative: 12 bytes)\n  Stack trace breakdown\n")
+    assert peak == [("add.2", 8), ("f{0}", 4)]
+    header = "HloModule m, input_output_alias={ {0}: (1, {}, may-alias), {2}: (0, {}, must-alias) }, x=1\nrest"
+    assert xla_gpu.output_aliases(header) == {0: 1, 2: 0}
+    assert xla_gpu.with_memory("gpu_device_info {\n  core_count: 1\n}", 5).count("device_memory_size: 5") == 1

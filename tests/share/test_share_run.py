@@ -131,7 +131,11 @@ def test_share_run_replaces_user_settings_and_keeps_preallocate_choice(state: Pa
     seen = json.loads(done.stdout)
     assert (seen["env"]["XLA_CLIENT_MEM_FRACTION"], seen["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == (None, "0.25")
     assert seen["gpu_options"]["memory_fraction"] == 0.25
-    assert done.stderr == ""
+    # `-q`: jaxmem says nothing. What the child's JAX prints at start-up when the CUDA plugin is
+    # installed on a machine with no GPU (absl lines, JAX's plugin traceback) is not jaxmem's.
+    from jaxmem.compiler.jax_start import filter_noise
+
+    assert filter_noise(done.stderr) == ""
 
 
 def test_share_run_capacity_from_fake_nvidia_smi(tmp_path: Path, state: Path) -> None:

@@ -4,9 +4,16 @@ TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory(
 `(fn, args)`. Without TARGET, a built-in GPT-style transformer training step with Adam
 (`jaxmem.examples.gpt:default_example`) is analyzed.
 
+For a GPU preset (h100-80gb, a100-40gb, ...) XLA:GPU's own figures come from a deviceless
+compile for that GPU in a subprocess (cached), with the buffers XLA:GPU holds at its peak, and
+the pool verdict: N training steps (`--steps`, default 3) in jaxmem's BFC pool, set up from
+JAX's environment variables as JAX would (`XLA_PYTHON_CLIENT_PREALLOCATE`,
+`XLA_CLIENT_MEM_FRACTION`, `XLA_PYTHON_CLIENT_ALLOCATOR`) or from the flags that override them.
+`--xla cpu` compares with XLA:CPU on this machine only, as before.
+
     jaxmem analyze
     jaxmem analyze my_model.py:make_step --donate 0,1 --device a100-40gb
-    jaxmem analyze jaxmem.examples.suite:cnn_train --json
+    jaxmem analyze jaxmem.examples.suite:cnn_train --json --xla cpu
 """
 
 from __future__ import annotations
@@ -49,10 +56,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=TOP_BUFFERS, metavar="N",
                         help=f"how many of the largest buffers live at the peak to list (default {TOP_BUFFERS})")
     parser.add_argument("--no-xla", action="store_true", help="skip compiling with XLA for its reference figures")
+    parser.add_argument("--xla", choices=("auto", "gpu", "cpu"), default="auto",
+                        help="which XLA to compare with: auto (default: XLA:GPU for a GPU preset, compiled "
+                             "deviceless, and XLA:CPU here), gpu (XLA:GPU only) or cpu (XLA:CPU here only)")
+    add_pool_arguments(parser)
     parser.add_argument("--execute", action="store_true",
                         help="also run the planned program against jax.jit, and eagerly under each allocator")
     add_arguments(parser)
     return parser
+
+
+def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    """The pool flags shared by `analyze` and `maxbatch`: each overrides the environment variable
+    JAX reads (unset: as JAX would read the environment)."""
+    group = parser.add_argument_group("pool (default: as JAX reads this environment)")
+    group.add_argument("--steps", type=int, default=3, metavar="N",
+                       help="training steps to run in the pool (default 3)")
+    group.add_argument("--mem-fraction", type=float, default=None, metavar="F",
+                       help="the pool's share of device memory (XLA_CLIENT_MEM_FRACTION; JAX's default 0.75)")
+    group.add_argument("--preallocate", choices=("true", "false"), default=None,
+                       help="take the pool at start (XLA_PYTHON_CLIENT_PREALLOCATE; default true)")
+    group.add_argument("--allocator", choices=("bfc", "platform"), default=None,
+                       help="XLA_PYTHON_CLIENT_ALLOCATOR: bfc (JAX's default) or platform")
+
+
+def pool_device(args: argparse.Namespace, capacity: int) -> Any:
+    """A simulated device of `capacity` set up from the environment and the pool flags."""
+    from jaxmem.runtime.steps import make_device
+
+    if args.steps < 1:
+        raise PlanError(f"--steps must be 1 or more, got {args.steps}")
+    preallocate = None if args.preallocate is None else args.preallocate == "true"
+    return make_device(capacity, allocator=args.allocator, preallocate=preallocate, mem_fraction=args.mem_fraction)
 
 
 def parse_donate(text: str, num_args: int) -> tuple[int, ...]:
@@ -153,7 +188,47 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
     return peak_step, rows[:top]
 
 
-def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str, int], top: int) -> dict[str, Any]:
+_XLA_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "s32": "int32",
+               "s64": "int64", "s16": "int16", "s8": "int8", "u8": "uint8", "u32": "uint32", "pred": "bool",
+               "c64": "complex64", "c128": "complex128", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+
+
+def _file_line(source: str) -> str:
+    return source.split(" (", 1)[0] if source else ""
+
+
+def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any]) -> list[dict[str, Any]]:
+    """XLA:GPU's largest buffers live at its peak, each matched to the jaxpr-level array it
+    holds where that can be told: an argument by its position, else a planned buffer with the
+    same dtype and shape (and the same source line when both have one)."""
+    names = _argument_names(args)
+    by_shape: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
+    if plan is not None:
+        for b in plan.buffers:
+            by_shape.setdefault((str(b.dtype), tuple(b.shape)), []).append(b)
+    rows = []
+    for row in ref.peak_buffers:
+        dtype = _XLA_DTYPES.get(row.get("dtype", ""), row.get("dtype", ""))
+        array = ""
+        if row.get("argument") is not None and row["argument"] < len(names):
+            array = names[row["argument"]]
+        else:
+            where = _file_line(row.get("source", ""))
+            candidates = by_shape.get((dtype, tuple(row.get("shape", []))), [])
+            same_line = [b for b in candidates if where and _file_line(_source(b.source)) == where]
+            unsourced = [b for b in candidates if not _source(b.source)]
+            pick = (same_line or unsourced or [None])[0]
+            if pick is not None:
+                array = pick.label
+        rows.append({"size_bytes": int(row["size_bytes"]), "dtype": dtype, "shape": list(row.get("shape", [])),
+                     "kind": row.get("kind", ""), "hlo": row.get("name", ""), "op_name": row.get("op_name", ""),
+                     "source": row.get("source", ""), "jaxpr_array": array})
+    return rows
+
+
+def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str, int], top: int,
+              gpu: Any = None, pool: Any = None, fraction: float = PREALLOCATE_FRACTION,
+              note: str | None = None) -> dict[str, Any]:
     """The analysis as one plain dict: what `--json` prints and what the tables render.
 
     Args:
@@ -164,7 +239,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         top: how many buffers live at the peak to list.
     """
     name, capacity = device
-    usable = int(capacity * PREALLOCATE_FRACTION)
+    usable = int(capacity * fraction)
     peak_step, rows = peak_buffers(plan, args, top)
     xla = plan.xla
     xla_total = xla.total_bytes if xla is not None else None
@@ -197,9 +272,14 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "unknown_primitives": sorted(set(plan.unknown_primitives)),
         "peak_step": peak_step,
         "top_buffers": rows,
-        "device": {"name": name, "capacity_bytes": capacity, "preallocated_fraction": PREALLOCATE_FRACTION,
+        "device": {"name": name, "capacity_bytes": capacity, "preallocated_fraction": fraction,
                    "usable_bytes": usable, "fits": plan.peak_bytes <= usable},
-        "fits": plan.peak_bytes <= usable,
+        "fits": plan.peak_bytes <= usable if pool is None else bool(pool.fits),
+        "xla_gpu": None if gpu is None else gpu.summary(),
+        "xla_gpu_peak_buffers": [] if gpu is None else gpu_peak_rows(gpu, plan, args),
+        "xla_gpu_peak_live_bytes": None if gpu is None else gpu.peak_live_bytes,
+        "pool": None if pool is None else {**pool.summary(), "judged_on": "xla_gpu" if gpu is not None else "xla_cpu"},
+        "xla_note": note,
     }
 
 
@@ -260,6 +340,86 @@ def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...
         raise box["err"]
     result.xla = box["ref"]
     return result
+
+
+def start_gpu_reference(target: str, device: str, donate: tuple[int, ...], top: int) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start XLA:GPU's deviceless compile (a subprocess) in a thread; join it and read `box`
+    ("ref" or "err") after planning."""
+    from jaxmem.compiler.xla_gpu import xla_gpu_reference
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["ref"] = xla_gpu_reference(target, device=device, donate_argnums=donate, top=top,
+                                           on_start=lambda proc: box.__setitem__("proc", proc))
+        except BaseException as err:  # handed to the main thread
+            box["err"] = err
+
+    worker = threading.Thread(target=work, name="jaxmem-xla-gpu", daemon=True)
+    worker.start()
+    return worker, box
+
+
+def stop_gpu_reference(worker: threading.Thread | None, box: dict[str, Any] | None) -> None:
+    """Kill XLA:GPU's compile (planning failed: its answer is not needed) and wait for the thread."""
+    if worker is None or box is None:
+        return
+    for _ in range(50):   # the child may not have started yet
+        proc = box.get("proc")
+        if proc is not None or not worker.is_alive():
+            break
+        worker.join(0.1)
+    proc = box.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+    worker.join(10.0)
+
+
+def cpu_step_program(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...], temp_bytes: int) -> Any:
+    """The pool's view of a step from XLA:CPU's figures (when XLA:GPU cannot run here): the
+    argument and output leaves, donated arguments taken over by the first output of the same
+    shape and dtype, and XLA:CPU's temp bytes as the one temp allocation."""
+    import jax
+    import numpy as np
+
+    from jaxmem.runtime.steps import Leaf, StepProgram, match_state
+
+    def key(leaf: Any) -> str:
+        return f"{leaf.dtype}{list(leaf.shape)}"
+
+    def nbytes(leaf: Any) -> int:
+        return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+
+    arguments, keys_in = [], []
+    for position, arg in enumerate(args):
+        for leaf in jax.tree.leaves(arg):
+            if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+                arguments.append(Leaf(nbytes(leaf), donated=position in donate))
+                keys_in.append(key(leaf))
+    outs = jax.tree.leaves(jax.eval_shape(fn, *args))
+    free = {i for i, a in enumerate(arguments) if a.donated}
+    outputs, keys_out = [], []
+    for leaf in outs:
+        alias = next((i for i in sorted(free) if keys_in[i] == key(leaf)), None)
+        if alias is not None:
+            free.discard(alias)
+        outputs.append(Leaf(nbytes(leaf), aliases=alias))
+        keys_out.append(key(leaf))
+    return StepProgram(arguments, match_state(arguments, outputs, keys_in, keys_out), int(temp_bytes))
+
+
+def has_abstract_args(args: Sequence[Any]) -> bool:
+    """Whether any argument leaf is a `jax.ShapeDtypeStruct` (shape and dtype, no values)."""
+    import jax
+
+    return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(tuple(args)))
+
+
+def _cpu_reference(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...]) -> Any:
+    from jaxmem.compiler.xla import xla_reference
+
+    return xla_reference(fn, args, donate_argnums=donate)
 
 
 def run_execute(fn: Callable[..., Any], args: Sequence[Any], plan: Any, donate: tuple[int, ...],
@@ -334,6 +494,30 @@ def render(data: dict[str, Any], console: Any) -> None:
         if data["xla"]["library_hidden_bytes"]:
             summary.add_row("", "", f"XLA:CPU's YNNPACK fusions hold {_size(data['xla']['library_hidden_bytes'])} "
                             "of dot/conv results that its figure leaves out")
+    gpu = data.get("xla_gpu")
+    if gpu:
+        ratio = peak / gpu["total_bytes"] if gpu["total_bytes"] else 0.0
+        summary.add_row(f"XLA:GPU {gpu['target']}", Text(_size(gpu["total_bytes"]), style="bold"),
+                        f"arguments {_size(gpu['argument_bytes'])} + outputs {_size(gpu['output_bytes'])} + temp "
+                        f"{_size(gpu['temp_bytes'])} - aliased {_size(gpu['alias_bytes'])}; jaxmem {ratio:.3f}x of it; "
+                        + ("cached" if gpu.get("cached") else f"compiled deviceless in {gpu['compile_seconds']:.1f} s"))
+        if gpu.get("note"):
+            summary.add_row("", "", Text(gpu["note"][:160], style="yellow"))
+    pool = data.get("pool")
+    if pool:
+        on = "XLA:GPU" if pool.get("judged_on") == "xla_gpu" else "XLA:CPU"
+        mode = (f"{pool['allocator']}, preallocate {str(pool['preallocate']).lower()}, "
+                f"fraction {pool['mem_fraction']:g}")
+        if pool["fits"]:
+            summary.add_row("pool", Text("fits", style="bold green"),
+                            f"{pool['steps']} steps of {on}'s buffers: peak {_size(pool['peak_bytes'])} of limit "
+                            f"{_size(pool['limit_bytes'])}, headroom {_size(pool['headroom_bytes'])} ({mode})")
+        else:
+            why = "fragmentation: the free bytes add up, no block is large enough" if pool["fragmentation"] else "out of memory"
+            where = "the arguments alone" if pool["failed_step"] == 0 else f"step {pool['failed_step']} of {pool['steps']}"
+            summary.add_row("pool", Text("does not fit", style="bold red"),
+                            f"{where}: {pool['failed_allocation']} "
+                            f"({_size(pool['failed_bytes'])}) under limit {_size(pool['limit_bytes'])}; {why} ({mode})")
     summary.add_row("lower bound", _size(lower),
                     f"gap {100 * data['gap_to_lower_bound']:.2f}% (program order: "
                     f"{_size(data['program_order_lower_bound_bytes'])})")
@@ -346,7 +530,7 @@ def render(data: dict[str, Any], console: Any) -> None:
                     f"schedule {data['scheduler'] or '?'}, placement {data['placement'] or '?'}")
     dev = data["device"]
     fit = Text("fits", style="bold green") if dev["fits"] else Text("does not fit", style="bold red")
-    summary.add_row("device", fit,
+    summary.add_row("jaxmem's plan" if pool else "device", fit,
                     f"{dev['name']}: {_size(dev['capacity_bytes'])}, JAX preallocates "
                     f"{int(100 * dev['preallocated_fraction'])}% = {_size(dev['usable_bytes'])}")
     unknown = data["unknown_primitives"]
@@ -371,6 +555,44 @@ def render(data: dict[str, Any], console: Any) -> None:
         cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
                  row["category"] or row["kind"], row["label"]]
         table.add_row(*map(markup, cells), *([markup(short_source(row["source"])) or "—"] if with_source else []))
+    console.print(table)
+    if data.get("xla_gpu_peak_buffers"):
+        render_gpu_peak(data, console)
+
+
+def render_gpu_peak(data: dict[str, Any], console: Any) -> None:
+    """XLA:GPU's largest buffers live at its peak, as a rich table."""
+    from rich.table import Table
+
+    console.print()
+    live = data.get("xla_gpu_peak_live_bytes")
+    title = f"What XLA:GPU holds at its peak on {data['xla_gpu']['target']}"
+    if live:
+        title += f" ({_size(live)} live there)"
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("size", justify="right")
+    table.add_column("array", overflow="fold")
+    table.add_column("kind", overflow="fold")
+    table.add_column("jaxpr array", overflow="fold")
+    table.add_column("XLA op", overflow="fold")
+    table.add_column("source line", overflow="fold")
+    for i, row in enumerate(data["xla_gpu_peak_buffers"], 1):
+        table.add_row(str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
+                      row["jaxpr_array"] or "—", short_op(row["op_name"]) or row["hlo"],
+                      short_source(row["source"]) or "—")
+    console.print(table)
+
+
+def short_op(op_name: str) -> str:
+    """An HLO op_name without its leading `jit(fn)/`, as the table shows it.
+
+    >>> short_op("jit(train_step)/jvp()/dot_general")
+    'jvp()/dot_general'
+    """
+    if op_name.startswith("jit(") and "/" in op_name:
+        return op_name.split("/", 1)[1]
+    return op_name
     console.print(table)
 
 
@@ -444,12 +666,74 @@ def main(argv: list[str]) -> int:
     target = args.target or DEFAULT_TARGET
     fn, fn_args = load_target(target)
     donate = parse_donate(args.donate, len(fn_args))
+    if args.execute and has_abstract_args(fn_args):
+        raise PlanError(f"--execute runs the program, and {target} returns jax.ShapeDtypeStruct arguments "
+                        "(no values); plan and compile it without --execute")
 
     started = time.perf_counter()
-    with progress_after(1.0, "planning"):
-        plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=not args.no_xla), f"cannot plan {target}")
+    gpu, pool, note = None, None, None
+    want_gpu = not args.no_xla and args.xla in ("auto", "gpu")
+    worker = box = None
+    if want_gpu:
+        from jaxmem.compiler.xla_gpu import GpuUnavailable, spec_for, unavailable_reason
+
+        reason = unavailable_reason()
+        if spec_for(device[0]) is None:
+            if args.xla == "gpu":
+                raise PlanError(f"--xla gpu needs a GPU preset with an XLA target description, not {device[0]!r}")
+            want_gpu = False
+        elif reason:
+            note = f"XLA:GPU is not available here ({reason}); comparing with XLA:CPU"
+            want_gpu = False
+        else:
+            worker, box = start_gpu_reference(target, device[0].strip().lower(), donate, args.top)
+    cpu_reference = not args.no_xla and (args.xla != "gpu" or not want_gpu)
+    label = f"planning · compiling for XLA:GPU ({device[0]})" if want_gpu else "planning"
+    with progress_after(1.0, label):
+        try:
+            plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=cpu_reference), f"cannot plan {target}")
+        except BaseException:
+            stop_gpu_reference(worker, box)
+            raise
+        if worker is not None:
+            worker.join()
+    if box is not None:
+        if "err" in box:
+            err = box["err"]
+            if isinstance(err, GpuUnavailable):
+                note = f"XLA:GPU is not available here ({err}); comparing with XLA:CPU"
+                if plan.xla is None:
+                    with progress_after(1.0, "compiling with XLA:CPU"):
+                        plan.xla = _guarded(lambda: _cpu_reference(fn, fn_args, donate), f"cannot compile {target}")
+            else:
+                raise err
+        else:
+            gpu = box["ref"]
+    if note:
+        print(f"jaxmem analyze: {note}", file=sys.stderr)
+    try:
+        dev = pool_device(args, device[1])
+    except ConfigError as err:
+        if any(v is not None for v in (args.mem_fraction, args.preallocate, args.allocator)):
+            raise
+        # The environment holds a setting jaxmem cannot model: the plan and XLA's figures stand,
+        # the pool is not simulated, and the user is told in one line.
+        print(f"jaxmem analyze: the pool is not simulated: {err}", file=sys.stderr)
+        dev = None
+    if dev is None:
+        pass
+    elif gpu is not None:
+        from jaxmem.runtime.steps import program_from_reference, simulate_steps
+
+        pool = simulate_steps(program_from_reference(gpu), dev, args.steps)
+    elif plan.xla is not None:
+        from jaxmem.runtime.steps import simulate_steps
+
+        program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
+        pool = simulate_steps(program, dev, args.steps)
     data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
-                     device=device, top=args.top)
+                     device=device, top=args.top, gpu=gpu, pool=pool,
+                     fraction=dev.mem_fraction if dev is not None else PREALLOCATE_FRACTION, note=note)
     data["total_seconds"] = time.perf_counter() - started
 
     execute = eager = None
@@ -470,7 +754,7 @@ def main(argv: list[str]) -> int:
             render_execute(data["execute"], data["eager"], data["peak_bytes"], console)
     from jaxmem.reports.cli import write_plan_reports
 
-    write_plan_reports(args, plan)
+    write_plan_reports(args, plan, gpu=data if gpu is not None or pool is not None else None)
     if not plan.valid:
         print("jaxmem analyze: the checker found the plan invalid", file=sys.stderr)
         return 1

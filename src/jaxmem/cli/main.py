@@ -24,7 +24,11 @@ SUBCOMMANDS: dict[str, str] = {
     "replay": "replay",
     "run": "run",
     "share": "share",
+    "maxbatch": "maxbatch",
 }
+# Commands that start JAX: it is started first with the CUDA plugin's start-up lines filtered
+# (see jaxmem.compiler.jax_start), so that errors stay one line on stderr.
+JAX_COMMANDS = {"analyze", "fit", "maxbatch"}
 
 
 # Errors of writing our output (a closed pipe, a full disk): one line, not a traceback.
@@ -63,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"jaxmem: unknown command {name!r}; one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
+    if name in JAX_COMMANDS and not any(a in ("-h", "--help") for a in rest):
+        from jaxmem.compiler.jax_start import quiet_jax_start
+
+        quiet_jax_start()
     try:
         module = importlib.import_module(f"jaxmem.cli.{SUBCOMMANDS[name]}")
     except ImportError as err:

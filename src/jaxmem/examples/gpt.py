@@ -180,3 +180,23 @@ def default_example() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     3
     """
     return make_train_step(n_layers=4, d_model=256, n_heads=4, seq=128, batch=8, vocab=4096)
+
+
+def batch_example(batch_size: int = 8) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A GPT-2-small-sized training step with Adam (12 layers, d_model 768, 12 heads, seq 1024,
+    vocab 50304, about 124M parameters) at `batch_size`, with `jax.ShapeDtypeStruct` arguments
+    (nothing is allocated): `jaxmem maxbatch`'s example.
+
+    >>> fn, (params, opt_state, batch) = batch_example(4)
+    >>> batch["tokens"].shape
+    (4, 1024)
+    """
+    holder: dict[str, Any] = {}
+
+    def build() -> tuple[Any, ...]:
+        fn, args = make_train_step(n_layers=12, d_model=768, n_heads=12, seq=1024, batch=batch_size, vocab=50304)
+        holder["fn"] = fn
+        return args
+
+    args = jax.eval_shape(build)
+    return holder["fn"], tuple(args)

@@ -73,13 +73,37 @@ def write_reports(args: argparse.Namespace, data: ReportData) -> None:
         _write("Chrome trace", args.chrome_trace, lambda: write_chrome_trace(args.chrome_trace, data))
 
 
-def write_plan_reports(args: argparse.Namespace, plan: Any) -> None:
-    """The reports of a memory plan (from `jaxmem analyze`)."""
+def write_plan_reports(args: argparse.Namespace, plan: Any, gpu: dict[str, Any] | None = None) -> None:
+    """The reports of a memory plan (from `jaxmem analyze`); `gpu`, analyze's JSON data, adds
+    XLA:GPU's figures, the pool verdict and the buffers XLA:GPU holds at its peak."""
     if not _requested(args):
         return
     title = getattr(args, "target", None) or "built-in example"
     with busy("writing reports"):  # a spinner on stderr if this takes over a second
-        write_reports(args, from_plan(plan, title=str(title)))
+        data = from_plan(plan, title=str(title))
+        if gpu is not None:
+            add_gpu(data, gpu)
+        write_reports(args, data)
+
+
+def add_gpu(data: ReportData, analysis: dict[str, Any]) -> None:
+    """Add XLA:GPU's totals and the pool verdict to the summary, and XLA:GPU's peak buffers as
+    a table, from `jaxmem analyze`'s JSON data."""
+    ref, pool = analysis.get("xla_gpu"), analysis.get("pool")
+    if ref:
+        data.summary.append((f"XLA:GPU total ({ref['target']})", f"{format_size(ref['total_bytes'])}: arguments "
+                             f"{format_size(ref['argument_bytes'])}, outputs {format_size(ref['output_bytes'])}, temp "
+                             f"{format_size(ref['temp_bytes'])}, aliased {format_size(ref['alias_bytes'])}"))
+    if pool:
+        verdict = "fits" if pool["fits"] else f"does not fit (step {pool['failed_step']})"
+        data.summary.append((f"pool over {pool['steps']} steps", f"{verdict}: peak {format_size(pool['peak_bytes'])} "
+                             f"of limit {format_size(pool['limit_bytes'])}"))
+    rows = analysis.get("xla_gpu_peak_buffers") or []
+    if rows:
+        cells = [[str(i), format_size(r["size_bytes"]), f"{r['dtype']}[{','.join(map(str, r['shape']))}]", r["kind"],
+                  r["jaxpr_array"] or "—", r["op_name"] or r["hlo"], r["source"] or "—"] for i, r in enumerate(rows, 1)]
+        data.tables.append((f"What XLA:GPU holds at its peak ({ref['target'] if ref else ''})",
+                            ["#", "size", "array", "kind", "jaxpr array", "XLA op", "source"], cells))
 
 
 def write_replay_reports(args: argparse.Namespace, replay_result: Any, trace: Any = None) -> None:

@@ -104,6 +104,8 @@ class ReportData:
     summary: list[tuple[str, str]] = field(default_factory=list)
     allocators: list[AllocatorSeries] = field(default_factory=list)
     capacity: int | None = None
+    # More tables, drawn as they are: (heading, column names, rows of cell text).
+    tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
 
     @property
     def totals(self) -> list[int]:

@@ -188,6 +188,17 @@ def _payload(data: ReportData) -> dict[str, Any]:
     }
 
 
+def render_table(heading: str, columns: list[str], rows: list[list[str]]) -> str:
+    """A static table (every cell escaped: names from user code are data).
+
+    >>> render_table("T", ["a"], [["<b>"]])
+    '<h2>T</h2><table class="static"><thead><tr><th>a</th></tr></thead><tbody><tr><td>&lt;b&gt;</td></tr></tbody></table>'
+    """
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<h2>{html.escape(heading)}</h2><table class=\"static\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def render_html(data: ReportData) -> str:
     """The report page as one string: styles, data and script inline.
 
@@ -206,6 +217,7 @@ def render_html(data: ReportData) -> str:
         f"<h1>jaxmem memory report</h1><div class=\"sub\">{title}</div>",
         "<table><tbody id=\"summary\"></tbody></table>",
     ]
+    parts += [render_table(*table) for table in data.tables]
     if data.allocators:
         parts.append("<h2>In use and reserved over the trace, per allocator</h2><div class=\"legend\" id=\"alloc-legend\"></div>"
                      "<div class=\"chart\" id=\"lines\"></div>")

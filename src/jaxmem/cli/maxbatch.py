@@ -1,0 +1,159 @@
+"""Find the largest batch (or any integer argument) that fits a GPU: `jaxmem maxbatch TARGET --arg NAME`.
+
+TARGET's factory takes the keyword argument NAME (`batch_size`, a sequence length, ...) and
+returns `(fn, args)`. The answer is judged by XLA:GPU, compiled deviceless for the device, and
+the pool over N training steps as `jaxmem analyze` runs it: `value` fits and `value + 1` does
+not. jaxmem's planner at two small values makes the first guess; XLA:GPU compiles confirm.
+
+    jaxmem maxbatch jaxmem.examples.gpt:batch_example --arg batch_size --device h100-80gb
+    jaxmem maxbatch my_model.py:make_step --arg seq_len --device a100-40gb --donate 0,1 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from jaxmem.cli.analyze import add_pool_arguments, parse_donate, pool_device
+from jaxmem.errors import PlanError
+from jaxmem.units import PRESETS, format_size
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxmem maxbatch", description=(__doc__ or "").strip().splitlines()[0],
+                                     epilog="TARGET: 'path/to/file.py:factory' or 'package.module:factory'; "
+                                            "factory(NAME=value) returns (fn, args).")
+    parser.add_argument("target", metavar="TARGET")
+    parser.add_argument("--arg", required=True, metavar="NAME", help="the factory's integer keyword argument to maximize")
+    parser.add_argument("--device", default="h100-80gb", metavar="PRESET",
+                        help="a GPU preset (default h100-80gb)")
+    parser.add_argument("--donate", default="", metavar="0,1", help="positional arguments of fn to donate")
+    parser.add_argument("--min", type=int, default=1, dest="minimum", help="the smallest value searched (default 1)")
+    parser.add_argument("--max", type=int, default=1 << 24, dest="maximum", help="the largest value searched (default 2^24)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_pool_arguments(parser)
+    return parser
+
+
+def planner_guess(target: str, name: str, minimum: int, limit: int, donate: tuple[int, ...]) -> tuple[int | None, float]:
+    """A first guess from jaxmem's own planner: its peak at `minimum` and `2 * minimum`
+    (abstract arguments, nothing allocated), and the value where the line through them reaches
+    `limit`. (None, seconds) when the planner cannot say."""
+    from jaxmem.compiler.maxbatch import line_guess
+    from jaxmem.compiler.planner import plan
+    from jaxmem.compiler.xla_gpu import load_abstract
+
+    started = time.perf_counter()
+    points = []
+    try:
+        for value in (minimum, 2 * minimum):
+            fn, args = load_abstract(target, {name: value})
+            points.append((value, plan(fn, *args, donate_argnums=donate, xla=False).peak_bytes))
+    except Exception:  # the guess is only a guess: XLA judges every value anyway
+        return None, time.perf_counter() - started
+    return line_guess(points, limit, minimum), time.perf_counter() - started
+
+
+class _Bar:
+    """A transient progress line on stderr (terminals only): the compiles made so far."""
+
+    def __init__(self, label: str) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.progress = None
+        if self.console.is_terminal:
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                     console=self.console, transient=True)
+            self.task = self.progress.add_task(label, total=None)
+            self.progress.start()
+
+    def update(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=text)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def main(argv: list[str]) -> int:
+    """`jaxmem maxbatch`: see the module docstring. Returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from jaxmem.compiler.maxbatch import Judgement, search
+    from jaxmem.compiler.target import resolve_factory
+    from jaxmem.compiler.xla_gpu import GpuUnavailable, spec_for, unavailable_reason, xla_gpu_reference
+    from jaxmem.runtime.steps import program_from_reference, simulate_steps
+
+    if not args.arg.isidentifier():
+        raise PlanError(f"--arg takes a keyword argument name, got {args.arg!r}")
+    device = args.device.strip().lower()
+    if spec_for(device) is None:
+        gpus = sorted(k for k in PRESETS if spec_for(k))
+        raise PlanError(f"--device must be a GPU preset ({', '.join(gpus)}), got {args.device!r}")
+    reason = unavailable_reason()
+    if reason:
+        raise GpuUnavailable(f"maxbatch needs XLA:GPU, which is not available here: {reason}")
+    resolve_factory(args.target)   # a bad TARGET fails here, in one line
+    capacity = PRESETS[device]
+    limit = pool_device(args, capacity).allocator.limit
+    donate = parse_donate(args.donate, 1 << 16)
+    started = time.perf_counter()
+    counts = {"compiles": 0, "cached": 0}
+    bar = _Bar(f"planning {args.arg}={args.minimum}, {2 * args.minimum}")
+    try:
+        guess, plan_seconds = planner_guess(args.target, args.arg, args.minimum, limit, donate)
+
+        bracket: dict[str, int] = {}
+
+        def judge(value: int) -> Judgement:
+            known = ", ".join(f"{k} {v}" for k, v in (("fits at", bracket.get("lo")), ("not at", bracket.get("hi")))
+                              if v is not None)
+            bar.update(f"XLA:GPU compile {counts['compiles'] + counts['cached'] + 1}: {args.arg}={value}"
+                       + (f" ({known})" if known else ""))
+            ref = xla_gpu_reference(args.target, device=device, donate_argnums=donate, kwargs={args.arg: value}, top=0)
+            counts["cached" if ref.cached else "compiles"] += 1
+            verdict = simulate_steps(program_from_reference(ref), pool_device(args, capacity), args.steps)
+            if verdict.fits:
+                bracket["lo"] = max(value, bracket.get("lo", value))
+            else:
+                bracket["hi"] = min(value, bracket.get("hi", value))
+            return Judgement(value, verdict.fits, ref.total_bytes, ref.cached)
+
+        result = search(judge, limit_bytes=limit, guess=guess, minimum=args.minimum, maximum=args.maximum)
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - started
+    data: dict[str, Any] = {
+        "arg": args.arg, "value": result.value, "total_bytes": result.total_bytes,
+        "next_total_bytes": result.next_total_bytes, "limit_bytes": int(limit), "seconds": round(seconds, 3),
+        "compiles": counts["compiles"], "cached_compiles": counts["cached"], "device": device,
+        "steps": args.steps, "at_maximum": result.at_maximum, "planner_guess": guess,
+        "planner_seconds": round(plan_seconds, 3),
+        "judged": [{"value": j.value, "fits": j.fits, "total_bytes": j.total_bytes, "cached": j.cached}
+                   for j in sorted(result.judged, key=lambda j: j.value)],
+    }
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    if result.at_maximum:
+        console.print(f"[bold]{args.arg} = {result.value}[/bold] fits {device} (the largest value searched, --max)")
+    else:
+        console.print(f"[bold green]{args.arg} = {result.value}[/bold green] is the largest that fits {device}: "
+                      f"XLA:GPU total {format_size(result.total_bytes)}; at {result.value + 1}: "
+                      f"{format_size(result.next_total_bytes or 0)}, which the pool cannot hold over {args.steps} steps")
+    cached = f" + {counts['cached']} cached" if counts["cached"] else ""
+    console.print(f"pool limit {format_size(limit)}; {counts['compiles']} XLA:GPU compiles{cached}, "
+                  f"planner guess {guess if guess is not None else '—'}; {seconds:.1f} s", style="dim")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

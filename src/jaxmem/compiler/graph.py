@@ -122,12 +122,12 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, ValueId | Const], outer: SourceLi
             for var, operand in zip(inner.invars, operands):
                 inner_env[var] = operand
             _walk(g, inner, inner_env, ja.source_line(eqn) or outer)
-            for outer, atom in zip(eqn.outvars, inner.outvars):
-                if ja.is_dropvar(outer):
+            for var, atom in zip(eqn.outvars, inner.outvars):
+                if ja.is_dropvar(var):
                     continue
-                env[outer] = _resolve(inner_env, atom)
-                if not isinstance(env[outer], Const):
-                    g.var_ids[outer] = env[outer]
+                env[var] = _resolve(inner_env, atom)
+                if not isinstance(env[var], Const):
+                    g.var_ids[var] = env[var]
             continue
         index = len(g.ops)
         source = ja.source_line(eqn) or outer

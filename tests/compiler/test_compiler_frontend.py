@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.compiler.graph import build_graph
+from jaxmem.compiler.jaxpr_adapter import inline
+from jaxmem.compiler.program import drop_dead
 from jaxmem.compiler.plan_types import SourceLine
 
 
@@ -16,7 +17,7 @@ def test_an_equation_without_a_user_frame_after_a_call_gets_no_jaxpr_variable(mo
     real = ja.source_line
     monkeypatch.setattr(ja, "source_line", lambda eqn: None if ja.eqn_name(eqn) == "mul" else real(eqn))
     closed = jax.make_jaxpr(lambda x: jax.jit(jnp.sin)(x) * 2)(jnp.ones(4))
-    g = build_graph(closed)
+    g = drop_dead(inline(closed))
     assert [op.primitive for op in g.ops] == ["sin", "mul"]
     for op in g.ops:
         assert op.source is None or isinstance(op.source, SourceLine), op.source

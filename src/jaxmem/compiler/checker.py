@@ -18,8 +18,8 @@ import bisect
 
 import numpy as np
 
-from jaxmem.compiler.aliasing import is_view
 from jaxmem.compiler.plan_types import Plan
+from jaxmem.compiler.rules import is_view
 
 ALIGNMENT = 256
 MAX_PROBLEMS = 50

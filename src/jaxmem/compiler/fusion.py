@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmem.compiler.aliasing import DOT_LIKE, FUSIBLE_CONSUMERS, FUSIBLE_PRODUCERS, is_view
-from jaxmem.compiler.graph import Graph
+from jaxmem.compiler.program import DROPPED, Program
+from jaxmem.compiler.rules import DOT_LIKE, is_view, rule
 
 MAX_FUSED_CONSUMERS = 8  # beyond this, recomputing a fused value at every consumer is too dear
 
@@ -25,7 +25,7 @@ def align(nbytes: int) -> int:
     return (nbytes + 255) & ~255
 
 
-def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[bool]:
+def forced_fusion(g: Program, external: list[bool], outputs: list[bool]) -> list[bool]:
     """Views of values with no arena buffer (non-donated arguments, other such views) need no
     storage of their own: they are fused unconditionally (unless they are program outputs)."""
     fused = [False] * g.num_values
@@ -41,29 +41,30 @@ def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[b
     # An unused value (not an output) needs no storage at all.
     for op in g.ops:
         for v in op.outputs:
-            if v is not None and not g.users[v] and not outputs[v] and not op.eqn.effects:
+            if v is not None and not g.users[v] and not outputs[v] and not op.effectful:
                 if _fusible_producer(op) and len(op.outputs) == 1:
                     fused[v] = True
     return fused
 
 
-def op_is_view(g: Graph, op) -> bool:
-    """Whether a graph op only reinterprets its first operand's bytes (`aliasing.is_view`)."""
+def op_is_view(g: Program, op) -> bool:
+    """Whether an op only reinterprets its first operand's bytes (`rules.is_view`)."""
     in_dtype = g.dtypes[op.inputs[0]] if op.inputs else None
     return is_view(op.primitive, op.eqn.params, in_dtype)
 
 
 def _fusible_producer(op) -> bool:
-    if op.primitive == "transpose":
+    fusion = rule(op.primitive).fusion
+    if fusion == "transpose":
         return True  # folded into dot/conv consumers only (see _absorbs)
-    if op.primitive not in FUSIBLE_PRODUCERS:
+    if fusion != "producer":
         return False
     if op.primitive == "reshape" and op.eqn.params.get("dimensions") is not None:
         return False
     return True
 
 
-def expanded_inputs(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
+def expanded_inputs(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
     """The stored values a fused value `v` is computed from (through chains of fused values).
 
     Iterative, since elementwise chains thousands of ops long fuse into one.
@@ -94,7 +95,7 @@ def expanded_inputs(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: 
     return memo[v]
 
 
-def expanded_reads(g: Graph, fused: list[bool]) -> list[list[int]]:
+def expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
     """Per op, the stored values it reads once fused operands are computed inside it.
     An op all of whose outputs are fused reads nothing itself (its consumers do)."""
     memo: dict[int, list[int]] = {}
@@ -116,7 +117,7 @@ def expanded_reads(g: Graph, fused: list[bool]) -> list[list[int]]:
 
 
 def choose_fusion(
-    g: Graph,
+    g: Program,
     order: list[int],
     external: list[bool],
     outputs: list[bool],
@@ -151,7 +152,7 @@ def choose_fusion(
     # Live-bytes profile over positions -1..n (shifted by one), values counted individually.
     diff = np.zeros(n + 3, dtype=np.int64)
     for v in range(g.num_values):
-        if external[v] or fused[v] or g.producer[v] == -2 or size[v] == 0:
+        if external[v] or fused[v] or g.producer[v] == DROPPED or size[v] == 0:
             continue
         diff[start[v] + 1] += size[v]
         diff[last[v] + 2] -= size[v]
@@ -194,12 +195,12 @@ def choose_fusion(
 def _absorbs(producer: str, consumer: str) -> bool:
     """Whether `consumer` can compute a fused `producer` value itself. Transposes fold into
     dot/conv operands (XLA's transpose folding); the rest into loop fusions and reductions."""
-    if producer == "transpose":
+    if rule(producer).fusion == "transpose":
         return consumer in DOT_LIKE
-    return consumer in FUSIBLE_CONSUMERS
+    return rule(consumer).absorbs
 
 
-def _inputs_now(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
+def _inputs_now(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
     """Stored inputs of v if it were fused now (its inputs' fusion is already final)."""
     result: dict[int, None] = {}
     for u in g.ops[g.producer[v]].inputs:

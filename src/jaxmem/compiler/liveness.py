@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jaxmem.compiler.aliasing import inplace_candidates, storage_rule
 from jaxmem.compiler.fusion import align, op_is_view
-from jaxmem.compiler.graph import Graph
+from jaxmem.compiler.program import Program
+from jaxmem.compiler.rules import inplace_candidates, storage_rule
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Liveness:
 
 
 def assign_buffers(
-    g: Graph,
+    g: Program,
     order: list[int],
     fused: list[bool],
     reads: list[list[int]],
@@ -150,7 +150,7 @@ def assign_buffers(
     return Liveness(intervals, group, peak, profile)
 
 
-def _dot_result(g: Graph, op) -> bool:
+def _dot_result(g: Program, op) -> bool:
     src = op.inputs[0] if op.inputs else None
     return src is not None and g.producer[src] >= 0 and g.ops[g.producer[src]].primitive == "dot_general"
 

@@ -41,6 +41,7 @@ class Const:
     """An operand that is not a planned value: a jaxpr literal or a closed-over constant."""
 
     value: Any
+    aval: Any = field(default=None, compare=False, repr=False)  # its abstract type, to store it
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Plan a JAX function's device memory from its jaxpr: schedule, fuse, alias, place, check.
 
-The pipeline, one module per step: `graph` (values and ops, calls inlined) -> `schedule`
-(several orders) -> `fusion` (what is never stored) -> `liveness` (buffer groups and intervals,
-with `aliasing`'s rules) -> `placement` (offsets) -> `checker` (the verdict). Every candidate
+The pipeline, one module per step: the front end (`jaxpr_adapter.inline`: the `program`, calls
+inlined) -> `schedule` (several orders) -> `fusion` (what is never stored) -> `liveness` (buffer
+groups and intervals, with the storage `rules`) -> `placement` (offsets) -> `checker` (the
+verdict). Every candidate
 schedule is scored by its live bytes; the best one is placed.
 
     >>> p = plan(lambda x, w: jnp.tanh(x @ w).sum(), jnp.ones((64, 64)), jnp.ones((64, 64)))
@@ -19,10 +20,10 @@ from typing import Any, Callable, Sequence
 
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.compiler.aliasing import storage_rule
 from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.fusion import choose_fusion, expanded_reads, forced_fusion
-from jaxmem.compiler.graph import Graph, build_graph
+from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.rules import storage_rule
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import place
 from jaxmem.compiler.plan_types import Const, PlannedBuffer, Plan, Step, ValueInfo
@@ -63,21 +64,12 @@ def plan(
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
     donate_argnums = tuple(donate_argnums)
-    for k in donate_argnums:
-        if not isinstance(k, int) or isinstance(k, bool) or not -len(args) <= k < len(args):
-            raise PlanError(f"donate_argnums {donate_argnums!r}: {k!r} is not a positional argument index (0..{len(args) - 1})")
-    wanted = {k % len(args) for k in donate_argnums}
     start = time.perf_counter()
-    try:
-        closed = ja.trace(fn, args, kwargs)
-    except Exception as err:  # the user's function failed to trace: say so in one line
-        raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
-    donated: list[bool] = []
-    for k, count in enumerate(ja.flat_arg_counts(args)):
-        donated += [k in wanted] * count
-    traced = time.perf_counter()
-    result = plan_jaxpr(closed, donated=donated)
-    result.extra["trace_seconds"] = traced - start  # JAX's tracing; plan_seconds is ours alone
+    traced = ja.trace(fn, args, kwargs, donate_argnums)
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
+    traced_at = time.perf_counter()
+    result = plan_jaxpr(traced.closed_jaxpr, donated=donated)
+    result.extra["trace_seconds"] = traced_at - start  # JAX's tracing; plan_seconds is ours alone
     if xla:
         result.xla = _xla_reference(fn, args, donate_argnums, kwargs)
     return result
@@ -133,7 +125,7 @@ def plan_jaxpr(
 
 def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check, external_outputs,
                 carry_inputs) -> Plan:
-    g = build_graph(closed_jaxpr)
+    g = drop_dead(ja.inline(closed_jaxpr))
     flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
     if len(flags) > len(g.invars):
         raise PlanError(f"{len(donated)} donation flags for {len(g.invars)} inputs")
@@ -237,7 +229,7 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
     return result
 
 
-def _loop_scratch(g: Graph, unknown: set[str]) -> dict[int, int]:
+def _loop_scratch(g: Program, unknown: set[str]) -> dict[int, int]:
     """Bytes of each loop/cond body's own temporaries, planned recursively (bodies planned once).
 
     A body's results are written into the loop's own buffers, which the outer plan already
@@ -283,7 +275,7 @@ def _loop_scratch(g: Graph, unknown: set[str]) -> dict[int, int]:
 
 
 def _build_plan(
-    g: Graph,
+    g: Program,
     closed_jaxpr: Any,
     order: list[int],
     fused: list[bool],
@@ -311,7 +303,7 @@ def _build_plan(
     values: dict[int, ValueInfo] = {}
     for v in range(g.num_values):
         prod = g.producer[v]
-        if prod == -2:
+        if prod == DROPPED:
             continue  # made by dead code that was dropped
         gid = live.group[v]
         values[v] = ValueInfo(v, g.shapes[v], g.dtypes[v], g.nbytes[v],

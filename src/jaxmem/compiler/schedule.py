@@ -16,19 +16,19 @@ from __future__ import annotations
 import heapq
 
 from jaxmem.compiler.fusion import align, op_is_view
-from jaxmem.compiler.graph import Graph
+from jaxmem.compiler.program import Program
 
 
-def program_order(g: Graph) -> list[int]:
+def program_order(g: Program) -> list[int]:
     """The order the program itself wrote its equations in."""
     return list(range(len(g.ops)))
 
 
-def _producers(g: Graph, oi: int) -> list[int]:
+def _producers(g: Program, oi: int) -> list[int]:
     return list({g.producer[u] for u in g.ops[oi].inputs if g.producer[u] >= 0})
 
 
-def _alloc_bytes(g: Graph, oi: int, fused: list[bool], external: list[bool]) -> int:
+def _alloc_bytes(g: Program, oi: int, fused: list[bool], external: list[bool]) -> int:
     op = g.ops[oi]
     if op_is_view(g, op) and op.inputs and not external[op.inputs[0]]:
         return 0
@@ -36,7 +36,7 @@ def _alloc_bytes(g: Graph, oi: int, fused: list[bool], external: list[bool]) -> 
 
 
 def list_schedule(
-    g: Graph,
+    g: Program,
     reads: list[list[int]],
     fused: list[bool],
     external: list[bool],
@@ -118,7 +118,7 @@ def list_schedule(
 
 
 def dfs_schedule(
-    g: Graph,
+    g: Program,
     fused: list[bool],
     outputs_order: list[int],
     reverse_roots: bool = False,
@@ -181,7 +181,7 @@ def dfs_schedule(
     return order
 
 
-def topological_orders(g: Graph, limit: int) -> list[list[int]] | None:
+def topological_orders(g: Program, limit: int) -> list[list[int]] | None:
     """Every topological order of the ops, or None when there are more than `limit`.
 
     For tiny programs this lets the planner prove its schedule optimal by trying them all.
@@ -231,7 +231,7 @@ def topological_orders(g: Graph, limit: int) -> list[list[int]] | None:
 
 
 def sink_schedule(
-    g: Graph,
+    g: Program,
     order: list[int],
     reads: list[list[int]],
     fused: list[bool],

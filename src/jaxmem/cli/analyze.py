@@ -187,7 +187,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "num_steps": len(plan.schedule),
         "num_buffers": len(plan.buffers),
         "plan_seconds": plan.plan_seconds,
-        "trace_seconds": plan.extra.get("trace_seconds"),   # JAX's make_jaxpr, before planning
+        "trace_seconds": plan.trace_seconds,   # JAX's make_jaxpr, before planning
         "valid": bool(plan.valid),
         "scheduler": plan.scheduler,
         "placement": plan.placement,

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from jaxmem.compiler.costs import eqn_cost, is_cheap, is_recomputable
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.remat_graph import Graph, Node
-from jaxmem.compiler.rules import DOT_LIKE, rule
+from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, rule
 
 # A chain may reach this many nodes back from the value it recomputes; deeper chains cost more
 # than they free in every model we measured, and the bound keeps one search step cheap.
@@ -56,9 +56,6 @@ MAX_SIBLING_NODES = 4
 DOUBLED_VIEWS = frozenset({"transpose"})
 # Movement ops a transposed operand may be recomputed through (see `_view_chain`).
 VIEW_OPS = frozenset({"transpose", "reshape", "slice", "split", "squeeze", "expand_dims"})
-# A fused value that would be re-emitted in more held readers than this is held in memory
-# instead (see `_virtual`); 8 keeps one layer's fused chains virtual and a residual stream held.
-MAX_FUSED_EMISSIONS = 8
 # Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
 MAX_TRIES = 6
 
@@ -182,7 +179,7 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     has several readers (a transformer's residual stream) would be re-emitted in every reader
     of every later sum, and XLA holds those sums in memory (measured: XLA:CPU's buffer
     assignment keeps them). A value whose held readers, counted through the fused values it
-    feeds, are more than `MAX_FUSED_EMISSIONS` is held too. (Counted as distinct readers, not
+    feeds, are more than `rules.MAX_FUSED_READERS` is held too. (Counted as distinct readers, not
     paths: a gelu's diamond of elementwise ops stays fused, as XLA fuses it.)
     """
     n = len(graph.nodes)
@@ -202,7 +199,7 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
                     break
                 fused = [roots[c] for c in graph.nodes[u].outs if c in virtual]
                 into.update(*fused) if fused else into.add(u)
-        if ok and len(into) <= MAX_FUSED_EMISSIONS:
+        if ok and len(into) <= MAX_FUSED_READERS:
             virtual.update(outs)
             roots.update((v, frozenset(into)) for v in outs)
     return virtual

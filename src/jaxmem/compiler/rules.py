@@ -50,6 +50,11 @@ class Rule:
 
 UNKNOWN = Rule()
 
+# A fused value is recomputed in each of its readers; beyond this many (held) readers it is
+# stored instead, in the planner's fusion model and in remat's model of XLA:CPU alike. 8 keeps
+# one layer's fused chains fused and a transformer's residual stream held.
+MAX_FUSED_READERS = 8
+
 
 def _rows(names: str, rule: Rule) -> dict[str, Rule]:
     return dict.fromkeys(names.split(), rule)

@@ -118,26 +118,34 @@ def _nbytes(aval: Any) -> int:
     return dtype.itemsize * int(np.prod(shape, dtype=np.int64))
 
 
-_SCRATCH: dict[Any, int] = {}
+# Compiling a loop to learn its temp bytes takes long, so repeated runs of one program reuse
+# the figure. Keyed by id(eqn), each entry also holds the equation, so the id cannot be reused
+# by another while cached; the oldest entries go past `_SCRATCH_LIMIT`.
+_SCRATCH: dict[int, tuple[Any, int]] = {}
+_SCRATCH_LIMIT = 256
 
 
 def _scratch_bytes(eqn: Any) -> int:
     """XLA's temp bytes for running a loop/cond equation as one executable (its body's temporaries)."""
     if eqn.primitive.name not in ja.LOOP_PRIMITIVES:
         return 0
-    key = id(eqn)
-    if key not in _SCRATCH:
-        kernel = jax_kernel(eqn)
-        try:
-            specs = []
-            for v in eqn.invars:
-                dtype, shape = storage(v.aval)
-                specs.append(jax.ShapeDtypeStruct(shape, dtype))
-            analysis = kernel.jitted.lower(*specs).compile().memory_analysis()
-            _SCRATCH[key] = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
-        except Exception:  # noqa: BLE001 - a backend without memory_analysis: no scratch figure
-            _SCRATCH[key] = 0
-    return _SCRATCH[key]
+    cached = _SCRATCH.get(id(eqn))
+    if cached is not None and cached[0] is eqn:
+        return cached[1]
+    kernel = jax_kernel(eqn)
+    try:
+        specs = []
+        for v in eqn.invars:
+            dtype, shape = storage(v.aval)
+            specs.append(jax.ShapeDtypeStruct(shape, dtype))
+        analysis = kernel.jitted.lower(*specs).compile().memory_analysis()
+        nbytes = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
+    except Exception:  # noqa: BLE001 - a backend without memory_analysis: no scratch figure
+        nbytes = 0
+    while len(_SCRATCH) >= _SCRATCH_LIMIT:
+        del _SCRATCH[next(iter(_SCRATCH))]
+    _SCRATCH[id(eqn)] = (eqn, nbytes)
+    return nbytes
 
 
 def run_eager(prog: Program, inputs: list[np.ndarray] | None, device: Any, *, compute: bool = True) -> tuple[list[Any] | None, _State, OutOfMemory | None]:

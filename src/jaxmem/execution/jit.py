@@ -13,6 +13,7 @@ it. `clear_caches()` drops every cached plan and arena.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ def build(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[
     elif len(plan.invars) != len(traced.in_avals):
         raise PlanError(f"the plan has {len(plan.invars)} inputs, the function {len(traced.in_avals)}")
     if plan.closed_jaxpr is None:
-        plan.closed_jaxpr = traced.closed_jaxpr
+        plan = dataclasses.replace(plan, closed_jaxpr=traced.closed_jaxpr)
     buffer = None
     if device is None:
         memory = host_arena(plan.arena_bytes)

@@ -14,9 +14,10 @@ classes between releases, so everything else in jaxmem asks this module instead 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -288,6 +289,20 @@ def count_eqns(jaxpr: Any) -> int:
     return total
 
 
+def bind(eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """Run one equation's primitive on `args` (arrays or tracers): its outputs, as a list."""
+    prim = eqn.primitive
+    # JAX releases differ: get_bind_params returns params, or (subfuns, params) with subfuns
+    # empty for every primitive the front end leaves un-inlined.
+    params = prim.get_bind_params(eqn.params)
+    if isinstance(params, tuple):
+        subfuns, params = params
+        if subfuns:
+            raise PlanError(f"cannot re-run primitive {prim.name}: it binds sub-functions")
+    result = prim.bind(*args, **params)
+    return list(result) if prim.multiple_results else [result]
+
+
 def as_closed(obj: Any) -> Any:
     """A ClosedJaxpr for an open Jaxpr (no consts) or the ClosedJaxpr itself."""
     if isinstance(obj, jcore.ClosedJaxpr):
@@ -319,15 +334,33 @@ def _skip_file(filename: str) -> bool:
 
 
 def source_line(eqn: Any) -> SourceLine | None:
-    """The user's frame that made this equation: the innermost outside jax/, jaxlib/ and jaxmem/."""
+    """The user's frame that made this equation: the innermost outside jax/, jaxlib/ and jaxmem/
+    (jaxmem's bundled examples count as user code)."""
+    for file, line, function in _user_frames(eqn):
+        return SourceLine(file, line, function)
+    return None
+
+
+def user_frames(eqn: Any, limit: int = 64) -> tuple[tuple[str, int, str], ...]:
+    """The user's Python stack that made this equation, innermost first, as (file, line,
+    function): every frame `source_line` would take. For pprof profiles, which want the whole
+    stack, not only the innermost frame.
+
+    >>> user_frames(closed.jaxpr.eqns[0])[0]
+    ('/home/me/train.py', 42, 'loss_fn')
+    """
+    return tuple(itertools.islice(_user_frames(eqn), limit))
+
+
+def _user_frames(eqn: Any) -> Iterator[tuple[str, int, str]]:
     info = getattr(eqn, "source_info", None)
     tb = getattr(info, "traceback", None)
     if tb is None:
-        return None
+        return
     try:
         codes, lastis = tb.raw_frames()
     except (AttributeError, TypeError):
-        return None
+        return
     for code, lasti in zip(codes, lastis):
         if _skip_file(code.co_filename):
             continue
@@ -335,39 +368,4 @@ def source_line(eqn: Any) -> SourceLine | None:
             line = int(tb.code_addr2line(code, lasti))
         except (AttributeError, TypeError, ValueError):
             line = code.co_firstlineno
-        return SourceLine(code.co_filename, line, code.co_name)
-    return None
-
-
-_EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
-
-def user_frames(eqn: Any, limit: int = 64) -> tuple[tuple[str, int, str], ...]:
-    """The user's Python stack that made this equation, innermost first, as (file, line,
-    function): every frame outside jax/, jaxlib/ and jaxmem/ (jaxmem's bundled examples count as
-    user code). For pprof profiles, which want the whole stack, not only the innermost frame.
-
-    >>> user_frames(closed.jaxpr.eqns[0])[0]
-    ('/home/me/train.py', 42, 'loss_fn')
-    """
-    info = getattr(eqn, "source_info", None)
-    tb = getattr(info, "traceback", None)
-    if tb is None:
-        return ()
-    try:
-        codes, lastis = tb.raw_frames()
-    except (AttributeError, TypeError):
-        return ()
-    out = []
-    for code, lasti in zip(codes, lastis):
-        name = code.co_filename
-        if _skip_file(name) and not os.path.abspath(name).startswith(_EXAMPLES_DIR):
-            continue
-        try:
-            line = int(tb.code_addr2line(code, lasti))
-        except (AttributeError, TypeError, ValueError):
-            line = code.co_firstlineno
-        out.append((name, line, code.co_name))
-        if len(out) >= limit:
-            break
-    return tuple(out)
+        yield code.co_filename, line, code.co_name

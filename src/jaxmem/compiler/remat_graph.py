@@ -51,7 +51,7 @@ class Node:
 
     @property
     def primitive(self) -> str:
-        return f"remat[{self.guard}]" if self.eqn is None else self.eqn.primitive.name
+        return f"remat[{self.guard}]" if self.eqn is None else ja.eqn_name(self.eqn)
 
     @property
     def inputs(self) -> list[int]:
@@ -115,17 +115,6 @@ def trace(fn: Callable, *args: Any, donate_argnums: int | tuple[int, ...] = ()) 
                  frozenset(traced.donated), p.num_values)
 
 
-def _bind_params(prim: Any, params: dict[str, Any]) -> dict[str, Any]:
-    # JAX releases differ: get_bind_params returns params, or (subfuns, params) with subfuns
-    # empty for every primitive remat leaves un-inlined.
-    got = prim.get_bind_params(params)
-    if isinstance(got, tuple):
-        subfuns, got = got
-        if subfuns:
-            raise PlanError(f"cannot re-run primitive {prim.name}: it binds sub-functions")
-    return got
-
-
 def run(graph: Graph, flat_args: list[Any]) -> list[Any]:
     """Evaluate the graph on flat arguments, one `bind` per node; works under tracing too."""
     env: dict[int, Any] = dict(zip(graph.invars, flat_args))
@@ -146,9 +135,7 @@ def _run_nodes(nodes: Any, env: dict[int, Any]) -> None:
         if node.eqn is None:
             outvals = _run_group(node, invals, env)
         else:
-            prim = node.eqn.primitive
-            result = prim.bind(*invals, **_bind_params(prim, node.eqn.params))
-            outvals = list(result) if prim.multiple_results else [result]
+            outvals = ja.bind(node.eqn, invals)
         for vid, val in zip(node.outs, outvals):
             if vid is not None:
                 env[vid] = val

@@ -3,7 +3,7 @@
 As JAX without jit (or PyTorch) runs a program: the arguments are on the device first; each
 equation's outputs are allocated when it runs and freed after their last use; a loop or cond
 also holds its body's temporaries (XLA's temp buffer for that one executable) while it runs.
-Every allocation and free is recorded as a `jaxmem.traces.model.Trace` (format "jaxmem"), so
+Every allocation and free is recorded as a `jaxmem.trace_schema.Trace` (format "jaxmem"), so
 the run can be replayed, reported, or compared with the planned peak.
 
     >>> device = jaxmem.Device("1GiB", backend="host", allocator="bfc", preallocate=False)
@@ -31,7 +31,7 @@ from jaxmem.compiler.program import Op, Program
 from jaxmem.errors import OutOfMemory, PlanError
 from jaxmem.execution.primitives import jax_kernel, kernel_for, storage
 from jaxmem.execution.tracing import const_array, host_inputs, to_user
-from jaxmem.traces.model import Event, Frame, Trace
+from jaxmem.trace_schema import Event, Frame, Trace
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxmem.compiler.jaxpr_adapter import aval_bytes
-from jaxmem.compiler.rules import rule
+from jaxmem.compiler.rules import CHEAP, NOT_RECOMPUTABLE, rule
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,9 @@ def eqn_cost(eqn: Any) -> Cost:
 
 def is_cheap(eqn: Any) -> bool:
     """True for elementwise arithmetic and data movement: what XLA fuses, cheap to recompute."""
-    return rule(eqn.primitive.name).cheap
+    return eqn.primitive.name in CHEAP
 
 
 def is_recomputable(eqn: Any) -> bool:
     """True when running the equation a second time gives the same value and has no effect."""
-    return rule(eqn.primitive.name).recomputable and not getattr(eqn, "effects", None)
+    return eqn.primitive.name not in NOT_RECOMPUTABLE and not getattr(eqn, "effects", None)

@@ -13,7 +13,7 @@ program order, by the effect on the peak of the live-bytes profile under a given
 from __future__ import annotations
 
 from jaxmem.compiler.program import DROPPED, Program
-from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, is_view, rule
+from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, RULES, UNKNOWN, is_view
 from jaxmem.compiler.stages import Fusion, Roles, align, live_profile
 
 
@@ -48,7 +48,7 @@ def op_is_view(g: Program, op) -> bool:
 
 
 def _fusible_producer(op) -> bool:
-    fusion = rule(op.primitive).fusion
+    fusion = RULES.get(op.primitive, UNKNOWN).fusion
     if fusion == "transpose":
         return True  # folded into dot/conv consumers only (see _absorbs)
     if fusion != "producer":
@@ -184,9 +184,9 @@ def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) 
 def _absorbs(producer: str, consumer: str) -> bool:
     """Whether `consumer` can compute a fused `producer` value itself. Transposes fold into
     dot/conv operands (XLA's transpose folding); the rest into loop fusions and reductions."""
-    if rule(producer).fusion == "transpose":
+    if RULES.get(producer, UNKNOWN).fusion == "transpose":
         return consumer in DOT_LIKE
-    return rule(consumer).absorbs
+    return RULES.get(consumer, UNKNOWN).absorbs
 
 
 def _inputs_now(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:

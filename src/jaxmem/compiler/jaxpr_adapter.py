@@ -82,7 +82,10 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         return fn(*positional, **named, **static)
 
     try:
-        closed, shapes = jax.make_jaxpr(target, return_shape=True)(*args, dynamic)
+        if kwargs:
+            closed, shapes = jax.make_jaxpr(target, return_shape=True)(*args, dynamic)
+        else:  # `fn` itself, so JAX's trace cache (per function object) applies
+            closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
     except Exception as err:  # the user's function failed to trace: say so in one line
         first = str(err).splitlines()[0] if str(err) else ""
         raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {first}") from err
@@ -156,8 +159,19 @@ def aval_shape_dtype(atom: Any) -> tuple[tuple[int, ...], str, int]:
 
 
 def aval_bytes(aval: Any) -> int:
-    """Bytes of one value of this abstract type (0 for tokens and other values without data)."""
-    return _shape_dtype_bytes(aval)[2]
+    """Bytes of one value of this abstract type (0 for tokens and other values without data).
+    The one value-size rule; fast, since costs ask it for every operand of every equation."""
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        count = int(dtype.itemsize)
+    except (AttributeError, TypeError):
+        count = 4  # an extended dtype we cannot size: assume one 32-bit word per element
+    for d in shape:
+        count *= int(d) if isinstance(d, (int, np.integer)) else 0
+    return count
 
 
 def _shape_dtype_bytes(aval: Any) -> tuple[tuple[int, ...], str, int]:
@@ -165,15 +179,7 @@ def _shape_dtype_bytes(aval: Any) -> tuple[tuple[int, ...], str, int]:
     dtype = getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return (), type(aval).__name__, 0
-    shape = tuple(int(d) if isinstance(d, (int, np.integer)) else 0 for d in shape)
-    try:
-        itemsize = int(dtype.itemsize)
-    except (AttributeError, TypeError):
-        itemsize = 4  # an extended dtype we cannot size: assume one 32-bit word per element
-    count = 1
-    for d in shape:
-        count *= d
-    return shape, str(dtype), count * itemsize
+    return tuple(int(d) if isinstance(d, (int, np.integer)) else 0 for d in shape), str(dtype), aval_bytes(aval)
 
 
 def split_closed(obj: Any) -> tuple[Any, list[Any]]:
@@ -226,7 +232,7 @@ def inline(closed_jaxpr: Any) -> Program:
     for var, const in zip(jaxpr.constvars, consts):
         env[var] = Const(const, var.aval)
     for var in jaxpr.invars:
-        vid = p.new_value(*aval_shape_dtype(var), var.aval, INPUT, None)
+        vid = p.new_value(*_shape_dtype_bytes(var.aval), var.aval, INPUT, None)
         env[var] = vid
         p.var_ids[var] = vid
         p.invars.append(vid)
@@ -272,7 +278,8 @@ def _inline_into(p: Program, jaxpr: Any, env: dict[Any, int | Const], outer: Sou
             if isinstance(var, jcore.DropVar):
                 outputs.append(None)
                 continue
-            vid = p.new_value(*aval_shape_dtype(var), var.aval, index, source)
+            aval = var.aval
+            vid = p.new_value(*_shape_dtype_bytes(aval), aval, index, source)
             env[var] = vid
             p.var_ids[var] = vid
             outputs.append(vid)
@@ -335,9 +342,19 @@ def _skip_file(filename: str) -> bool:
 
 def source_line(eqn: Any) -> SourceLine | None:
     """The user's frame that made this equation: the innermost outside jax/, jaxlib/ and jaxmem/
-    (jaxmem's bundled examples count as user code)."""
-    for file, line, function in _user_frames(eqn):
-        return SourceLine(file, line, function)
+    (jaxmem's bundled examples count as user code): the first of `user_frames`, found without
+    walking the rest (this runs once per equation)."""
+    info = getattr(eqn, "source_info", None)
+    tb = getattr(info, "traceback", None)
+    if tb is None:
+        return None
+    try:
+        codes, lastis = tb.raw_frames()
+    except (AttributeError, TypeError):
+        return None
+    for code, lasti in zip(codes, lastis):
+        if not _skip_file(code.co_filename):
+            return SourceLine(code.co_filename, _line(tb, code, lasti), code.co_name)
     return None
 
 
@@ -362,10 +379,12 @@ def _user_frames(eqn: Any) -> Iterator[tuple[str, int, str]]:
     except (AttributeError, TypeError):
         return
     for code, lasti in zip(codes, lastis):
-        if _skip_file(code.co_filename):
-            continue
-        try:
-            line = int(tb.code_addr2line(code, lasti))
-        except (AttributeError, TypeError, ValueError):
-            line = code.co_firstlineno
-        yield code.co_filename, line, code.co_name
+        if not _skip_file(code.co_filename):
+            yield code.co_filename, _line(tb, code, lasti), code.co_name
+
+
+def _line(tb: Any, code: Any, lasti: int) -> int:
+    try:
+        return int(tb.code_addr2line(code, lasti))
+    except (AttributeError, TypeError, ValueError):
+        return code.co_firstlineno

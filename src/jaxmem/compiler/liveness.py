@@ -54,23 +54,25 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     **Returns:** the `Liveness` (intervals, value -> interval, peak live bytes).
     """
     b = _Groups(g, order, analysis)
+    # locals: this loop runs once per op for every schedule the planner scores
+    group, glast, last, intervals, reads = b.group, b.glast, b.last, b.intervals, b.reads
     fused, external, outputs = analysis.fusion.fused, analysis.roles.external, analysis.roles.outputs
+    scratch, ops, nbytes = analysis.scratch, g.ops, g.nbytes
     for v in g.invars:
-        if analysis.roles.donated[v] and b.group[v] < 0:
+        if analysis.roles.donated[v] and group[v] < 0:
             b.new_group(v, -1, "argument")
 
     for p, oi in enumerate(order):
-        op = g.ops[oi]
-        if analysis.scratch.get(oi, 0) > 0:
-            gid = len(b.intervals)
-            b.intervals.append(Interval(gid, [], p, p, align(analysis.scratch[oi]), "scratch", oi))
-            b.glast.append(p)
+        op = ops[oi]
+        if scratch.get(oi, 0) > 0:
+            intervals.append(Interval(len(intervals), [], p, p, align(scratch[oi]), "scratch", oi))
+            glast.append(p)
         outs = op.outputs
         if not any(v is not None and not fused[v] for v in outs):
             continue
         rule = storage_rule(op.primitive)
         view = op_is_view(g, op)
-        cands = inplace_candidates(op.primitive, op.params, op.operands, len(outs)) if allow_inplace else None
+        cands = inplace_candidates(op.primitive, op.eqn.params, op.operands, len(outs)) if allow_inplace else None
         if allow_inplace and op.primitive == "transpose" and _dot_result(g, op):
             # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
             # the transpose may take over its dying dot result's buffer.
@@ -81,7 +83,7 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
                 continue
             pool = None
             if cands is not None and cands[k]:
-                pool = b.reads[oi] if rule == "elementwise" else [op.operands[i] for i in cands[k]]
+                pool = reads[oi] if rule == "elementwise" else [op.operands[i] for i in cands[k]]
             if external[o]:
                 if b.external_output(o, p, rule, pool, taken):
                     continue
@@ -90,28 +92,29 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
                 continue
             if view and op.inputs:
                 u = op.inputs[0]
-                if not fused[u] and b.group[u] >= 0 and align(g.nbytes[o]) <= b.intervals[b.group[u]].size:
-                    b.join(o, b.group[u], max(b.glast[b.group[u]], b.last[o], p))
+                gid = group[u]
+                if not fused[u] and gid >= 0 and align(nbytes[o]) <= intervals[gid].size:
+                    b.join(o, gid, max(glast[gid], last[o], p))
                     continue
             target = b.pick_inplace(o, pool, p, taken, rule) if pool is not None else -1
             if target >= 0:
                 taken.add(target)
-                b.join(o, target, max(b.last[o], p))
+                b.join(o, target, max(last[o], p))
                 continue
             b.new_group(o, p, "output" if outputs[o] else "temp")
 
     n = len(order)
-    for iv in b.intervals:
+    for iv in intervals:
         if iv.kind == "scratch":
             continue
-        iv.end = max(b.glast[iv.id], iv.start)
+        iv.end = max(glast[iv.id], iv.start)
         if any(outputs[v] for v in iv.members):
             iv.end = n
             if iv.kind == "temp":
                 iv.kind = "output"
-    profile = live_profile(((iv.start, iv.end, iv.size) for iv in b.intervals), n)
+    profile = live_profile(((iv.start, iv.end, iv.size) for iv in intervals), n)
     peak = int(profile.max()) if len(profile) else 0
-    return Liveness(b.intervals, b.group, peak, profile)
+    return Liveness(intervals, group, peak, profile)
 
 
 class _Groups:
@@ -171,17 +174,17 @@ class _Groups:
 
     def pick_inplace(self, o: int, pool: list, p: int, taken: set[int], rule: str) -> int:
         """The buffer group `o` may overwrite at position p (the smallest that fits), or -1."""
-        g = self.g
+        g, fused, group, glast, intervals = self.g, self.fused, self.group, self.glast, self.intervals
         need = align(g.nbytes[o])
         elems = _count(g.shapes[o])
         best, best_size = -1, None
         for u in pool:
-            if not isinstance(u, int) or self.fused[u]:
+            if not isinstance(u, int) or fused[u]:
                 continue
-            gid = self.group[u]
-            if gid < 0 or gid in taken or self.glast[gid] > p:
+            gid = group[u]
+            if gid < 0 or gid in taken or glast[gid] > p:
                 continue
-            size = self.intervals[gid].size
+            size = intervals[gid].size
             if size < need:
                 continue
             if rule == "elementwise" and _count(g.shapes[u]) != elems:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from jaxmem.compiler.costs import eqn_cost, is_cheap, is_recomputable
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.remat_graph import Graph, Node
-from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, rule
+from jaxmem.compiler.rules import DOT_LIKE, ELEMENTWISE_COST, MAX_FUSED_READERS
 
 # A chain may reach this many nodes back from the value it recomputes; deeper chains cost more
 # than they free in every model we measured, and the bound keeps one search step cheap.
@@ -506,7 +506,7 @@ def _tail(graph: Graph, chain: list[int]) -> set[int]:
     # reads fresh copies).
     for p in reversed(chain):
         node = graph.nodes[p]
-        if node.eqn is not None and rule(node.primitive).cost == "elementwise" and all(
+        if node.eqn is not None and node.primitive in ELEMENTWISE_COST and all(
                 r in tail for r in readers.get(p, [])) and any(w in made for w in node.inputs):
             tail.add(p)
     return tail if len(tail) < len(chain) else set()

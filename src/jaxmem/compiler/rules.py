@@ -105,7 +105,12 @@ RULES: dict[str, Rule] = {
             Rule("fresh", recomputable=False)),
 }
 
+# The table's hot questions as sets (the planner and remat's search ask them per op, per trial).
 DOT_LIKE = frozenset(name for name, r in RULES.items() if r.dot_like)
+CHEAP = frozenset(name for name, r in RULES.items() if r.cheap)
+ELEMENTWISE_COST = frozenset(name for name, r in RULES.items() if r.cost == "elementwise")
+NOT_RECOMPUTABLE = frozenset(name for name, r in RULES.items() if not r.recomputable)
+_VIEWS = frozenset(name for name, r in RULES.items() if r.storage == "view")
 
 
 def rule(primitive: str) -> Rule:
@@ -124,7 +129,7 @@ def is_view(primitive: str, params: dict | None = None, in_dtype: str | None = N
     convert_element_type to the operand's own dtype (a weak-type change) is one too."""
     if primitive == "convert_element_type" and in_dtype is not None and params:
         return str(params.get("new_dtype")) == in_dtype
-    if storage_rule(primitive) == "view":
+    if primitive in _VIEWS:
         if primitive == "bitcast_convert_type":
             return True
         if primitive == "reshape" and params and params.get("dimensions") is not None:

@@ -106,7 +106,7 @@ def bench_scaling(layers: int, repeat: int) -> dict[str, Any]:
     assert best is not None
     return {"layers": layers, "num_eqns": best.num_eqns, "num_steps": len(best.schedule),
             "plan_seconds": best.plan_seconds, "trace_seconds": trace_seconds,
-            "plan_trace_seconds": best.extra.get("trace_seconds"),
+            "plan_trace_seconds": best.trace_seconds,
             "peak_bytes": best.peak_bytes, "lower_bound_bytes": best.lower_bound_bytes, "valid": bool(best.valid)}
 
 

@@ -60,7 +60,7 @@ CASES = [pytest.param(name) for name in FAST] + [pytest.param(name, marks=pytest
 def test_plan_runs_in_arena_and_matches_jax(name):
     fn, args, donate = PROGRAMS[name]()
     p = plan(fn, *args, donate_argnums=donate, xla=False)
-    assert check_plan(p) == [], p.extra.get("problems")
+    assert check_plan(p) == [], p.problems
     assert p.valid
     assert p.peak_bytes >= p.lower_bound_bytes
     flat_args = jax.tree_util.tree_leaves(args)

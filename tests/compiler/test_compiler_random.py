@@ -53,7 +53,7 @@ def test_random_programs_plan_validly_and_run_correctly(ops, n_inputs, outs, don
     inputs = [jnp.asarray(rng.standard_normal((8, 8), dtype=np.float32)) for _ in range(n_inputs)]
     donate_argnums = tuple(k for k in range(n_inputs) if donate[k])
     p = plan(fn, *inputs, donate_argnums=donate_argnums, xla=False)
-    assert check_plan(p) == [], p.extra.get("problems")
+    assert check_plan(p) == [], p.problems
     assert p.valid and p.peak_bytes >= p.lower_bound_bytes
     got = run_in_arena(p, inputs)
     want = jaxpr_as_fun(p.closed_jaxpr)(*inputs)

@@ -11,8 +11,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jaxmem.compiler.jaxpr_adapter import inline, trace
+from jaxmem.compiler.plan_types import Const
 from jaxmem.execution.primitives import jax_kernel, kernel_for
-from jaxmem.execution.tracing import host_inputs, inline, trace_flat
+from jaxmem.execution.tracing import const_array, host_inputs
 
 
 def assert_close(got: Any, want: Any, what: str, rtol: float = 1e-5) -> None:
@@ -34,14 +36,14 @@ def check_equations(fn: Callable[..., Any], *args: Any, rtol: float = 1e-5) -> d
     Returns how many equations of each primitive were checked against a numpy rule (those that
     fall back to JAX are counted under "jax:<name>").
     """
-    traced = trace_flat(fn, args)
+    traced = trace(fn, args)
     prog = inline(traced.closed_jaxpr)
     values: list[Any] = [None] * len(prog.avals)
     for v, x in zip(prog.invars, host_inputs(args, traced.in_avals)):
         values[v] = x
     counts: dict[str, int] = {}
-    for fe in prog.eqns:
-        ins = [values[op] if isinstance(op, int) else op for op in fe.operands]
+    for fe in prog.ops:
+        ins = [const_array(v.value, v.aval) if isinstance(v, Const) else values[v] for v in fe.operands]
         truth = jax_kernel(fe.eqn).compute(*ins)
         truth = truth if len(fe.outputs) != 1 else (truth,)
         kernel = kernel_for(fe.eqn)

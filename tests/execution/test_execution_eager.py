@@ -127,3 +127,20 @@ def test_compare_with_jit_contract():
 def test_eager_refuses_what_is_not_a_device():
     with pytest.raises(jaxmem.PlanError):
         jaxmem.eager(lambda x: x, "a100-40gb")
+
+
+def test_loop_scratch_cache_is_bounded_and_keeps_its_equations(monkeypatch):
+    from jaxmem.compiler.jaxpr_adapter import inline, trace
+    from jaxmem.execution import eager
+
+    monkeypatch.setattr(eager, "_SCRATCH", {})
+    monkeypatch.setattr(eager, "_SCRATCH_LIMIT", 2)
+    loops = []
+    for k in range(3):
+        prog = inline(trace(lambda x, k=k: jax.lax.fori_loop(0, k + 2, lambda i, c: jnp.sin(c) * 2, x),
+                            (np.ones(8, np.float32),)).closed_jaxpr)
+        loops += [op.eqn for op in prog.ops if op.primitive in ("while", "scan")]
+    sizes = [eager._scratch_bytes(eqn) for eqn in loops]
+    assert len(loops) == 3 and all(s >= 0 for s in sizes)
+    assert len(eager._SCRATCH) == 2                      # the oldest went
+    assert all(entry[0] is eqn for eqn in loops[1:] for entry in [eager._SCRATCH[id(eqn)]])

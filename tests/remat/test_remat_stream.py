@@ -44,11 +44,11 @@ def test_remat_stream_sums_are_held_not_fused():
     # later one. The model holds every other sum (a held sum's operand is fused again), as
     # XLA:CPU's buffer assignment of the 12-layer transformer holds one sum per layer.
     assert sum(v in lv.virtual for v in stream) <= len(stream) // 2 + 1
-    remat_search.MAX_FUSED_EMISSIONS, old = 10**9, remat_search.MAX_FUSED_EMISSIONS
+    remat_search.MAX_FUSED_READERS, old = 10**9, remat_search.MAX_FUSED_READERS
     try:
         unbounded = remat_search.profile(graph)
     finally:
-        remat_search.MAX_FUSED_EMISSIONS = old
+        remat_search.MAX_FUSED_READERS = old
     assert all(v in unbounded.virtual for v in stream)
 
 

@@ -162,3 +162,26 @@ def test_snapshot_replay_with_other_settings_diverges_without_error() -> None:
     assert run.oom is None and run.events_replayed > 0
     assert run.device_allocs != 783 and run.address_matches < sum(e.action == "alloc" for e in trace.events)
     assert max(p[3] for p in run.timeline) == run.peak_reserved_bytes
+
+
+def test_replay_advances_the_bar_it_is_given_and_layers_import_downward():
+    import contextlib
+
+    calls: list = []
+
+    @contextlib.contextmanager
+    def bar(description, total):
+        done: list[int] = []
+        calls.append((description, total))
+        yield done.append
+        calls.append(sum(done))
+
+    trace = Trace([Event("alloc", 1, 1024, requested=1000), Event("free", 1, 1024)])
+    replay(trace, ["platform", "bfc"], capacity=GiB, progress=bar)
+    assert calls == [("replaying", 4), 4]
+    # The runtime's recorder needs no traces package, and a replay no reports package.
+    code = ("import sys, jaxmem.runtime.adaptors as a; assert not [m for m in sys.modules if m.startswith('jaxmem.traces')]; "
+            "from jaxmem.traces.replay import replay; from jaxmem.trace_schema import Event, Trace; "
+            "replay(Trace([Event('alloc', 1, 1024), Event('free', 1, 1024)]), ['bfc'], capacity=1 << 30); "
+            "assert not [m for m in sys.modules if m.startswith('jaxmem.reports')]")
+    subprocess.run([sys.executable, "-c", code], check=True)

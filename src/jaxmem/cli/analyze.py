@@ -120,20 +120,12 @@ def parse_device(text: str) -> tuple[str, int]:
 # -- data ------------------------------------------------------------------------------------
 
 def live_bytes_by_step(plan: Any) -> list[int]:
-    """Arena bytes live at each step, index 0 being "on entry" (step -1) and the last "on exit".
+    """Arena bytes live at each step, index 0 being "on entry" (step -1) and the last "on exit"
+    (the compiler's one live-bytes profile, `stages.live_profile`)."""
+    from jaxmem.compiler.stages import live_profile
 
-    A buffer counts from `start` to `end` inclusive; a difference array keeps this linear.
-    """
-    n = len(plan.schedule)
-    diff = [0] * (n + 3)
-    for buf in plan.buffers:
-        diff[buf.start + 1] += buf.size
-        diff[buf.end + 2] -= buf.size
-    out, running = [], 0
-    for i in range(n + 2):
-        running += diff[i]
-        out.append(running)
-    return out
+    spans = ((buf.start, buf.end, buf.size) for buf in plan.buffers)
+    return [int(x) for x in live_profile(spans, len(plan.schedule))]
 
 
 def _argument_names(args: Sequence[Any]) -> list[str]:
@@ -264,7 +256,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "num_steps": len(plan.schedule),
         "num_buffers": len(plan.buffers),
         "plan_seconds": plan.plan_seconds,
-        "trace_seconds": plan.extra.get("trace_seconds"),   # JAX's make_jaxpr, before planning
+        "trace_seconds": plan.trace_seconds,   # JAX's make_jaxpr, before planning
         "valid": bool(plan.valid),
         "scheduler": plan.scheduler,
         "placement": plan.placement,

@@ -107,7 +107,11 @@ def main(argv: list[str]) -> int:
 
         cfg = parse_alloc_conf(args.alloc_conf, config_from_settings(trace.allocator_settings or {}))
         options = {"caching": {"config": cfg}, "caching-expandable": {"config": cfg}}
-    report = replay(trace, names, capacity=capacity, progress=sys.stderr.isatty(), options=options)
+    from jaxmem.reports.terminal import progress
+
+    # The bar shows only once the replays have run a second, and only on a terminal.
+    report = replay(trace, names, capacity=capacity, progress=progress if sys.stderr.isatty() else None,
+                    options=options)
     if options is not None:
         report.settings = f"{options['caching']['config'].describe()} (from --alloc-conf)"
     if args.json:

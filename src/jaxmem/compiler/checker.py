@@ -18,8 +18,9 @@ import bisect
 
 import numpy as np
 
-from jaxmem.compiler.aliasing import is_view
 from jaxmem.compiler.plan_types import Plan
+from jaxmem.compiler.rules import is_view
+from jaxmem.compiler.stages import live_profile
 
 ALIGNMENT = 256
 MAX_PROBLEMS = 50
@@ -226,8 +227,5 @@ def _check_read(plan: Plan, v: int, i: int, def_pos, writers, bad, who: str) -> 
 
 
 def _max_live(plan: Plan, n: int) -> int:
-    diff = np.zeros(n + 3, np.int64)
-    for b in plan.buffers:
-        diff[b.start + 1] += b.size
-        diff[b.end + 2] -= b.size
-    return int(np.cumsum(diff).max()) if plan.buffers else 0
+    profile = live_profile(((b.start, b.end, b.size) for b in plan.buffers), n)
+    return int(profile.max()) if plan.buffers else 0

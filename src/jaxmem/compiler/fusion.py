@@ -6,28 +6,22 @@ is the cost: fusing a cheap elementwise/broadcast producer removes its bytes fro
 may keep its (possibly large) inputs alive longer. `choose_fusion` decides value by value, in
 program order, by the effect on the peak of the live-bytes profile under a given schedule.
 
-    >>> fused = choose_fusion(graph, order, external, outputs, forced_fusion(graph, external, outputs))
-    >>> reads = expanded_reads(graph, fused)   # what each op really reads once fusion is applied
+    >>> fused = choose_fusion(program, order, roles, forced_fusion(program, roles))
+    >>> fusion_of(program, fused).reads   # what each op really reads once fusion is applied
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from jaxmem.compiler.aliasing import DOT_LIKE, FUSIBLE_CONSUMERS, FUSIBLE_PRODUCERS, is_view
-from jaxmem.compiler.graph import Graph
-
-MAX_FUSED_CONSUMERS = 8  # beyond this, recomputing a fused value at every consumer is too dear
+from jaxmem.compiler.program import DROPPED, Program
+from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, RULES, UNKNOWN, is_view
+from jaxmem.compiler.stages import Fusion, Roles, align, live_profile
 
 
-def align(nbytes: int) -> int:
-    """Bytes rounded up to the arena's 256-byte granularity."""
-    return (nbytes + 255) & ~255
 
-
-def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[bool]:
+def forced_fusion(g: Program, roles: Roles) -> list[bool]:
     """Views of values with no arena buffer (non-donated arguments, other such views) need no
     storage of their own: they are fused unconditionally (unless they are program outputs)."""
+    external, outputs = roles.external, roles.outputs
     fused = [False] * g.num_values
     for op in g.ops:
         if not op_is_view(g, op) or len(op.outputs) != 1:
@@ -41,29 +35,30 @@ def forced_fusion(g: Graph, external: list[bool], outputs: list[bool]) -> list[b
     # An unused value (not an output) needs no storage at all.
     for op in g.ops:
         for v in op.outputs:
-            if v is not None and not g.users[v] and not outputs[v] and not op.eqn.effects:
+            if v is not None and not g.users[v] and not outputs[v] and not op.effectful:
                 if _fusible_producer(op) and len(op.outputs) == 1:
                     fused[v] = True
     return fused
 
 
-def op_is_view(g: Graph, op) -> bool:
-    """Whether a graph op only reinterprets its first operand's bytes (`aliasing.is_view`)."""
+def op_is_view(g: Program, op) -> bool:
+    """Whether an op only reinterprets its first operand's bytes (`rules.is_view`)."""
     in_dtype = g.dtypes[op.inputs[0]] if op.inputs else None
     return is_view(op.primitive, op.eqn.params, in_dtype)
 
 
 def _fusible_producer(op) -> bool:
-    if op.primitive == "transpose":
+    fusion = RULES.get(op.primitive, UNKNOWN).fusion
+    if fusion == "transpose":
         return True  # folded into dot/conv consumers only (see _absorbs)
-    if op.primitive not in FUSIBLE_PRODUCERS:
+    if fusion != "producer":
         return False
     if op.primitive == "reshape" and op.eqn.params.get("dimensions") is not None:
         return False
     return True
 
 
-def expanded_inputs(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
+def expanded_inputs(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
     """The stored values a fused value `v` is computed from (through chains of fused values).
 
     Iterative, since elementwise chains thousands of ops long fuse into one.
@@ -94,7 +89,12 @@ def expanded_inputs(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: 
     return memo[v]
 
 
-def expanded_reads(g: Graph, fused: list[bool]) -> list[list[int]]:
+def fusion_of(g: Program, fused: list[bool]) -> Fusion:
+    """The `Fusion` analysis for these fused flags."""
+    return Fusion(fused, expanded_reads(g, fused))
+
+
+def expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
     """Per op, the stored values it reads once fused operands are computed inside it.
     An op all of whose outputs are fused reads nothing itself (its consumers do)."""
     memo: dict[int, list[int]] = {}
@@ -115,20 +115,15 @@ def expanded_reads(g: Graph, fused: list[bool]) -> list[list[int]]:
     return reads
 
 
-def choose_fusion(
-    g: Graph,
-    order: list[int],
-    external: list[bool],
-    outputs: list[bool],
-    base: list[bool],
-) -> list[bool]:
+def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) -> list[bool]:
     """Fuse cheap producers one by one where the peak of live bytes does not rise.
 
-    **Arguments:** the graph, a schedule (op indices), which values live outside the arena,
-    which are program outputs, and the fusion already forced (`forced_fusion`).
+    **Arguments:** the program, a schedule (op indices), the values' roles, and the fusion
+    already forced (`forced_fusion`).
 
     **Returns:** per value, True when it is fused (kept out of memory).
     """
+    external, outputs = roles.external, roles.outputs
     fused = list(base)
     n = len(order)
     pos = [0] * len(g.ops)
@@ -148,14 +143,9 @@ def choose_fusion(
     for v in range(g.num_values):
         if outputs[v]:
             last[v] = n
-    # Live-bytes profile over positions -1..n (shifted by one), values counted individually.
-    diff = np.zeros(n + 3, dtype=np.int64)
-    for v in range(g.num_values):
-        if external[v] or fused[v] or g.producer[v] == -2 or size[v] == 0:
-            continue
-        diff[start[v] + 1] += size[v]
-        diff[last[v] + 2] -= size[v]
-    live = np.cumsum(diff)[: n + 2]
+    # Live bytes over positions -1..n (index p+1), values counted individually.
+    live = live_profile(((start[v], last[v], size[v]) for v in range(g.num_values)
+                         if not (external[v] or fused[v] or g.producer[v] == DROPPED)), n)
     peak = int(live.max()) if len(live) else 0
     memo: dict[int, list[int]] = {}
     for oi in order:
@@ -163,7 +153,7 @@ def choose_fusion(
         if len(op.outputs) != 1 or op.outputs[0] is None or not _fusible_producer(op):
             continue
         v = op.outputs[0]
-        if fused[v] or outputs[v] or len(g.users[v]) > MAX_FUSED_CONSUMERS:
+        if fused[v] or outputs[v] or len(g.users[v]) > MAX_FUSED_READERS:
             continue
         if not all(_absorbs(op.primitive, g.ops[c].primitive) for c in g.users[v]):
             continue
@@ -194,12 +184,12 @@ def choose_fusion(
 def _absorbs(producer: str, consumer: str) -> bool:
     """Whether `consumer` can compute a fused `producer` value itself. Transposes fold into
     dot/conv operands (XLA's transpose folding); the rest into loop fusions and reductions."""
-    if producer == "transpose":
+    if RULES.get(producer, UNKNOWN).fusion == "transpose":
         return consumer in DOT_LIKE
-    return consumer in FUSIBLE_CONSUMERS
+    return RULES.get(consumer, UNKNOWN).absorbs
 
 
-def _inputs_now(g: Graph, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
+def _inputs_now(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
     """Stored inputs of v if it were fused now (its inputs' fusion is already final)."""
     result: dict[int, None] = {}
     for u in g.ops[g.producer[v]].inputs:

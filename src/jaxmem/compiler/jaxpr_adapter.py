@@ -1,24 +1,31 @@
-"""The one module that touches JAX's jaxpr classes: tracing, atoms, sizes, nested jaxprs, sources.
+"""The front end, and the one module that touches JAX's jaxpr classes.
 
-JAX renames and merges these classes between releases, so everything else in jaxmem asks this
-module instead of importing `jax.extend.core` or `jax._src` itself.
+Tracing (`trace`: one error policy), donation (`donated_flat`), inlining of call-like
+primitives into the one program representation (`inline` -> `program.Program`), value sizes
+and user source lines (`source_line`: one skip rule) all live here. JAX renames and merges its
+classes between releases, so everything else in jaxmem asks this module instead of importing
+`jax.extend.core` or `jax._src` itself.
 
-    >>> closed = trace(lambda x: x * 2, (np.ones(3, np.float32),), {})
-    >>> [eqn_name(e) for e in closed.jaxpr.eqns]
+    >>> traced = trace(lambda x: x * 2, (np.ones(3, np.float32),))
+    >>> [op.primitive for op in inline(traced.closed_jaxpr).ops]
     ['mul']
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxmem.compiler.plan_types import SourceLine
+from jaxmem.compiler.plan_types import Const, SourceLine
+from jaxmem.compiler.program import INPUT, Program
+from jaxmem.errors import PlanError
 
 # Call-like primitives whose body the planner inlines into the caller's schedule. The name
 # changed over releases (pjit -> jit, checkpoint -> remat2), so every spelling is listed.
@@ -39,25 +46,75 @@ _SKIP_DIRS = (
 _USER_DIRS = (os.path.join(_JAXMEM_DIR, "examples") + os.sep,)
 
 
-def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """Trace `fn(*args, **kwargs)` to a ClosedJaxpr.
+@dataclass
+class Traced:
+    """One traced call: the ClosedJaxpr, the pytree structures, and which flat inputs are donated."""
+
+    closed_jaxpr: Any
+    in_tree: Any                   # structure of the positional arguments (a tuple)
+    out_tree: Any
+    in_avals: list[Any]
+    out_avals: list[Any]
+    donated: tuple[int, ...]       # flat input positions donated
+
+
+def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+          donate_argnums: int | Sequence[int] = ()) -> Traced:
+    """Trace `fn(*args, **kwargs)` to a ClosedJaxpr. Every failure is one `PlanError` line.
 
     Keyword arguments whose leaves are all arrays are inputs, as `jax.jit` treats them (they
     follow the positional ones, by sorted name); any other keyword (a flag, a Python number
     mixed with non-arrays) is closed over as a constant.
 
-    **Arguments:** `fn`, the positional `args` (pytrees of arrays), `kwargs`.
+    **Arguments:** `fn`, the positional `args` (pytrees of arrays), `kwargs`, and
+    `donate_argnums`, positional arguments whose buffers the caller donates.
 
-    **Returns:** the ClosedJaxpr whose invars are the flattened positional, then array keyword,
-    arguments.
+    **Returns:** a `Traced`, whose jaxpr's invars are the flattened positional, then array
+    keyword, arguments.
     """
-    dynamic, static = split_kwargs(kwargs)
+    if not callable(fn):
+        raise PlanError(f"expected a function, got {type(fn).__name__}")
+    donated = donated_flat(args, donate_argnums)
+    dynamic, static = split_kwargs(kwargs or {})
 
     def target(*flat_args: Any) -> Any:
         *positional, named = flat_args
         return fn(*positional, **named, **static)
 
-    return jax.make_jaxpr(target)(*args, dynamic)
+    try:
+        if kwargs:
+            closed, shapes = jax.make_jaxpr(target, return_shape=True)(*args, dynamic)
+        else:  # `fn` itself, so JAX's trace cache (per function object) applies
+            closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+    except Exception as err:  # the user's function failed to trace: say so in one line
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {first}") from err
+    return Traced(closed, jax.tree_util.tree_structure(tuple(args)), jax.tree_util.tree_structure(shapes),
+                  [v.aval for v in closed.jaxpr.invars], [v.aval for v in closed.jaxpr.outvars], donated)
+
+
+def donate_positions(num_args: int, donate_argnums: int | Sequence[int]) -> tuple[int, ...]:
+    """`donate_argnums` checked (each a positional index, negative from the end) and made
+    non-negative, in the order given. A bad entry is a `PlanError`."""
+    if isinstance(donate_argnums, int):
+        donate_argnums = (donate_argnums,)
+    donate_argnums = tuple(donate_argnums)
+    for k in donate_argnums:
+        if not isinstance(k, int) or isinstance(k, bool) or not -num_args <= k < num_args:
+            raise PlanError(f"donate_argnums {donate_argnums!r}: {k!r} is not a positional argument "
+                            f"index (0..{num_args - 1})")
+    return tuple(k % num_args for k in donate_argnums)
+
+
+def donated_flat(args: Sequence[Any], donate_argnums: int | Sequence[int]) -> tuple[int, ...]:
+    """Flat leaf positions of the positional arguments in `donate_argnums`, in order."""
+    wanted = set(donate_positions(len(args), donate_argnums))
+    flat, start = [], 0
+    for k, count in enumerate(flat_arg_counts(args)):
+        if k in wanted:
+            flat.extend(range(start, start + count))
+        start += count
+    return tuple(flat)
 
 
 def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -98,20 +155,31 @@ def eqn_name(eqn: Any) -> str:
 
 def aval_shape_dtype(atom: Any) -> tuple[tuple[int, ...], str, int]:
     """(shape, dtype name, bytes) of a variable or literal; tokens and refs without data are 0 bytes."""
-    aval = atom.aval
+    return _shape_dtype_bytes(atom.aval)
+
+
+def aval_bytes(aval: Any) -> int:
+    """Bytes of one value of this abstract type (0 for tokens and other values without data).
+    The one value-size rule; fast, since costs ask it for every operand of every equation."""
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        count = int(dtype.itemsize)
+    except (AttributeError, TypeError):
+        count = 4  # an extended dtype we cannot size: assume one 32-bit word per element
+    for d in shape:
+        count *= int(d) if isinstance(d, (int, np.integer)) else 0
+    return count
+
+
+def _shape_dtype_bytes(aval: Any) -> tuple[tuple[int, ...], str, int]:
     shape = getattr(aval, "shape", None)
     dtype = getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return (), type(aval).__name__, 0
-    shape = tuple(int(d) if isinstance(d, (int, np.integer)) else 0 for d in shape)
-    try:
-        itemsize = int(dtype.itemsize)
-    except (AttributeError, TypeError):
-        itemsize = 4  # an extended dtype we cannot size: assume one 32-bit word per element
-    count = 1
-    for d in shape:
-        count *= d
-    return shape, str(dtype), count * itemsize
+    return tuple(int(d) if isinstance(d, (int, np.integer)) else 0 for d in shape), str(dtype), aval_bytes(aval)
 
 
 def split_closed(obj: Any) -> tuple[Any, list[Any]]:
@@ -150,6 +218,98 @@ def loop_bodies(eqn: Any) -> list[Any]:
     return []
 
 
+def inline(closed_jaxpr: Any) -> Program:
+    """The program of a ClosedJaxpr with call-like primitives inlined (dead code kept: see
+    `program.drop_dead`).
+
+    **Arguments:** `closed_jaxpr`, as `jax.make_jaxpr` returns it (read-only).
+
+    **Returns:** a `Program`: one op per equation that runs, literals and constants as `Const`.
+    """
+    jaxpr, consts = split_closed(closed_jaxpr)
+    p = Program(closed_jaxpr=closed_jaxpr)
+    env: dict[Any, int | Const] = {}
+    for var, const in zip(jaxpr.constvars, consts):
+        env[var] = Const(const, var.aval)
+    for var in jaxpr.invars:
+        vid = p.new_value(*_shape_dtype_bytes(var.aval), var.aval, INPUT, None)
+        env[var] = vid
+        p.var_ids[var] = vid
+        p.invars.append(vid)
+    _inline_into(p, jaxpr, env, None)
+    p.outvars = [_resolve(env, atom) for atom in jaxpr.outvars]
+    p.outvar_bytes = [aval_shape_dtype(atom)[2] for atom in jaxpr.outvars]
+    p.num_eqns = count_eqns(jaxpr)
+    return p
+
+
+def _resolve(env: dict[Any, int | Const], atom: Any) -> int | Const:
+    if isinstance(atom, jcore.Literal):
+        return Const(atom.val, atom.aval)
+    return env[atom]
+
+
+def _inline_into(p: Program, jaxpr: Any, env: dict[Any, int | Const], outer: SourceLine | None) -> None:
+    """Add the equations of `jaxpr` to `p`. `outer` is the source line of the call being inlined:
+    JAX records only the innermost frames of a traceback, so an equation deep inside a library
+    call (jax.nn.relu's body) may have no user frame of its own; it gets its caller's."""
+    for eqn in jaxpr.eqns:
+        operands = [_resolve(env, a) for a in eqn.invars]
+        body = call_body(eqn)
+        if body is not None:
+            inner, consts = body
+            inner_env: dict[Any, int | Const] = {}
+            for var, const in zip(inner.constvars, consts):
+                inner_env[var] = Const(const, var.aval)
+            for var, operand in zip(inner.invars, operands):
+                inner_env[var] = operand
+            _inline_into(p, inner, inner_env, source_line(eqn) or outer)
+            for var, atom in zip(eqn.outvars, inner.outvars):
+                if isinstance(var, jcore.DropVar):
+                    continue
+                env[var] = _resolve(inner_env, atom)
+                if not isinstance(env[var], Const):
+                    p.var_ids[var] = env[var]
+            continue
+        index = len(p.ops)
+        source = source_line(eqn) or outer
+        outputs: list[int | None] = []
+        for var in eqn.outvars:
+            if isinstance(var, jcore.DropVar):
+                outputs.append(None)
+                continue
+            aval = var.aval
+            vid = p.new_value(*_shape_dtype_bytes(aval), aval, index, source)
+            env[var] = vid
+            p.var_ids[var] = vid
+            outputs.append(vid)
+        p.add_op(eqn, eqn.primitive.name, operands, outputs, source, bool(getattr(eqn, "effects", None)))
+
+
+def count_eqns(jaxpr: Any) -> int:
+    """Equations in a jaxpr, counting those inside nested jaxprs too."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += 1
+        for sub in nested_jaxprs(eqn):
+            total += count_eqns(sub)
+    return total
+
+
+def bind(eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """Run one equation's primitive on `args` (arrays or tracers): its outputs, as a list."""
+    prim = eqn.primitive
+    # JAX releases differ: get_bind_params returns params, or (subfuns, params) with subfuns
+    # empty for every primitive the front end leaves un-inlined.
+    params = prim.get_bind_params(eqn.params)
+    if isinstance(params, tuple):
+        subfuns, params = params
+        if subfuns:
+            raise PlanError(f"cannot re-run primitive {prim.name}: it binds sub-functions")
+    result = prim.bind(*args, **params)
+    return list(result) if prim.multiple_results else [result]
+
+
 def as_closed(obj: Any) -> Any:
     """A ClosedJaxpr for an open Jaxpr (no consts) or the ClosedJaxpr itself."""
     if isinstance(obj, jcore.ClosedJaxpr):
@@ -181,7 +341,9 @@ def _skip_file(filename: str) -> bool:
 
 
 def source_line(eqn: Any) -> SourceLine | None:
-    """The user's frame that made this equation: the innermost outside jax/, jaxlib/ and jaxmem/."""
+    """The user's frame that made this equation: the innermost outside jax/, jaxlib/ and jaxmem/
+    (jaxmem's bundled examples count as user code): the first of `user_frames`, found without
+    walking the rest (this runs once per equation)."""
     info = getattr(eqn, "source_info", None)
     tb = getattr(info, "traceback", None)
     if tb is None:
@@ -191,45 +353,38 @@ def source_line(eqn: Any) -> SourceLine | None:
     except (AttributeError, TypeError):
         return None
     for code, lasti in zip(codes, lastis):
-        if _skip_file(code.co_filename):
-            continue
-        try:
-            line = int(tb.code_addr2line(code, lasti))
-        except (AttributeError, TypeError, ValueError):
-            line = code.co_firstlineno
-        return SourceLine(code.co_filename, line, code.co_name)
+        if not _skip_file(code.co_filename):
+            return SourceLine(code.co_filename, _line(tb, code, lasti), code.co_name)
     return None
-
-
-_EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
 def user_frames(eqn: Any, limit: int = 64) -> tuple[tuple[str, int, str], ...]:
     """The user's Python stack that made this equation, innermost first, as (file, line,
-    function): every frame outside jax/, jaxlib/ and jaxmem/ (jaxmem's bundled examples count as
-    user code). For pprof profiles, which want the whole stack, not only the innermost frame.
+    function): every frame `source_line` would take. For pprof profiles, which want the whole
+    stack, not only the innermost frame.
 
     >>> user_frames(closed.jaxpr.eqns[0])[0]
     ('/home/me/train.py', 42, 'loss_fn')
     """
+    return tuple(itertools.islice(_user_frames(eqn), limit))
+
+
+def _user_frames(eqn: Any) -> Iterator[tuple[str, int, str]]:
     info = getattr(eqn, "source_info", None)
     tb = getattr(info, "traceback", None)
     if tb is None:
-        return ()
+        return
     try:
         codes, lastis = tb.raw_frames()
     except (AttributeError, TypeError):
-        return ()
-    out = []
+        return
     for code, lasti in zip(codes, lastis):
-        name = code.co_filename
-        if _skip_file(name) and not os.path.abspath(name).startswith(_EXAMPLES_DIR):
-            continue
-        try:
-            line = int(tb.code_addr2line(code, lasti))
-        except (AttributeError, TypeError, ValueError):
-            line = code.co_firstlineno
-        out.append((name, line, code.co_name))
-        if len(out) >= limit:
-            break
-    return tuple(out)
+        if not _skip_file(code.co_filename):
+            yield code.co_filename, _line(tb, code, lasti), code.co_name
+
+
+def _line(tb: Any, code: Any, lasti: int) -> int:
+    try:
+        return int(tb.code_addr2line(code, lasti))
+    except (AttributeError, TypeError, ValueError):
+        return code.co_firstlineno

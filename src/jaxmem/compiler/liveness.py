@@ -1,23 +1,23 @@
-"""Live intervals: given a schedule, fusion and the aliasing rules, which buffers exist when.
+"""Live intervals: given a schedule, fusion and the storage rules, which buffers exist when.
 
 Values that share storage (a view and its operand; an op written in place into a dying operand;
 a loop carry written back into its initial buffer) form one buffer group. Each group is one
 interval [start, end] over schedule positions (-1: on entry, n: on exit) with a size rounded to
 256 bytes. The maximum over positions of the live bytes is the lower bound no placement beats.
 
-    >>> live = assign_buffers(graph, order, fused, reads, scratch, external, outputs, donated)
+    >>> live = assign_buffers(program, order, analysis)
     >>> live.peak, [(iv.start, iv.end, iv.size) for iv in live.intervals][:2]
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 import numpy as np
 
-from jaxmem.compiler.aliasing import inplace_candidates, storage_rule
-from jaxmem.compiler.fusion import align, op_is_view
-from jaxmem.compiler.graph import Graph
+from jaxmem.compiler.fusion import op_is_view
+from jaxmem.compiler.program import Op, Program
+from jaxmem.compiler.rules import inplace_candidates, storage_rule
+from jaxmem.compiler.stages import Analysis, align, live_profile
 
 
 @dataclass
@@ -29,7 +29,10 @@ class Interval:
     start: int
     end: int
     size: int
-    kind: str          # "argument" | "output" | "temp" | "scratch"
+    # "argument" (donated) | "output" | "temp" | "scratch" (a loop body's temporaries) |
+    # "external": a temporary a loop body's result took over, so it lives in the loop's own
+    # buffer outside this plan (size 0 here)
+    kind: str
     op: int = -1       # op index of the scratch owner
 
 
@@ -41,57 +44,28 @@ class Liveness:
     profile: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # index p+1
 
 
-def assign_buffers(
-    g: Graph,
-    order: list[int],
-    fused: list[bool],
-    reads: list[list[int]],
-    scratch: dict[int, int],
-    external: list[bool],
-    outputs: list[bool],
-    donated: list[bool],
-    allow_inplace: bool = True,
-    carry_of: dict[int, int] | None = None,
-) -> Liveness:
+def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inplace: bool = True) -> Liveness:
     """Group values into buffers along a schedule and compute their live intervals.
 
-    **Arguments:** the graph; `order`, op indices in execution order; `fused`, per value;
-    `reads`, per op the stored values it reads (`fusion.expanded_reads`); `scratch`, op index ->
-    bytes of a loop body's temporaries; per value flags: `external` (non-donated argument, outside
-    the arena), `outputs` (program output), `donated` (donated argument, in the arena);
-    `carry_of`, for a loop body, each new carry -> the old carry input whose buffer it shares.
+    **Arguments:** the program; `order`, op indices in execution order; `analysis`, the values'
+    roles, the fusion (fused values, what each op reads) and each loop op's scratch bytes;
+    `allow_inplace`, False to give every output a fresh buffer (for comparison).
 
     **Returns:** the `Liveness` (intervals, value -> interval, peak live bytes).
     """
-    n = len(order)
-    nv = g.num_values
-    last = [-1] * nv
-    for p, oi in enumerate(order):
-        for u in reads[oi]:
-            last[u] = p
-    for v in range(nv):
-        if outputs[v]:
-            last[v] = n
-    group = [-1] * nv
-    intervals: list[Interval] = []
-    glast: list[int] = []
-
-    def new_group(v: int, start: int, kind: str) -> int:
-        gid = len(intervals)
-        intervals.append(Interval(gid, [v], start, start, align(g.nbytes[v]), kind))
-        glast.append(max(last[v], start))
-        group[v] = gid
-        return gid
-
+    b = _Groups(g, order, analysis)
+    # locals: this loop runs once per op for every schedule the planner scores
+    group, glast, last, intervals, reads = b.group, b.glast, b.last, b.intervals, b.reads
+    fused, external, outputs = analysis.fusion.fused, analysis.roles.external, analysis.roles.outputs
+    scratch, ops, nbytes = analysis.scratch, g.ops, g.nbytes
     for v in g.invars:
-        if donated[v] and group[v] < 0:
-            new_group(v, -1, "argument")
+        if analysis.roles.donated[v] and group[v] < 0:
+            b.new_group(v, -1, "argument")
 
     for p, oi in enumerate(order):
-        op = g.ops[oi]
+        op = ops[oi]
         if scratch.get(oi, 0) > 0:
-            gid = len(intervals)
-            intervals.append(Interval(gid, [], p, p, align(scratch[oi]), "scratch", oi))
+            intervals.append(Interval(len(intervals), [], p, p, align(scratch[oi]), "scratch", oi))
             glast.append(p)
         outs = op.outputs
         if not any(v is not None and not fused[v] for v in outs):
@@ -107,36 +81,29 @@ def assign_buffers(
         for k, o in enumerate(outs):
             if o is None or fused[o]:
                 continue
+            pool = None
+            if cands is not None and cands[k]:
+                pool = reads[oi] if rule == "elementwise" else [op.operands[i] for i in cands[k]]
             if external[o]:
-                if _external_output(g, o, oi, p, k, rule, cands, reads, op, carry_of or {}, last,
-                                    group, glast, intervals, taken, fused):
+                if b.external_output(o, p, rule, pool, taken):
                     continue
                 # A new loop carry that cannot be written into the loop state yet: a temporary.
-                new_group(o, p, "temp")
+                b.new_group(o, p, "temp")
                 continue
-            target = -1
             if view and op.inputs:
                 u = op.inputs[0]
-                if not fused[u] and group[u] >= 0 and align(g.nbytes[o]) <= intervals[group[u]].size:
-                    target = group[u]
-                    intervals[target].members.append(o)
-                    group[o] = target
-                    glast[target] = max(glast[target], last[o], p)
+                gid = group[u]
+                if not fused[u] and gid >= 0 and align(nbytes[o]) <= intervals[gid].size:
+                    b.join(o, gid, max(glast[gid], last[o], p))
                     continue
-            if cands is not None and cands[k]:
-                if rule == "elementwise":
-                    pool = reads[oi]
-                else:
-                    pool = [op.operands[i] for i in cands[k]]
-                target = _pick_inplace(g, o, pool, p, group, glast, intervals, taken, fused, rule)
+            target = b.pick_inplace(o, pool, p, taken, rule) if pool is not None else -1
             if target >= 0:
                 taken.add(target)
-                intervals[target].members.append(o)
-                group[o] = target
-                glast[target] = max(last[o], p)
+                b.join(o, target, max(last[o], p))
                 continue
-            new_group(o, p, "output" if outputs[o] else "temp")
+            b.new_group(o, p, "output" if outputs[o] else "temp")
 
+    n = len(order)
     for iv in intervals:
         if iv.kind == "scratch":
             continue
@@ -145,60 +112,93 @@ def assign_buffers(
             iv.end = n
             if iv.kind == "temp":
                 iv.kind = "output"
-    profile = live_profile(intervals, n)
+    profile = live_profile(((iv.start, iv.end, iv.size) for iv in intervals), n)
     peak = int(profile.max()) if len(profile) else 0
     return Liveness(intervals, group, peak, profile)
 
 
-def _dot_result(g: Graph, op) -> bool:
+class _Groups:
+    """The buffer groups being built along a schedule: intervals, each value's group, each
+    group's last use so far, each value's last read."""
+
+    def __init__(self, g: Program, order: list[int], analysis: Analysis) -> None:
+        self.g = g
+        self.fused = analysis.fusion.fused
+        self.reads = analysis.fusion.reads
+        self.carry_of = analysis.roles.carry_of
+        nv = g.num_values
+        self.last = [-1] * nv
+        for p, oi in enumerate(order):
+            for u in self.reads[oi]:
+                self.last[u] = p
+        n = len(order)
+        for v in range(nv):
+            if analysis.roles.outputs[v]:
+                self.last[v] = n
+        self.group = [-1] * nv
+        self.intervals: list[Interval] = []
+        self.glast: list[int] = []
+
+    def new_group(self, v: int, start: int, kind: str) -> int:
+        gid = len(self.intervals)
+        self.intervals.append(Interval(gid, [v], start, start, align(self.g.nbytes[v]), kind))
+        self.glast.append(max(self.last[v], start))
+        self.group[v] = gid
+        return gid
+
+    def join(self, v: int, gid: int, glast: int) -> None:
+        self.intervals[gid].members.append(v)
+        self.group[v] = gid
+        self.glast[gid] = glast
+
+    def external_output(self, o: int, p: int, rule: str, pool: list | None, taken: set[int]) -> bool:
+        """Place an output that lives outside this plan (a loop body's result). True when it
+        needs no buffer here: it is written into its own memory outside, possibly taking over a
+        dying temporary (which then lives there too: kind "external"). False for a new carry
+        that must wait in a temporary because the old carry, in the same outside buffer, is
+        still read later."""
+        old = self.carry_of.get(o)
+        if old is not None and self.last[old] > p:
+            return False
+        if old is not None and self.last[old] == p and rule not in ("elementwise", "update"):
+            return False  # a non-elementwise op cannot overwrite an operand it is reading
+        if pool is not None:
+            target = self.pick_inplace(o, pool, p, taken, rule)
+            if target >= 0 and self.intervals[target].kind == "temp":
+                start = self.intervals[target].start
+                if old is None or start > self.last[old]:
+                    taken.add(target)
+                    self.intervals[target].kind = "external"
+                    self.intervals[target].size = 0
+        return True
+
+    def pick_inplace(self, o: int, pool: list, p: int, taken: set[int], rule: str) -> int:
+        """The buffer group `o` may overwrite at position p (the smallest that fits), or -1."""
+        g, fused, group, glast, intervals = self.g, self.fused, self.group, self.glast, self.intervals
+        need = align(g.nbytes[o])
+        elems = _count(g.shapes[o])
+        best, best_size = -1, None
+        for u in pool:
+            if not isinstance(u, int) or fused[u]:
+                continue
+            gid = group[u]
+            if gid < 0 or gid in taken or glast[gid] > p:
+                continue
+            size = intervals[gid].size
+            if size < need:
+                continue
+            if rule == "elementwise" and _count(g.shapes[u]) != elems:
+                continue
+            if rule != "elementwise" and g.nbytes[u] != g.nbytes[o]:
+                continue
+            if best_size is None or size < best_size:
+                best, best_size = gid, size
+        return best
+
+
+def _dot_result(g: Program, op: Op) -> bool:
     src = op.inputs[0] if op.inputs else None
     return src is not None and g.producer[src] >= 0 and g.ops[g.producer[src]].primitive == "dot_general"
-
-
-def _external_output(g, o, oi, p, k, rule, cands, reads, op, carry_of, last, group, glast,
-                     intervals, taken, fused) -> bool:
-    """Place an output that lives outside this plan (a loop body's result). True when it needs
-    no buffer here: it is written into its own memory outside, possibly taking over a dying
-    temporary (which then lives there too). False for a new carry that must wait in a temporary
-    because the old carry, in the same outside buffer, is still read later."""
-    old = carry_of.get(o)
-    if old is not None and last[old] > p:
-        return False
-    if old is not None and last[old] == p and rule not in ("elementwise", "update"):
-        return False  # a non-elementwise op cannot overwrite an operand it is reading
-    if cands is not None and cands[k]:
-        pool = reads[oi] if rule == "elementwise" else [op.operands[i] for i in cands[k]]
-        target = _pick_inplace(g, o, pool, p, group, glast, intervals, taken, fused, rule)
-        if target >= 0 and intervals[target].kind == "temp":
-            start = intervals[target].start
-            if old is None or start > last[old]:
-                taken.add(target)
-                intervals[target].kind = "external"
-                intervals[target].size = 0
-    return True
-
-
-def _pick_inplace(g, o, pool, p, group, glast, intervals, taken, fused, rule) -> int:
-    """The buffer group `o` may overwrite at position p, or -1."""
-    need = align(g.nbytes[o])
-    elems = _count(g.shapes[o])
-    best, best_size = -1, None
-    for u in pool:
-        if not isinstance(u, int) or fused[u]:
-            continue
-        gid = group[u]
-        if gid < 0 or gid in taken or glast[gid] > p:
-            continue
-        size = intervals[gid].size
-        if size < need:
-            continue
-        if rule == "elementwise" and _count(g.shapes[u]) != elems:
-            continue
-        if rule != "elementwise" and g.nbytes[u] != g.nbytes[o]:
-            continue
-        if best_size is None or size < best_size:
-            best, best_size = gid, size
-    return best
 
 
 def _count(shape: tuple[int, ...]) -> int:
@@ -206,13 +206,3 @@ def _count(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def live_profile(intervals: list[Interval], n: int) -> np.ndarray:
-    """Live bytes at each position -1..n (array index p+1)."""
-    diff = np.zeros(n + 3, dtype=np.int64)
-    for iv in intervals:
-        if iv.size:
-            diff[iv.start + 1] += iv.size
-            diff[iv.end + 2] -= iv.size
-    return np.cumsum(diff)[: n + 2]

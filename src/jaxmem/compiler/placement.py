@@ -6,17 +6,26 @@ goes into the smallest gap among the already-placed buffers live at the same tim
 256-aligned because sizes are. The no-fragmentation lower bound (max live bytes) is reported
 next to the result by the caller.
 
-    >>> offsets, arena, name = place([(0, 1, 256), (1, 2, 512), (3, 3, 256)])
-    >>> arena, name
+    >>> placed = place([(0, 1, 256), (1, 2, 512), (3, 3, 256)])
+    >>> placed.arena, placed.name
     (768, 'size')
 """
 
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
+
+class Placement(NamedTuple):
+    """Where each buffer goes: offsets (per buffer, in input order), the arena's bytes, and
+    which ordering won."""
+
+    offsets: list[int]
+    arena: int
+    name: str
+
 
 MAX_RESTARTS = 24
 RESTART_WORK = 4_000_000  # restarts * buffers**2 stays below this
@@ -76,7 +85,7 @@ def place(
     orderings: Sequence[str] = ("size", "area", "duration", "start"),
     stop_at: int | None = None,
     restarts: int | None = None,
-) -> tuple[list[int], int, str]:
+) -> Placement:
     """Try each ordering, then decreasing size with seeded noise, keep the smallest arena.
 
     **Arguments:** `buffers` as (start, end, size) with sizes 256-aligned; the orderings to try;
@@ -84,18 +93,18 @@ def place(
     many noisy size orders to try (default: as many as a fixed amount of work allows, since
     one placement costs about the square of the buffer count).
 
-    **Returns:** (offsets, arena bytes, name of the winning ordering).
+    **Returns:** a `Placement`.
     """
     if not buffers:
-        return [], 0, "none"
-    best: tuple[list[int], int, str] | None = None
+        return Placement([], 0, "none")
+    best: Placement | None = None
     for name in orderings:
         keyf = ORDERINGS[name]
         order = sorted(range(len(buffers)), key=lambda i: keyf(*buffers[i], i))
         offsets, arena = place_ordered(buffers, order)
-        if best is None or arena < best[1]:
-            best = (offsets, arena, name)
-        if stop_at is not None and best[1] <= stop_at:
+        if best is None or arena < best.arena:
+            best = Placement(offsets, arena, name)
+        if stop_at is not None and best.arena <= stop_at:
             return best
     if restarts is None:
         restarts = min(MAX_RESTARTS, RESTART_WORK // max(len(buffers), 1) ** 2)
@@ -106,8 +115,8 @@ def place(
         noise = [rng.uniform(0.7, 1.3) for _ in buffers]
         order = sorted(range(len(buffers)), key=lambda i: (-buffers[i][2] * noise[i], i))
         offsets, arena = place_ordered(buffers, order)
-        if arena < best[1]:  # type: ignore[index]
-            best = (offsets, arena, f"size~{trial}")
-        if stop_at is not None and best[1] <= stop_at:  # type: ignore[index]
+        if arena < best.arena:  # type: ignore[union-attr]
+            best = Placement(offsets, arena, f"size~{trial}")
+        if stop_at is not None and best.arena <= stop_at:  # type: ignore[union-attr]
             break
     return best  # type: ignore[return-value]  # at least one ordering ran

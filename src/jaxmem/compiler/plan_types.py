@@ -41,6 +41,7 @@ class Const:
     """An operand that is not a planned value: a jaxpr literal or a closed-over constant."""
 
     value: Any
+    aval: Any = field(default=None, compare=False, repr=False)  # its abstract type, to store it
 
 
 @dataclass
@@ -78,7 +79,9 @@ class PlannedBuffer:
     start: int                     # first step index during which it is live (-1: on entry)
     end: int                       # last step index during which it is live (len(schedule): on exit)
     values: list[ValueId]          # values stored here, in definition order
-    kind: str                      # "argument" | "output" | "temp" | "scratch" | "constant"
+    kind: str                      # "argument" (donated) | "output" | "temp" | "scratch" (a loop
+                                   # body's temporaries) | "external" (size 0: a temporary a loop
+                                   # body's result took over, living in the loop's own buffer)
     category: str = "temporary"    # report category: parameters, optimizer_state, residuals,
                                    # gradients, temporaries, outputs
     shape: tuple[int, ...] = ()
@@ -144,7 +147,11 @@ class Plan:
     xla: XlaReference | None = None
     closed_jaxpr: Any = None       # the traced ClosedJaxpr (read-only)
     var_ids: dict[Any, ValueId] = field(default_factory=dict)  # jaxpr Var -> ValueId
-    extra: dict[str, Any] = field(default_factory=dict)
+    trace_seconds: float | None = None  # JAX's tracing, when `plan()` traced it (not in plan_seconds)
+    schedule_peaks: dict[str, int] = field(default_factory=dict)  # arena peak of each schedule tried
+    fused_values: int = 0          # values the fusion model keeps out of memory
+    problems: list[str] = field(default_factory=list)  # the checker's findings (empty: valid)
+    check_seconds: float = 0.0
 
     def location(self, value: ValueId) -> tuple[int, int] | None:
         """(offset, nbytes) of a value in the arena, or None when it has no buffer of its own

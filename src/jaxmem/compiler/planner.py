@@ -1,8 +1,9 @@
 """Plan a JAX function's device memory from its jaxpr: schedule, fuse, alias, place, check.
 
-The pipeline, one module per step: `graph` (values and ops, calls inlined) -> `schedule`
-(several orders) -> `fusion` (what is never stored) -> `liveness` (buffer groups and intervals,
-with `aliasing`'s rules) -> `placement` (offsets) -> `checker` (the verdict). Every candidate
+The pipeline, one module per step: the front end (`jaxpr_adapter.inline`: the `program`, calls
+inlined) -> `schedule` (several orders) -> `fusion` (what is never stored) -> `liveness` (buffer
+groups and intervals, with the storage `rules`) -> `placement` (offsets) -> `checker` (the
+verdict). Every candidate
 schedule is scored by its live bytes; the best one is placed.
 
     >>> p = plan(lambda x, w: jnp.tanh(x @ w).sum(), jnp.ones((64, 64)), jnp.ones((64, 64)))
@@ -15,24 +16,20 @@ from __future__ import annotations
 import functools
 import gc
 import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.compiler.aliasing import storage_rule
 from jaxmem.compiler.checker import check_plan
-from jaxmem.compiler.fusion import choose_fusion, expanded_reads, forced_fusion
-from jaxmem.compiler.graph import Graph, build_graph
+from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
+from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.rules import storage_rule
 from jaxmem.compiler.liveness import Liveness, assign_buffers
-from jaxmem.compiler.placement import place
+from jaxmem.compiler.placement import Placement, place
 from jaxmem.compiler.plan_types import Const, PlannedBuffer, Plan, Step, ValueInfo
-from jaxmem.compiler.schedule import (
-    dfs_schedule,
-    list_schedule,
-    program_order,
-    sink_schedule,
-    topological_orders,
-)
+from jaxmem.compiler.schedule import dfs_schedule, list_schedule, program_order, sink_schedule, topological_orders
+from jaxmem.compiler.stages import Analysis, Roles
 from jaxmem.errors import PlanError
 
 LOCAL_SEARCH_ROUNDS = 3     # whole-schedule sink moves tried after the best order is chosen
@@ -63,24 +60,14 @@ def plan(
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
     donate_argnums = tuple(donate_argnums)
-    for k in donate_argnums:
-        if not isinstance(k, int) or isinstance(k, bool) or not -len(args) <= k < len(args):
-            raise PlanError(f"donate_argnums {donate_argnums!r}: {k!r} is not a positional argument index (0..{len(args) - 1})")
-    wanted = {k % len(args) for k in donate_argnums}
     start = time.perf_counter()
-    try:
-        closed = ja.trace(fn, args, kwargs)
-    except Exception as err:  # the user's function failed to trace: say so in one line
-        raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
-    donated: list[bool] = []
-    for k, count in enumerate(ja.flat_arg_counts(args)):
-        donated += [k in wanted] * count
-    traced = time.perf_counter()
-    result = plan_jaxpr(closed, donated=donated)
-    result.extra["trace_seconds"] = traced - start  # JAX's tracing; plan_seconds is ours alone
-    if xla:
-        result.xla = _xla_reference(fn, args, donate_argnums, kwargs)
-    return result
+    traced = ja.trace(fn, args, kwargs, donate_argnums)
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
+    traced_at = time.perf_counter()
+    result = plan_jaxpr(traced.closed_jaxpr, donated=donated)
+    # JAX's tracing; plan_seconds is ours alone
+    return replace(result, trace_seconds=traced_at - start,
+                   xla=_xla_reference(fn, args, donate_argnums, kwargs) if xla else None)
 
 
 def _xla_reference(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int, ...], kwargs: dict) -> Any:
@@ -133,17 +120,102 @@ def plan_jaxpr(
 
 def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check, external_outputs,
                 carry_inputs) -> Plan:
-    g = build_graph(closed_jaxpr)
+    g = drop_dead(ja.inline(closed_jaxpr))
     flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
     if len(flags) > len(g.invars):
         raise PlanError(f"{len(donated)} donation flags for {len(g.invars)} inputs")
+    roles = _roles(g, flags, external_outputs, carry_inputs)
+    unknown: set[str] = set()
+    scratch = _loop_scratch(g, unknown)
+    for op in g.ops:
+        if storage_rule(op.primitive) == "unknown":
+            unknown.add(op.primitive)
+
+    base = forced_fusion(g, roles)
+
+    def evaluate(order: list[int], fused: list[bool] | None = None) -> Candidate:
+        """Score `order`: fused for this order unless `fused` is given."""
+        if fused is None:
+            fused = choose_fusion(g, order, roles, base) if fusion else base
+        analysis = Analysis(roles, fusion_of(g, fused), scratch)
+        return Candidate(order, analysis, assign_buffers(g, order, analysis, inplace))
+
+    results: dict[str, Candidate] = {"program": evaluate(program_order(g))}
+    first = results["program"].analysis
+    for name in schedulers:
+        if name in results or name not in SCHEDULERS:
+            continue
+        # Scored with the program order's fusion (valid for any order); the winner is re-fused.
+        results[name] = evaluate(SCHEDULERS[name](g, first), first.fusion.fused)
+    if len(g.ops) <= EXHAUSTIVE_MAX_OPS:
+        # Tiny programs (loop bodies, tests): try every order, so the schedule is provably the
+        # best under this fusion.
+        orders = topological_orders(g, EXHAUSTIVE_MAX_ORDERS)
+        if orders is not None:
+            results["exhaustive"] = min((evaluate(o, first.fusion.fused) for o in orders), key=lambda c: c.peak)
+    best_name = min(results, key=lambda k: (results[k].peak, k != "program"))
+    best = results[best_name]
+    # Local search: delay memory-growing ops to their first consumer, while that lowers the peak.
+    for _ in range(LOCAL_SEARCH_ROUNDS):
+        moved = sink_schedule(g, best.analysis, best.order)
+        if moved == best.order:
+            break
+        trial = evaluate(moved, best.analysis.fusion.fused)
+        if trial.peak >= best.peak:
+            break
+        best = trial
+        best_name = best_name if best_name.endswith("+sink") else best_name + "+sink"
+    if fusion and best_name != "program":
+        refused = evaluate(best.order)
+        if refused.peak < best.peak:
+            best = refused
+    if fusion:  # fusion can cost in-place opportunities; keep it only where it pays
+        unfused = evaluate(best.order, base)
+        if unfused.peak < best.peak:
+            best = unfused
+            best_name += "+unfused"
+    placement = place([(iv.start, iv.end, iv.size) for iv in best.live.intervals], stop_at=best.peak)
+    result = _build_plan(g, best, placement, flags, best_name, results, sorted(unknown))
+    if check:
+        checked = time.perf_counter()
+        problems = check_plan(result)
+        result = replace(result, valid=not problems, problems=problems, check_seconds=time.perf_counter() - checked)
+    return replace(result, plan_seconds=time.perf_counter() - start)  # the checker's proof included
+
+
+@dataclass
+class Candidate:
+    """A schedule scored: its order, the analysis it was scored under, and its liveness."""
+
+    order: list[int]
+    analysis: Analysis
+    live: Liveness
+
+    @property
+    def peak(self) -> int:
+        return self.live.peak
+
+
+# Every scheduler: (program, analysis) -> order. Adding one is adding it here.
+SCHEDULERS: dict[str, Callable[[Program, Analysis], list[int]]] = {
+    "list": list_schedule,
+    "list_late": functools.partial(list_schedule, prefer_late=True),
+    "dfs": dfs_schedule,
+    "dfs_reverse": functools.partial(dfs_schedule, reverse_roots=True),
+}
+
+
+def _roles(g: Program, flags: list[bool], external_outputs: Sequence[bool],
+           carry_inputs: Sequence[int | None]) -> Roles:
+    """Each value's role: donated arguments live in the arena, the others outside; a loop body's
+    results written straight into the loop's buffers live outside too."""
     nv = g.num_values
-    is_donated = [False] * nv
+    donated = [False] * nv
     external = [False] * nv
     for v, d in zip(g.invars, flags):
-        is_donated[v] = is_donated[v] or bool(d)
+        donated[v] = donated[v] or bool(d)
     for v in g.invars:
-        external[v] = not is_donated[v]
+        external[v] = not donated[v]
     outputs = [False] * nv
     for v in g.outvars:
         if not isinstance(v, Const):
@@ -154,90 +226,10 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
             external[v] = True
             if k < len(carry_inputs) and carry_inputs[k] is not None:
                 carry_of[v] = g.invars[carry_inputs[k]]
-    unknown: set[str] = set()
-    scratch = _loop_scratch(g, unknown)
-    for op in g.ops:
-        if storage_rule(op.primitive) == "unknown":
-            unknown.add(op.primitive)
-
-    base = forced_fusion(g, external, outputs)
-
-    def evaluate(order: list[int], fused: list[bool] | None = None) -> tuple[int, list[bool], list[list[int]], Liveness]:
-        """Peak live bytes of `order`, fusing for this order unless `fused` is given."""
-        if fused is None:
-            fused = choose_fusion(g, order, external, outputs, base) if fusion else base
-        reads = expanded_reads(g, fused)
-        live = assign_buffers(g, order, fused, reads, scratch, external, outputs, is_donated, inplace, carry_of)
-        return live.peak, fused, reads, live
-
-    prog = program_order(g)
-    results: dict[str, tuple[list[int], tuple[int, list[bool], list[list[int]], Liveness]]] = {}
-    results["program"] = (prog, evaluate(prog))
-    _, fused0, reads0, _ = results["program"][1]
-    out_order = [v for v in g.outvars if not isinstance(v, Const)]
-    makers: dict[str, Callable[[], list[int]]] = {
-        "list": lambda: list_schedule(g, reads0, fused0, external, outputs, scratch),
-        "list_late": lambda: list_schedule(g, reads0, fused0, external, outputs, scratch, prefer_late=True),
-        "dfs": lambda: dfs_schedule(g, fused0, out_order),
-        "dfs_reverse": lambda: dfs_schedule(g, fused0, out_order, reverse_roots=True),
-    }
-    for name in schedulers:
-        if name in results or name not in makers:
-            continue
-        order = makers[name]()
-        # Scored with the program order's fusion (valid for any order); the winner is re-fused.
-        results[name] = (order, evaluate(order, fused0))
-    if len(g.ops) <= EXHAUSTIVE_MAX_OPS:
-        # Tiny programs (loop bodies, tests): try every order, so the schedule is provably the
-        # best under this fusion.
-        orders = topological_orders(g, EXHAUSTIVE_MAX_ORDERS)
-        if orders is not None:
-            scored = [(evaluate(o, fused0), o) for o in orders]
-            (best_eval, best_order) = min(scored, key=lambda item: item[0][0])
-            results["exhaustive"] = (best_order, best_eval)
-    best_name = min(results, key=lambda k: (results[k][1][0], k != "program"))
-    order, (peak, fused, reads, live) = results[best_name]
-    # Local search: delay memory-growing ops to their first consumer, while that lowers the peak.
-    for _ in range(LOCAL_SEARCH_ROUNDS):
-        moved = sink_schedule(g, order, reads, fused, external, outputs)
-        if moved == order:
-            break
-        trial = evaluate(moved, fused)
-        if trial[0] >= peak:
-            break
-        order, (peak, fused, reads, live) = moved, trial
-        best_name = best_name if best_name.endswith("+sink") else best_name + "+sink"
-    if fusion and best_name != "program":
-        refused = evaluate(order)
-        if refused[0] < peak:
-            peak, fused, reads, live = refused
-    if fusion:  # fusion can cost in-place opportunities; keep it only where it pays
-        unfused = evaluate(order, base)
-        if unfused[0] < peak:
-            peak, fused, reads, live = unfused
-            best_name += "+unfused"
-    prog_peak = results["program"][1][0]
-
-    buffers_in = [(iv.start, iv.end, iv.size) for iv in live.intervals]
-    offsets, arena, placement_name = place(buffers_in, stop_at=live.peak)
-    result = _build_plan(g, closed_jaxpr, order, fused, live, offsets, arena, flags, scratch,
-                         external, prog_peak)
-    result.scheduler = best_name
-    result.placement = placement_name
-    result.unknown_primitives = sorted(unknown)
-    result.extra["schedule_peaks"] = {k: v[1][0] for k, v in results.items()}
-    result.extra["fused_values"] = sum(1 for v in range(nv) if fused[v])
-    if check:
-        checked = time.perf_counter()
-        problems = check_plan(result)
-        result.valid = not problems
-        result.extra["problems"] = problems
-        result.extra["check_seconds"] = time.perf_counter() - checked
-    result.plan_seconds = time.perf_counter() - start  # the checker's proof included
-    return result
+    return Roles(external, outputs, donated, carry_of)
 
 
-def _loop_scratch(g: Graph, unknown: set[str]) -> dict[int, int]:
+def _loop_scratch(g: Program, unknown: set[str]) -> dict[int, int]:
     """Bytes of each loop/cond body's own temporaries, planned recursively (bodies planned once).
 
     A body's results are written into the loop's own buffers, which the outer plan already
@@ -282,19 +274,12 @@ def _loop_scratch(g: Graph, unknown: set[str]) -> dict[int, int]:
     return scratch
 
 
-def _build_plan(
-    g: Graph,
-    closed_jaxpr: Any,
-    order: list[int],
-    fused: list[bool],
-    live: Liveness,
-    offsets: list[int],
-    arena: int,
-    flags: list[bool],
-    scratch: dict[int, int],
-    external: list[bool],
-    prog_peak: int,
-) -> Plan:
+def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[bool], scheduler: str,
+                results: dict[str, Candidate], unknown: list[str]) -> Plan:
+    """The `Plan` of the chosen candidate placed as `placement`; `results` are every scored
+    schedule (the program order's lower bound is reported beside the chosen one's)."""
+    order, live, offsets = best.order, best.live, placement.offsets
+    fused, scratch, external = best.analysis.fusion.fused, best.analysis.scratch, best.analysis.roles.external
     n = len(order)
     pos = [0] * len(g.ops)
     for p, oi in enumerate(order):
@@ -311,7 +296,7 @@ def _build_plan(
     values: dict[int, ValueInfo] = {}
     for v in range(g.num_values):
         prod = g.producer[v]
-        if prod == -2:
+        if prod == DROPPED:
             continue  # made by dead code that was dropped
         gid = live.group[v]
         values[v] = ValueInfo(v, g.shapes[v], g.dtypes[v], g.nbytes[v],
@@ -335,12 +320,12 @@ def _build_plan(
     external_bytes = sum(g.nbytes[v] for v in dict.fromkeys(g.invars) if external[v])
     output_bytes = sum(g.outvar_bytes)
     return Plan(
-        peak_bytes=external_bytes + arena,
-        arena_bytes=arena,
+        peak_bytes=external_bytes + placement.arena,
+        arena_bytes=placement.arena,
         argument_bytes=sum(g.nbytes[v] for v in g.invars),
         output_bytes=output_bytes,
         lower_bound_bytes=external_bytes + live.peak,
-        program_order_lower_bound_bytes=external_bytes + prog_peak,
+        program_order_lower_bound_bytes=external_bytes + results["program"].peak,
         schedule=steps,
         buffers=buffers,
         values=values,
@@ -348,6 +333,11 @@ def _build_plan(
         outvars=[None if isinstance(v, Const) else v for v in g.outvars],
         donated=tuple(k for k, d in enumerate(flags) if d),
         num_eqns=g.num_eqns,
-        closed_jaxpr=closed_jaxpr,
+        unknown_primitives=unknown,
+        scheduler=scheduler,
+        placement=placement.name,
+        closed_jaxpr=g.closed_jaxpr,
         var_ids=dict(g.var_ids),
+        schedule_peaks={k: c.peak for k, c in results.items()},
+        fused_values=sum(1 for v in range(g.num_values) if fused[v]),
     )

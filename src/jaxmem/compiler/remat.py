@@ -23,9 +23,11 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxmem.compiler.jaxpr_adapter import donate_positions
 from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.compiler.remat_graph import Graph, as_function, trace
-from jaxmem.compiler.remat_search import MATMUL, Snapshot, economize, program_flops, search
+from jaxmem.compiler.remat_search import Snapshot, economize, program_flops, search
+from jaxmem.compiler.rules import DOT_LIKE
 from jaxmem.errors import ConfigError
 from jaxmem.units import parse_size
 
@@ -110,7 +112,7 @@ def _policy(snap: Snapshot, graph: Graph, dots_total: int | None, budget: int) -
     """
     if not snap.groups:
         return "everything_saveable", "no jax.checkpoint needed"
-    matmul = any(p in MATMUL for g in snap.groups for p in g.primitives)
+    matmul = any(p in DOT_LIKE for g in snap.groups for p in g.primitives)
     if not matmul or (dots_total is not None and dots_total <= budget):
         return ("dots_saveable", "jax.checkpoint(layer, policy=jax.checkpoint_policies.dots_saveable)")
     lines = sorted({str(v.source) for v in _recomputed(graph, snap) if v.source is not None})
@@ -144,9 +146,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
     budget_bytes = parse_size(budget)
-    if isinstance(donate_argnums, int):
-        donate_argnums = (donate_argnums,)
-    donate = tuple(int(i) % max(len(args), 1) for i in donate_argnums)
+    donate = donate_positions(len(args), donate_argnums)
     if max_rounds < 1:
         raise ConfigError(f"max_rounds must be at least 1, got {max_rounds}")
     guard = _resolve_guard(guard)

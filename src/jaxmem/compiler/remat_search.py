@@ -41,9 +41,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from jaxmem.compiler.costs import ELEMENTWISE, REDUCTIONS, eqn_cost, is_cheap, is_recomputable
+from jaxmem.compiler.costs import eqn_cost, is_cheap, is_recomputable
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.remat_graph import Graph, Node
+from jaxmem.compiler.rules import DOT_LIKE, ELEMENTWISE_COST, MAX_FUSED_READERS
 
 # A chain may reach this many nodes back from the value it recomputes; deeper chains cost more
 # than they free in every model we measured, and the bound keeps one search step cheap.
@@ -51,14 +52,10 @@ MAX_CHAIN_DEPTH = 16
 MAX_CHAIN_NODES = 64
 # Extra cheap nodes a sibling may add to a group's chain.
 MAX_SIBLING_NODES = 4
-MATMUL = frozenset({"dot_general", "conv_general_dilated"})
 # Movement ops whose output XLA:CPU may hold twice (two layouts) when a recompute group reads it.
 DOUBLED_VIEWS = frozenset({"transpose"})
 # Movement ops a transposed operand may be recomputed through (see `_view_chain`).
 VIEW_OPS = frozenset({"transpose", "reshape", "slice", "split", "squeeze", "expand_dims"})
-# A fused value that would be re-emitted in more held readers than this is held in memory
-# instead (see `_virtual`); 8 keeps one layer's fused chains virtual and a residual stream held.
-MAX_FUSED_EMISSIONS = 8
 # Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
 MAX_TRIES = 6
 
@@ -96,8 +93,6 @@ def profile(graph: Graph) -> Liveness:
     scratch: dict[int, int] = {}
     for vid in graph.invars:
         defs[vid] = -1
-    for vid in graph.consts:
-        defs[vid] = -1
     for pos, node in enumerate(graph.nodes):
         for vid in node.inputs:
             uses.setdefault(vid, []).append(pos)
@@ -124,7 +119,7 @@ def profile(graph: Graph) -> Liveness:
     delta[0] = _pinned_bytes(graph)
     pinned = set(graph.invars) | {v for v in graph.outvars if not isinstance(v, Const)}
     for r, end in last.items():
-        if r in graph.consts or r in pinned or r in virtual:
+        if r in pinned or r in virtual:
             continue
         start = max(defs[r], 0)
         size = graph.values[r].nbytes
@@ -173,7 +168,7 @@ def _group_scratch(graph: Graph, node: Node) -> int:
 
 
 def _fusible_producer(node: Node) -> bool:
-    return node.eqn is not None and is_cheap(node.eqn) and node.eqn.primitive.name not in REDUCTIONS
+    return node.eqn is not None and is_cheap(node.eqn)
 
 
 def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
@@ -184,7 +179,7 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     has several readers (a transformer's residual stream) would be re-emitted in every reader
     of every later sum, and XLA holds those sums in memory (measured: XLA:CPU's buffer
     assignment keeps them). A value whose held readers, counted through the fused values it
-    feeds, are more than `MAX_FUSED_EMISSIONS` is held too. (Counted as distinct readers, not
+    feeds, are more than `rules.MAX_FUSED_READERS` is held too. (Counted as distinct readers, not
     paths: a gelu's diamond of elementwise ops stays fused, as XLA fuses it.)
     """
     n = len(graph.nodes)
@@ -204,7 +199,7 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
                     break
                 fused = [roots[c] for c in graph.nodes[u].outs if c in virtual]
                 into.update(*fused) if fused else into.add(u)
-        if ok and len(into) <= MAX_FUSED_EMISSIONS:
+        if ok and len(into) <= MAX_FUSED_READERS:
             virtual.update(outs)
             roots.update((v, frozenset(into)) for v in outs)
     return virtual
@@ -318,7 +313,7 @@ class Snapshot:
 
 def _available(graph: Graph, lv: Liveness, vid: int, at: int) -> bool:
     if lv.defs.get(vid, 0) < 0:
-        return vid in graph.consts or vid not in _donated_ids(graph) or lv.last[vid] >= at
+        return vid not in _donated_ids(graph) or lv.last[vid] >= at
     if vid in lv.virtual:
         return False  # fused: reading it later would keep its operands alive; recompute it
     return lv.defs[vid] < at and lv.last.get(vid, -1) >= at
@@ -334,7 +329,7 @@ def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int,
     node = graph.nodes[pos]
     if node.eqn is None or not is_recomputable(node.eqn) or (cheap_only and not is_cheap(node.eqn)):
         return False
-    if not matmul and node.eqn.primitive.name in MATMUL:
+    if not matmul and node.primitive in DOT_LIKE:
         return False
     if len(chain) >= limit:
         return False
@@ -483,7 +478,7 @@ def _close_fused(graph: Graph, lv: Liveness, chain: dict[int, None], at: int,
 
 def _has_external_input(graph: Graph, lv: Liveness, chain: dict[int, None], at: int) -> bool:
     inside = {out for p in chain for out in graph.nodes[p].outs}
-    return any(w not in inside and w not in graph.consts
+    return any(w not in inside
                for p in chain for w in graph.nodes[p].inputs)
 
 
@@ -511,7 +506,7 @@ def _tail(graph: Graph, chain: list[int]) -> set[int]:
     # reads fresh copies).
     for p in reversed(chain):
         node = graph.nodes[p]
-        if node.eqn is not None and node.eqn.primitive.name in ELEMENTWISE and all(
+        if node.eqn is not None and node.primitive in ELEMENTWISE_COST and all(
                 r in tail for r in readers.get(p, [])) and any(w in made for w in node.inputs):
             tail.add(p)
     return tail if len(tail) < len(chain) else set()
@@ -536,7 +531,7 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
         if p in tail:
             continue
         for w in graph.nodes[p].inputs:
-            if w not in inside and w not in graph.consts and w not in external:
+            if w not in inside and w not in external:
                 external.append(w)
     if group.through is not None and group.through not in external:
         external.append(group.through)
@@ -625,9 +620,9 @@ def _pinned(graph: Graph, lv: Liveness, group: Group) -> list[Group]:
     best = None
     for q in range(at + 1, min(max(readers), len(graph.nodes) - 1) + 1):
         node = graph.nodes[q]
-        if node.eqn is None or node.eqn.primitive.name not in MATMUL:
+        if node.eqn is None or node.primitive not in DOT_LIKE:
             continue
-        operands = [w for w in node.inputs if w not in graph.consts and lv.defs.get(w, -1) < at]
+        operands = [w for w in node.inputs if lv.defs.get(w, -1) < at]
         if len(operands) != len(node.inputs):
             continue  # it waits for something made after the group already
         size = sum(graph.values[o].nbytes for o in node.outs if o is not None)

@@ -1,13 +1,15 @@
 """Schedulers: orders of the ops that respect data dependencies, aiming at few live bytes.
 
-A schedule is a list of op indices. Three families, in the spirit of XLA's hlo_memory_scheduler:
+A schedule is a list of op indices; every scheduler is a function `(program, analysis) -> order`
+(`stages.Analysis`: roles, fusion, loop scratch). Three families, in the spirit of XLA's
+hlo_memory_scheduler:
 the program's own order; a list scheduler that greedily runs the ready op freeing the most
 bytes net of what it allocates; and a depth-first post-order from the outputs that visits the
 operand with more extra users / larger subgraph first. The planner scores each by its live
 bytes and keeps the best.
 
-    >>> order = list_schedule(graph, reads, fused, external, outputs)
-    >>> sorted(order) == list(range(len(graph.ops)))
+    >>> order = list_schedule(program, analysis)
+    >>> sorted(order) == list(range(len(program.ops)))
     True
 """
 
@@ -15,45 +17,38 @@ from __future__ import annotations
 
 import heapq
 
-from jaxmem.compiler.fusion import align, op_is_view
-from jaxmem.compiler.graph import Graph
+from jaxmem.compiler.fusion import op_is_view
+from jaxmem.compiler.plan_types import Const
+from jaxmem.compiler.program import Program
+from jaxmem.compiler.stages import Analysis, align
 
 
-def program_order(g: Graph) -> list[int]:
+def program_order(g: Program, analysis: Analysis | None = None) -> list[int]:
     """The order the program itself wrote its equations in."""
     return list(range(len(g.ops)))
 
 
-def _producers(g: Graph, oi: int) -> list[int]:
+def _producers(g: Program, oi: int) -> list[int]:
     return list({g.producer[u] for u in g.ops[oi].inputs if g.producer[u] >= 0})
 
 
-def _alloc_bytes(g: Graph, oi: int, fused: list[bool], external: list[bool]) -> int:
+def _alloc_bytes(g: Program, oi: int, fused: list[bool], external: list[bool]) -> int:
     op = g.ops[oi]
     if op_is_view(g, op) and op.inputs and not external[op.inputs[0]]:
         return 0
     return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v] and not external[v])
 
 
-def list_schedule(
-    g: Graph,
-    reads: list[list[int]],
-    fused: list[bool],
-    external: list[bool],
-    outputs: list[bool],
-    scratch: dict[int, int] | None = None,
-    prefer_late: bool = False,
-) -> list[int]:
+def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> list[int]:
     """Greedy list scheduling: always run the ready op with the best bytes-freed minus
-    bytes-allocated; ties go to the earliest op in program order (latest with `prefer_late`).
-
-    **Arguments:** the graph, per-op stored reads, per-value flags (fused, external, output),
-    loop scratch bytes per op.
+    bytes-allocated (loop scratch counted at a quarter); ties go to the earliest op in program
+    order (latest with `prefer_late`).
 
     **Returns:** a topological order of all ops.
     """
     nops = len(g.ops)
-    scratch = scratch or {}
+    reads, fused, scratch = analysis.fusion.reads, analysis.fusion.fused, analysis.scratch
+    external, outputs = analysis.roles.external, analysis.roles.outputs
     readers: list[list[int]] = [[] for _ in range(g.num_values)]
     for oi in range(nops):
         for u in reads[oi]:
@@ -117,21 +112,16 @@ def list_schedule(
     return order
 
 
-def dfs_schedule(
-    g: Graph,
-    fused: list[bool],
-    outputs_order: list[int],
-    reverse_roots: bool = False,
-) -> list[int]:
+def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) -> list[int]:
     """Depth-first post-order from the outputs, as XLA's DFS memory scheduler: operands with more
-    extra users, then larger total subgraph bytes, are visited first.
-
-    **Arguments:** the graph, fused flags, the output values in order; `reverse_roots` starts from
-    the last output.
+    extra users, then larger total subgraph bytes, are visited first; `reverse_roots` starts
+    from the last output.
 
     **Returns:** a topological order of all ops.
     """
     nops = len(g.ops)
+    fused = analysis.fusion.fused
+    outputs_order = [v for v in g.outvars if not isinstance(v, Const)]
     extra = [0] * nops
     total = [0] * nops
     for oi in range(nops):  # ops are topologically numbered
@@ -181,7 +171,7 @@ def dfs_schedule(
     return order
 
 
-def topological_orders(g: Graph, limit: int) -> list[list[int]] | None:
+def topological_orders(g: Program, limit: int) -> list[list[int]] | None:
     """Every topological order of the ops, or None when there are more than `limit`.
 
     For tiny programs this lets the planner prove its schedule optimal by trying them all.
@@ -230,24 +220,17 @@ def topological_orders(g: Graph, limit: int) -> list[list[int]] | None:
     return orders
 
 
-def sink_schedule(
-    g: Graph,
-    order: list[int],
-    reads: list[list[int]],
-    fused: list[bool],
-    external: list[bool],
-    outputs: list[bool],
-) -> list[int]:
+def sink_schedule(g: Program, analysis: Analysis, order: list[int]) -> list[int]:
     """One local-search move over a whole schedule: every op that grows memory (allocates more
     than the inputs dying at it free) is delayed to just before its first consumer, so its
     result is not held while unrelated work runs. The caller keeps the result only if it lowers
     the peak.
 
-    **Arguments:** the graph, a schedule, per-op stored reads, per-value flags.
-
     **Returns:** a new topological order.
     """
     nops = len(g.ops)
+    reads, fused = analysis.fusion.reads, analysis.fusion.fused
+    external, outputs = analysis.roles.external, analysis.roles.outputs
     pos = [0] * nops
     for p, oi in enumerate(order):
         pos[oi] = p
@@ -267,7 +250,6 @@ def sink_schedule(
         frees = sum(align(g.nbytes[u]) for u in reads[oi]
                     if last[u] == pos[oi] and not external[u] and not outputs[u])
         sink[oi] = grow > frees
-    pending: dict[int, list[int]] = {}
     emitted = [False] * nops
     result: list[int] = []
 
@@ -293,5 +275,4 @@ def sink_schedule(
         emit(oi)
     for oi in order:  # anything still pending (consumers all sunk too) keeps its place at the end
         emit(oi)
-    del pending
     return result

@@ -3,7 +3,7 @@
 As JAX without jit (or PyTorch) runs a program: the arguments are on the device first; each
 equation's outputs are allocated when it runs and freed after their last use; a loop or cond
 also holds its body's temporaries (XLA's temp buffer for that one executable) while it runs.
-Every allocation and free is recorded as a `jaxmem.traces.model.Trace` (format "jaxmem"), so
+Every allocation and free is recorded as a `jaxmem.trace_schema.Trace` (format "jaxmem"), so
 the run can be replayed, reported, or compared with the planned peak.
 
     >>> device = jaxmem.Device("1GiB", backend="host", allocator="bfc", preallocate=False)
@@ -26,10 +26,12 @@ import jax
 import numpy as np
 
 from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.compiler.plan_types import Const, SourceLine
+from jaxmem.compiler.program import Op, Program
 from jaxmem.errors import OutOfMemory, PlanError
 from jaxmem.execution.primitives import jax_kernel, kernel_for, storage
-from jaxmem.execution.tracing import FlatProgram, host_inputs, inline, to_user, trace_flat
-from jaxmem.traces.model import Event, Frame, Trace
+from jaxmem.execution.tracing import const_array, host_inputs, to_user
+from jaxmem.trace_schema import Event, Frame, Trace
 
 
 @dataclass
@@ -107,8 +109,7 @@ class _State:
         return (time.perf_counter() - self.t0) * 1e6
 
 
-def _frames(eqn: Any) -> tuple[Frame, ...]:
-    line = ja.source_line(eqn)
+def _frames(line: SourceLine | None) -> tuple[Frame, ...]:
     return (Frame(line.file, line.line, line.function),) if line is not None else ()
 
 
@@ -117,29 +118,37 @@ def _nbytes(aval: Any) -> int:
     return dtype.itemsize * int(np.prod(shape, dtype=np.int64))
 
 
-_SCRATCH: dict[Any, int] = {}
+# Compiling a loop to learn its temp bytes takes long, so repeated runs of one program reuse
+# the figure. Keyed by id(eqn), each entry also holds the equation, so the id cannot be reused
+# by another while cached; the oldest entries go past `_SCRATCH_LIMIT`.
+_SCRATCH: dict[int, tuple[Any, int]] = {}
+_SCRATCH_LIMIT = 256
 
 
 def _scratch_bytes(eqn: Any) -> int:
     """XLA's temp bytes for running a loop/cond equation as one executable (its body's temporaries)."""
     if eqn.primitive.name not in ja.LOOP_PRIMITIVES:
         return 0
-    key = id(eqn)
-    if key not in _SCRATCH:
-        kernel = jax_kernel(eqn)
-        try:
-            specs = []
-            for v in eqn.invars:
-                dtype, shape = storage(v.aval)
-                specs.append(jax.ShapeDtypeStruct(shape, dtype))
-            analysis = kernel.jitted.lower(*specs).compile().memory_analysis()
-            _SCRATCH[key] = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
-        except Exception:  # noqa: BLE001 - a backend without memory_analysis: no scratch figure
-            _SCRATCH[key] = 0
-    return _SCRATCH[key]
+    cached = _SCRATCH.get(id(eqn))
+    if cached is not None and cached[0] is eqn:
+        return cached[1]
+    kernel = jax_kernel(eqn)
+    try:
+        specs = []
+        for v in eqn.invars:
+            dtype, shape = storage(v.aval)
+            specs.append(jax.ShapeDtypeStruct(shape, dtype))
+        analysis = kernel.jitted.lower(*specs).compile().memory_analysis()
+        nbytes = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
+    except Exception:  # noqa: BLE001 - a backend without memory_analysis: no scratch figure
+        nbytes = 0
+    while len(_SCRATCH) >= _SCRATCH_LIMIT:
+        del _SCRATCH[next(iter(_SCRATCH))]
+    _SCRATCH[id(eqn)] = (eqn, nbytes)
+    return nbytes
 
 
-def run_eager(prog: FlatProgram, inputs: list[np.ndarray] | None, device: Any, *, compute: bool = True) -> tuple[list[Any] | None, _State, OutOfMemory | None]:
+def run_eager(prog: Program, inputs: list[np.ndarray] | None, device: Any, *, compute: bool = True) -> tuple[list[Any] | None, _State, OutOfMemory | None]:
     """Run an inlined program op by op on `device`; returns (flat outputs, state, oom)."""
     host = getattr(device.backend, "kind", "") == "host"
     state = _State(device, host, t0=time.perf_counter())
@@ -147,11 +156,10 @@ def run_eager(prog: FlatProgram, inputs: list[np.ndarray] | None, device: Any, *
     buffers: list[Any] = [None] * n
     values: list[Any] = [None] * n
     last_use = [-1] * n
-    for k, fe in enumerate(prog.eqns):
-        for op in fe.operands:
-            if isinstance(op, int):
-                last_use[op] = k
-    keep = set(prog.invars) | {v for v in prog.outvars if isinstance(v, int)}
+    for k, op in enumerate(prog.ops):
+        for v in op.inputs:
+            last_use[v] = k
+    keep = set(prog.invars) | {v for v in prog.outvars if not isinstance(v, Const)}
 
     def slot(v: int) -> np.ndarray | None:
         if not host or buffers[v] is None:
@@ -170,18 +178,18 @@ def run_eager(prog: FlatProgram, inputs: list[np.ndarray] | None, device: Any, *
                     values[v] = view
                 else:
                     values[v] = inputs[k]
-        for k, fe in enumerate(prog.eqns):
-            eqn = fe.eqn
-            label = eqn.primitive.name
-            frames = _frames(eqn)
-            outs = [o for o in fe.outputs if o is not None]
+        for k, op in enumerate(prog.ops):
+            eqn = op.eqn
+            label = op.primitive
+            frames = _frames(op.source)
+            outs = [o for o in op.outputs if o is not None]
             for o in outs:
                 buffers[o] = state.alloc(_nbytes(prog.avals[o]), label, frames)
             scratch = state.alloc(_scratch_bytes(eqn), f"{label} scratch", frames)
             if compute:
-                _compute(fe, values, slot)
+                _compute(op, values, slot)
             state.free(scratch, f"{label} scratch")
-            dead = {op for op in fe.operands if isinstance(op, int) and last_use[op] == k and op not in keep}
+            dead = {v for v in op.inputs if last_use[v] == k and v not in keep}
             dead |= {o for o in outs if last_use[o] < 0 and o not in keep}
             for v in sorted(dead):
                 state.free(buffers[v], label)
@@ -192,7 +200,8 @@ def run_eager(prog: FlatProgram, inputs: list[np.ndarray] | None, device: Any, *
     stats = device.memory_stats()
     outputs = None
     if compute and oom is None:
-        outputs = [np.array(values[v]) if isinstance(v, int) else np.array(v) for v in prog.outvars]
+        outputs = [np.array(const_array(v.value, v.aval)) if isinstance(v, Const) else np.array(values[v])
+                   for v in prog.outvars]
     for v in range(n):
         if buffers[v] is not None:
             state.free(buffers[v], "end")
@@ -200,10 +209,10 @@ def run_eager(prog: FlatProgram, inputs: list[np.ndarray] | None, device: Any, *
     return outputs, state, oom
 
 
-def _compute(fe: Any, values: list[Any], slot: Callable[[int], "np.ndarray | None"]) -> None:
-    kernel = kernel_for(fe.eqn)
-    ins = [values[op] if isinstance(op, int) else op for op in fe.operands]
-    outs = fe.outputs
+def _compute(op: Op, values: list[Any], slot: Callable[[int], "np.ndarray | None"]) -> None:
+    kernel = kernel_for(op.eqn)
+    ins = [const_array(v.value, v.aval) if isinstance(v, Const) else values[v] for v in op.operands]
+    outs = op.outputs
     if len(outs) == 1 and outs[0] is not None and kernel.into is not None:
         view = slot(outs[0])
         if view is not None:
@@ -242,25 +251,25 @@ def eager(fn: Callable[..., Any], device: Any, *, compute: bool = True) -> Calla
         raise PlanError(f"jaxmem.eager needs a jaxmem.Device, got {type(device).__name__}")
 
     def call(*args: Any) -> EagerRun:
-        traced = trace_flat(fn, args)
-        prog = inline(traced.closed_jaxpr)
+        traced = ja.trace(fn, args)
+        prog = ja.inline(traced.closed_jaxpr)
         inputs = host_inputs(args, traced.in_avals) if compute else None
         t0 = time.perf_counter()
         flat, state, oom = run_eager(prog, inputs, device, compute=compute)
         seconds = time.perf_counter() - t0
         outputs = None
         if flat is not None:
-            out_avals = [v.aval for v in traced.closed_jaxpr.jaxpr.outvars]
-            outputs = jax.tree_util.tree_unflatten(traced.out_tree, [to_user(x, a) for x, a in zip(flat, out_avals)])
+            outputs = jax.tree_util.tree_unflatten(traced.out_tree,
+                                                   [to_user(x, a) for x, a in zip(flat, traced.out_avals)])
         trace = Trace(
             events=state.events, source=getattr(fn, "__name__", "fn"), format="jaxmem",
             allocator_settings={"allocator": getattr(device, "allocator_name", ""),
                                 "preallocate": getattr(device, "preallocate", None),
                                 "mem_fraction": getattr(device, "mem_fraction", None)},
             device_capacity=getattr(device, "capacity", None),
-            meta={"mode": "eager", "num_ops": len(prog.eqns), "oom": str(oom) if oom else None},
+            meta={"mode": "eager", "num_ops": len(prog.ops), "oom": str(oom) if oom else None},
         )
         return EagerRun(outputs=outputs, trace=trace, stats=state.stats, at_peak=state.at_peak or dict(state.stats),
-                        num_ops=len(prog.eqns), num_allocs=state.allocs, oom=oom, seconds=seconds)
+                        num_ops=len(prog.ops), num_allocs=state.allocs, oom=oom, seconds=seconds)
 
     return call

@@ -13,6 +13,7 @@ it. `clear_caches()` drops every cached plan and arena.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from jaxmem.compiler.plan_types import Plan
 from jaxmem.errors import PlanError
 from jaxmem.execution import primitives
 from jaxmem.execution.program import Program, compile_plan
-from jaxmem.execution.tracing import Traced, host_inputs, signature, to_user, trace_flat
+from jaxmem.compiler.jaxpr_adapter import Traced, trace
+from jaxmem.execution.tracing import host_inputs, signature, to_user
 
 _ALL: "weakref.WeakSet[Jitted]" = weakref.WeakSet()
 
@@ -58,9 +60,8 @@ class Executable:
             # The arena is in use (a call from another thread or a re-entrant call): run this
             # one in an arena of its own rather than share bytes.
             flat = compile_plan(self.plan, host_arena(self.plan.arena_bytes)).run(inputs)
-        out_avals = [v.aval for v in self.traced.closed_jaxpr.jaxpr.outvars]
         return jax.tree_util.tree_unflatten(self.traced.out_tree,
-                                            [to_user(x, a) for x, a in zip(flat, out_avals)])
+                                            [to_user(x, a) for x, a in zip(flat, self.traced.out_avals)])
 
     def release(self) -> None:
         if self.buffer is not None and self.buffer.live:
@@ -80,14 +81,14 @@ def build(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[
     """
     from jaxmem.compiler.planner import plan_jaxpr
 
-    traced = trace_flat(fn, args, donate_argnums)
+    traced = trace(fn, args, donate_argnums=donate_argnums)
     if plan is None:
         flags = [k in traced.donated for k in range(len(traced.in_avals))]
         plan = plan_jaxpr(traced.closed_jaxpr, donated=flags)
     elif len(plan.invars) != len(traced.in_avals):
         raise PlanError(f"the plan has {len(plan.invars)} inputs, the function {len(traced.in_avals)}")
     if plan.closed_jaxpr is None:
-        plan.closed_jaxpr = traced.closed_jaxpr
+        plan = dataclasses.replace(plan, closed_jaxpr=traced.closed_jaxpr)
     buffer = None
     if device is None:
         memory = host_arena(plan.arena_bytes)

@@ -24,7 +24,7 @@ from jaxmem.compiler.plan_types import Plan
 from jaxmem.errors import PlanError
 from jaxmem.execution.eager import run_eager
 from jaxmem.execution.jit import build
-from jaxmem.execution.tracing import inline, trace_flat
+from jaxmem.compiler.jaxpr_adapter import inline, trace
 from jaxmem.units import parse_size
 
 # Unit roundoff per float dtype, and the dtype its sums accumulate in: XLA accumulates half
@@ -222,8 +222,7 @@ def eager_summaries(fn: Callable[..., Any], args: Sequence[Any], capacity: int |
     from jaxmem.runtime.device import Device
 
     capacity = parse_size(capacity)
-    traced = trace_flat(fn, args)
-    prog = inline(traced.closed_jaxpr)
+    prog = inline(trace(fn, args).closed_jaxpr)
     rows = []
     for name, allocator, preallocate in MODES:
         device = Device(capacity, backend="simulated", allocator=allocator, preallocate=preallocate)

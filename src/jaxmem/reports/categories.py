@@ -216,13 +216,11 @@ def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict
     Args:
         plan: a `Plan` (schedule, values, invars, outvars).
         arg_paths: optional pytree path of each flat argument, e.g. "opt_state.mu['w']";
-            defaults to `plan.extra["arg_paths"]` when the planner recorded them.
+            without them, arguments are told apart by structure only.
 
     Returns:
         {value id: category}, one of `CATEGORIES` for every value in `plan.values`.
     """
-    if arg_paths is None:
-        arg_paths = plan.extra.get("arg_paths") if isinstance(plan.extra, dict) else None
     backward = backward_steps(plan)
     reads = _reads(plan, backward)
 

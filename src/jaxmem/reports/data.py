@@ -203,8 +203,8 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None, arg_paths: list[
 
     inherited = _call_site_frames(plan)
     cats = value_categories(plan) if cats is None else cats
-    # Arguments are named by their pytree path when the planner recorded it ("params['w']").
-    paths = arg_paths if arg_paths is not None else (plan.extra.get("arg_paths") if isinstance(plan.extra, dict) else None)
+    # Arguments are named by their pytree path when the caller gives it ("params['w']").
+    paths = arg_paths
     arg_label = {v: (str(paths[i]) if paths and i < len(paths) and paths[i] else f"argument {i}")
                  for i, v in enumerate(plan.invars)}
     last = _last_uses(plan)

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 from jaxmem.errors import ConfigError, OutOfMemory
 from jaxmem.runtime.allocator import Allocator, Chunk
 from jaxmem.runtime.dump import OomWatch, PoolOutOfMemory
+from jaxmem.trace_schema import Event, Segment, Trace
 from jaxmem.units import format_size
 
 
@@ -166,8 +167,6 @@ class _RecordingBackend:
 
 
 def _event(action: str, address: int, size: int, requested: int | None = None, stream: int = 0):
-    from jaxmem.traces.model import Event
-
     return Event(action=action, addr=address, size=size, stream=stream, requested=requested)
 
 
@@ -211,10 +210,8 @@ class TrackingAdaptor(Adaptor):
         self.events.append(_event("free", address, size, None, stream))
 
     def trace(self):
-        """The events so far as a `jaxmem.traces.model.Trace`; device allocations made before
+        """The events so far as a `jaxmem.trace_schema.Trace`; device allocations made before
         tracking began are its `initial_segments`."""
-        from jaxmem.traces.model import Segment, Trace
-
         backend = self.backend
         initial = [Segment(addr=a, size=n) for a, n in sorted(self._initial.items())]
         return Trace(events=list(self.events), format="jaxmem", source=f"jaxmem {self.name} pool",

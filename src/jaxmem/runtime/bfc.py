@@ -13,31 +13,28 @@ The policy, as in tsl/framework/bfc_allocator.cc:
     region, ask again for 0.9x as much, down to the request. Regions the device hands out
     side by side merge into one.
 
-Searching bins upward for the first chunk that fits in (size, address) order gives the same
-chunk as one search over all free chunks ordered by (size, address), so one ordered container
-holds them all. Its keys are single ints, size << 48 | address, which compare faster than
-tuples. While there are at most 512 free chunks (RMM's recipe has 6-31 half way through a
-run, up to ~16,000 near the end of one) they sit in one flat sorted list, so every operation is a C
-bisect plus a list insert or delete; past 512 the list is cut into sublists of 256 with a
-list of their last keys (the layout sortedcontainers uses), so an insert never moves more
-than a few KB, and it goes flat again when one sublist is left. Both are written out inline
-because the public allocate/free pair is the hot path. XLA's own layout, 21 per-bin sorted
-lists and a bitmask of the non-empty ones, was measured slower here
-(benchmarks/results/runtime.md). In sublists, a free only notes its chunk, and the next
-reader of the free set merges the notes in, one by one, or after a long run of frees by one
-vectorized sort and merge of all free chunks (glibc's unsorted bin defers the same work): a
-pool being drained (a third of RMM's recipe at 100,000 allocations) then does no table or
-sorted edits per free. Until that read the chunk layout is not observable, and every reader
-(allocation, statistics, the chunk walk, empty_cache) merges first, so the pool is the same
-as one that merged at once.
+How the free set is held, and why:
+  * Searching bins upward for the first chunk that fits in (size, address) order finds the
+    same chunk as one search over all free chunks ordered by (size, address), so one ordered
+    container holds them all, keyed by single ints, size << 48 | address (they compare faster
+    than tuples).
+  * Up to 512 free chunks sit in one flat sorted list (a C bisect plus one list edit per
+    operation); beyond that, in sublists of 256 with a list of their last keys, as
+    sortedcontainers lays them out, so an insert never moves more than a few KB. Both paths are
+    written out inline because the public allocate/free pair is the hot path.
+  * In sublists a free only notes its chunk; the next reader of the free set (an allocation,
+    the statistics, the chunk walk, empty_cache) merges the notes first, one by one or, after a
+    long run of frees, by one vectorized sort, as glibc's unsorted bin defers the same work. So
+    the pool observed is always the one that merged at once, and draining a pool costs no
+    sorted edits per free.
+  * Free chunks are also kept in two dictionaries (start -> size, end -> start): all a free
+    needs to find the neighbours it merges with. Chunks in use are not tabled (a large table
+    falls out of cache): the chunk walk reads them off the live buffers the public allocate
+    handed out. Allocations through the hooks alone (trace replay) have no Buffer, so they are
+    tabled.
 
-Free chunks are also kept in two dictionaries (start -> size, end -> start), which is all a
-free needs to find the neighbours it merges with. Chunks in use are not tabled: the chunk walk
-(dumps, invariant checks) reads them off the buffers the public allocate handed out, kept in a
-plain list that is swept of freed ones as it doubles. With tens of thousands of live buffers a
-table of used chunks falls out of cache, and its insert and delete were a tenth of a pair
-(benchmarks/results/runtime.md). Allocations through the hooks alone (trace replay) are
-tabled, as they have no Buffer.
+`benchmarks/results/runtime.md` has the measurements behind these choices (XLA's own layout,
+21 per-bin sorted lists and a bitmask, is slower here).
 
     backend = SimulatedBackend("16GiB")
     pool = BFCAllocator(backend, limit=12 << 30, preallocate=True)

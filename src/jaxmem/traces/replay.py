@@ -16,9 +16,10 @@ the window, largest address last.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, ContextManager, Iterator
 
 from jaxmem.errors import ConfigError, OutOfMemory, TraceError
 from jaxmem.runtime.backends import SimulatedBackend
@@ -439,7 +440,17 @@ def recorded_run(trace: Trace) -> RecordedRun | None:
                        _downsample(ev, t, tin, tres, TIMELINE_POINTS))
 
 
-def replay(trace: Trace, allocators: list[str], *, capacity: int, progress: bool = True,
+# A progress bar: `bar(description, total)` is a context manager yielding `advance(n)`
+# (the command line passes `jaxmem.reports.terminal.progress`; the traces layer draws nothing).
+ProgressBar = Callable[[str, int], ContextManager[Callable[[int], None]]]
+
+
+@contextlib.contextmanager
+def _no_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    yield lambda n=1: None
+
+
+def replay(trace: Trace, allocators: list[str], *, capacity: int, progress: ProgressBar | bool | None = None,
            options: dict[str, dict[str, Any]] | None = None) -> ReplayReport:
     """Replay `trace` through each allocator in `allocators` on a device of `capacity` bytes.
 
@@ -453,8 +464,7 @@ def replay(trace: Trace, allocators: list[str], *, capacity: int, progress: bool
         allocators: names from ALLOCATORS ("caching", "caching-expandable", "bfc" at 75% of
             capacity preallocated, "bfc-growth", "platform").
         capacity: device bytes.
-        progress: allow a transient progress bar on stderr (drawn once the replays have run a
-            second, and only when stderr is a terminal).
+        progress: a `ProgressBar` to advance as the replays run (None or False: none).
         options: per-allocator extra options (e.g. {"caching": {"alloc_conf": "..."}}).
     Returns:
         A ReplayReport: one ReplayRun per allocator, and `recorded` for snapshot traces.
@@ -465,10 +475,8 @@ def replay(trace: Trace, allocators: list[str], *, capacity: int, progress: bool
     ops = _ops(trace)
     n = len(ops[0])
     runs: dict[str, ReplayRun] = {}
-    from jaxmem.reports.terminal import progress as progress_bar
-
-    # The bar shows only once the replays have run a second (and only on a terminal).
-    with progress_bar("replaying", n * len(allocators), enabled=None if progress else False) as advance:
+    bar = progress if callable(progress) else _no_bar
+    with bar("replaying", n * len(allocators)) as advance:
         for name in allocators:
             done = [0]
 

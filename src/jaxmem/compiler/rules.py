@@ -1,0 +1,159 @@
+"""The one primitive table: what the planner, rematerialization and the costs know of each primitive.
+
+One `Rule` per primitive name, with a conservative default (`UNKNOWN`) for names not in it:
+
+- `storage`: how its outputs get memory. "view": the output is its operand's bytes under
+  another shape and writes nothing; "elementwise": it may be written into an operand's buffer
+  that dies here, as XLA's buffer assignment reuses a dying operand; "update": it writes into
+  operand 0's buffer when that dies here (dynamic_update_slice, scatter); "loop": scan/while
+  write their carries back into the initial carry's buffer; "fresh": a new buffer; "unknown":
+  planned like "fresh" (inputs live through it) and reported.
+- `fusion`, `absorbs`: the planner's fusion model. A "producer" may be recomputed inside its
+  consumers instead of stored, where every consumer `absorbs` it (loop fusions, reductions); a
+  "transpose" folds only into the operands of dot-like consumers (XLA's transpose folding).
+- `cost`: how its FLOPs are counted (`costs.eqn_cost`): "elementwise" one per output element,
+  "movement" none, "reduction" one per input element, "dot"/"conv" from the shapes, "sort",
+  "scan"/"cond" from their bodies; "" one per output element (or what a nested jaxpr costs).
+  Elementwise and movement ops are `cheap`: what XLA fuses, and what remat recomputes first.
+- `recomputable`: False for ops whose second run would differ or have an effect.
+
+Adding a primitive is one row here (and, to run it without falling back to JAX, a kernel in
+`execution/primitives.py`).
+
+    >>> rule("reshape").storage, rule("add").storage, rule("my_custom_op").storage
+    ('view', 'elementwise', 'unknown')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxmem.compiler.jaxpr_adapter import CALL_PRIMITIVES
+
+
+@dataclass(frozen=True)
+class Rule:
+    storage: str = "unknown"
+    fusion: str = ""
+    absorbs: bool = False
+    cost: str = ""
+    recomputable: bool = True
+
+    @property
+    def cheap(self) -> bool:
+        return self.cost in ("elementwise", "movement")
+
+    @property
+    def dot_like(self) -> bool:
+        return self.cost in ("dot", "conv")
+
+
+UNKNOWN = Rule()
+
+# A fused value is recomputed in each of its readers; beyond this many (held) readers it is
+# stored instead, in the planner's fusion model and in remat's model of XLA:CPU alike. 8 keeps
+# one layer's fused chains fused and a transformer's residual stream held.
+MAX_FUSED_READERS = 8
+
+
+def _rows(names: str, rule: Rule) -> dict[str, Rule]:
+    return dict.fromkeys(names.split(), rule)
+
+
+RULES: dict[str, Rule] = {
+    **_rows("""abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil
+               clamp clz complex conj cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt
+               igamma igammac imag integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg
+               nextafter not or polygamma population_count pow random_gamma_grad real reduce_precision
+               regularized_incomplete_beta rem round rsqrt select_n shift_left shift_right_arithmetic
+               shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh xor zeta""",
+            Rule("elementwise", "producer", True, "elementwise")),
+    **_rows("convert_element_type", Rule("elementwise", "producer", True, "movement")),
+    **_rows("copy copy_p", Rule("elementwise", cost="movement")),
+    # remat inserts barriers itself; recomputing one would defeat it
+    **_rows("optimization_barrier", Rule("elementwise", recomputable=False)),
+    **_rows("reshape squeeze expand_dims", Rule("view", "producer", True, "movement")),
+    **_rows("bitcast_convert_type", Rule("view", cost="movement")),
+    **_rows("broadcast_in_dim iota", Rule("fresh", "producer", True, "movement")),
+    **_rows("transpose", Rule("fresh", "transpose", True, "movement")),
+    **_rows("concatenate dynamic_slice pad rev slice", Rule("fresh", absorbs=True, cost="movement")),
+    **_rows("device_put gather pvary select_and_gather_add sharding_constraint split", Rule("fresh", cost="movement")),
+    **_rows("dynamic_update_slice", Rule("update", absorbs=True, cost="movement")),
+    **_rows("""scatter scatter-add scatter_add scatter-mul scatter_mul scatter-min scatter_min scatter-max
+               scatter_max scatter-sub scatter_sub""", Rule("update", cost="reduction")),
+    **_rows("""argmax argmin cumlogsumexp cummax cummin cumprod cumsum reduce_and reduce_max reduce_min
+               reduce_or reduce_prod reduce_sum select_and_scatter_add""", Rule("fresh", absorbs=True, cost="reduction")),
+    **_rows("reduce reduce_window reduce_window_max reduce_window_min reduce_window_sum reduce_xor",
+            Rule("fresh", cost="reduction")),
+    **_rows("dot_general", Rule("fresh", cost="dot")),
+    **_rows("conv_general_dilated", Rule("fresh", cost="conv")),
+    **_rows("sort", Rule("fresh", cost="sort")),
+    **_rows("scan", Rule("loop", cost="scan")),
+    # a while loop's FLOPs are one trip's (the trip count is unknown): never recomputed
+    **_rows("while", Rule("loop", recomputable=False)),
+    **_rows("cond", Rule("fresh", cost="cond")),
+    # call-like primitives are inlined by the front end; one whose body does not line up with
+    # its operands stays an op, planned fresh with its body as scratch
+    **dict.fromkeys(CALL_PRIMITIVES, Rule("fresh")),
+    **_rows("""after_all approx_top_k argsort axis_index cholesky create_token custom_linear_solve
+               dot_general_p eig eigh fft hessenberg iota_2x32_shape lu mesh_cast nonzero platform_index
+               pmax pmin qr ragged_dot ragged_dot_general random_bits random_fold_in random_split schur svd
+               threefry2x32 tie_in top_k triangular_solve tridiagonal tridiagonal_solve""", Rule("fresh")),
+    # effects, collectives, and randomness that draws fresh state
+    **_rows("""all_gather all_to_all debug_callback debug_print infeed io_callback outfeed ppermute psum
+               pure_callback random_seed random_unwrap random_wrap rng_bit_generator rng_uniform""",
+            Rule("fresh", recomputable=False)),
+}
+
+# The table's hot questions as sets (the planner and remat's search ask them per op, per trial).
+DOT_LIKE = frozenset(name for name, r in RULES.items() if r.dot_like)
+CHEAP = frozenset(name for name, r in RULES.items() if r.cheap)
+ELEMENTWISE_COST = frozenset(name for name, r in RULES.items() if r.cost == "elementwise")
+NOT_RECOMPUTABLE = frozenset(name for name, r in RULES.items() if not r.recomputable)
+_VIEWS = frozenset(name for name, r in RULES.items() if r.storage == "view")
+
+
+def rule(primitive: str) -> Rule:
+    """The primitive's rule, or the conservative `UNKNOWN` one."""
+    return RULES.get(primitive, UNKNOWN)
+
+
+def storage_rule(primitive: str) -> str:
+    """How a primitive's outputs get storage: 'view', 'elementwise', 'update', 'loop', 'fresh'
+    or 'unknown' (planned like 'fresh', and reported)."""
+    return RULES.get(primitive, UNKNOWN).storage
+
+
+def is_view(primitive: str, params: dict | None = None, in_dtype: str | None = None) -> bool:
+    """True when the op only reinterprets its operand's bytes (never writes them). A
+    convert_element_type to the operand's own dtype (a weak-type change) is one too."""
+    if primitive == "convert_element_type" and in_dtype is not None and params:
+        return str(params.get("new_dtype")) == in_dtype
+    if primitive in _VIEWS:
+        if primitive == "bitcast_convert_type":
+            return True
+        if primitive == "reshape" and params and params.get("dimensions") is not None:
+            return False  # a reshape with a transposition moves data
+        return True
+    return False
+
+
+def inplace_candidates(primitive: str, params: dict, operands: list, num_outputs: int) -> list[list[int]]:
+    """For each output, the operand positions whose buffer it may overwrite (if they die here).
+
+    **Arguments:** the primitive name and params, the operand list, the number of outputs.
+
+    **Returns:** one list of operand positions per output (empty: needs a fresh buffer).
+    """
+    storage = storage_rule(primitive)
+    if storage == "elementwise":
+        return [list(range(len(operands))) for _ in range(num_outputs)]
+    if storage == "update":
+        return [[0]] + [[] for _ in range(num_outputs - 1)]
+    if primitive == "scan":
+        num_consts, num_carry = int(params["num_consts"]), int(params["num_carry"])
+        return [[num_consts + i] if i < num_carry else [] for i in range(num_outputs)]
+    if primitive == "while":
+        offset = int(params["cond_nconsts"]) + int(params["body_nconsts"])
+        return [[offset + i] for i in range(num_outputs)]
+    return [[] for _ in range(num_outputs)]

@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--xla", choices=("auto", "gpu", "cpu"), default="auto",
                         help="which XLA to compare with: auto (default: XLA:GPU for a GPU preset, compiled "
                              "deviceless, and XLA:CPU here), gpu (XLA:GPU only) or cpu (XLA:CPU here only)")
+    parser.add_argument("--cpu-scheduler", choices=("default", "dfs", "bfs", "both"), default="default",
+                        help="XLA:CPU's scheduler to compare with: default (compiled in this process), dfs "
+                             "(memory-optimized) or bfs (concurrency-optimized), each compiled in a fresh "
+                             "process, or both (the lower total is the comparison)")
     add_pool_arguments(parser)
     parser.add_argument("--execute", action="store_true",
                         help="also run the planned program against jax.jit, and eagerly under each allocator")
@@ -408,6 +412,37 @@ def has_abstract_args(args: Sequence[Any]) -> bool:
     return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(tuple(args)))
 
 
+def start_cpu_schedulers(target: str, donate: tuple[int, ...], which: str) -> tuple[list[threading.Thread], dict[str, Any]]:
+    """Compile TARGET with XLA:CPU's "dfs" and/or "bfs" scheduler, each in a fresh process (XLA
+    reads its flags once per process), in threads beside the planner; `box` maps each scheduler
+    to its `XlaReference` or to the error it raised."""
+    from jaxmem.compiler.xla import xla_reference_in_subprocess
+
+    box: dict[str, Any] = {}
+
+    def work(name: str) -> None:
+        try:
+            box[name] = xla_reference_in_subprocess(target, donate_argnums=donate, scheduler=name)
+        except BaseException as err:  # handed to the main thread
+            box[name] = err
+
+    names = ("dfs", "bfs") if which == "both" else (which,)
+    workers = [threading.Thread(target=work, args=(n,), name=f"jaxmem-xla-{n}", daemon=True) for n in names]
+    for w in workers:
+        w.start()
+    return workers, box
+
+
+def better_schedule(box: dict[str, Any]) -> tuple[Any, dict[str, int]]:
+    """The reference with the lower total among the schedulers compiled, and every total."""
+    for ref in box.values():
+        if isinstance(ref, BaseException):
+            raise ref
+    totals = {name: ref.total_bytes for name, ref in sorted(box.items())}
+    best = min(sorted(box), key=lambda name: box[name].total_bytes)
+    return box[best], totals
+
+
 def _cpu_reference(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...]) -> Any:
     from jaxmem.compiler.xla import xla_reference
 
@@ -483,6 +518,13 @@ def render(data: dict[str, Any], console: Any) -> None:
         summary.add_row("XLA total here", _size(xla_total),
                         Text(f"{ratio:.3f}x of XLA ({data['xla']['scheduler']} scheduler)" if ratio is not None
                              else f"XLA holds nothing ({data['xla']['scheduler']} scheduler)", style=style))
+        totals = data.get("xla_cpu_schedulers")
+        if totals and len(totals) > 1:
+            summary.add_row("", "", "XLA:CPU's schedulers: " + ", ".join(f"{name} {_size(total)}" for name, total in
+                                                                         totals.items()) + "; the lower is compared")
+        elif data["xla"]["scheduler"] == "default":
+            summary.add_row("", "", "XLA:CPU's memory-optimized scheduler may need less: --cpu-scheduler both "
+                            "compares with both of its schedulers")
         if data["xla"]["library_hidden_bytes"]:
             summary.add_row("", "", f"XLA:CPU's YNNPACK fusions hold {_size(data['xla']['library_hidden_bytes'])} "
                             "of dot/conv results that its figure leaves out")
@@ -680,15 +722,24 @@ def main(argv: list[str]) -> int:
         else:
             worker, box = start_gpu_reference(target, device[0].strip().lower(), donate, args.top)
     cpu_reference = not args.no_xla and (args.xla != "gpu" or not want_gpu)
+    schedulers, scheduled = [], {}
+    if cpu_reference and args.cpu_scheduler != "default":
+        schedulers, scheduled = start_cpu_schedulers(target, donate, args.cpu_scheduler)
     label = f"planning · compiling for XLA:GPU ({device[0]})" if want_gpu else "planning"
     with progress_after(1.0, label):
         try:
-            plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=cpu_reference), f"cannot plan {target}")
+            plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=cpu_reference and not schedulers),
+                            f"cannot plan {target}")
         except BaseException:
             stop_gpu_reference(worker, box)
             raise
         if worker is not None:
             worker.join()
+        for w in schedulers:
+            w.join()
+    cpu_totals = None
+    if schedulers:
+        plan.xla, cpu_totals = better_schedule(scheduled)
     if box is not None:
         if "err" in box:
             err = box["err"]
@@ -726,6 +777,7 @@ def main(argv: list[str]) -> int:
     data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
                      device=device, top=args.top, gpu=gpu, pool=pool,
                      fraction=dev.mem_fraction if dev is not None else PREALLOCATE_FRACTION, note=note)
+    data["xla_cpu_schedulers"] = cpu_totals
     data["total_seconds"] = time.perf_counter() - started
 
     execute = eager = None

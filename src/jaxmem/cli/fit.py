@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=8, metavar="N",
                         help="at most N rewrites compiled by XLA to find the cheapest that fits (default 8)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--no-schedulers", action="store_true",
+                        help="skip compiling with XLA:CPU's two schedulers first (each in a fresh process) "
+                             "to see whether one alone meets the budget with no recompute")
     return parser
 
 
@@ -67,8 +70,35 @@ def _budget(text: str, fn: Any, args: tuple, donate: tuple[int, ...]) -> int:
     return parse_size(text)
 
 
-def _summary(result: Any) -> dict[str, Any]:
+def scheduler_advice(totals: dict[str, int], budget: int, fitted_total: int) -> str | None:
+    """What to tell the user first when one of XLA:CPU's own schedulers does as well as the fit:
+    it meets the budget, or needs no more than the rewrite does, at no extra FLOPs.
+
+    >>> scheduler_advice({"dfs": 90, "bfs": 120}, 100, 95)
+    "XLA's own dfs scheduler meets the budget with no recompute (90 B): XLA_FLAGS=--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+    """
+    from jaxmem.compiler.xla import SCHEDULER_FLAGS
+
+    if not totals:
+        return None
+    best = min(sorted(totals), key=totals.__getitem__)
+    if totals[best] > budget and totals[best] > fitted_total:
+        return None
+    what = "meets the budget" if totals[best] <= budget else f"needs less than the rewrite ({format_size(fitted_total)})"
+    return (f"XLA's own {best} scheduler {what} with no recompute ({format_size(totals[best])}): "
+            f"XLA_FLAGS=--xla_cpu_scheduler_type={SCHEDULER_FLAGS[best]}")
+
+
+def _scheduler_totals(target: str, donate: tuple[int, ...]) -> tuple[list[Any], dict[str, Any]]:
+    from jaxmem.cli.analyze import start_cpu_schedulers
+
+    return start_cpu_schedulers(target, donate, "both")
+
+
+def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | None = None) -> dict[str, Any]:
     return {
+        "xla_cpu_schedulers": totals,
+        "scheduler_advice": advice,
         "fits": result.fits,
         "budget_bytes": result.budget_bytes,
         "planned_peak_bytes": result.planned_peak_bytes,
@@ -91,7 +121,7 @@ def _summary(result: Any) -> dict[str, Any]:
     }
 
 
-def _render(result: Any, target: str) -> None:
+def _render(result: Any, target: str, advice: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -99,6 +129,8 @@ def _render(result: Any, target: str) -> None:
     verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
     from jaxmem.reports.escape import markup
 
+    if advice:
+        console.print(f"[bold yellow]first:[/bold yellow] {markup(advice)}")
     console.print(f"jaxmem fit {markup(target)}: budget {format_size(result.budget_bytes)}: {verdict}")
     table = Table(title="peak memory")
     table.add_column("")
@@ -133,10 +165,16 @@ def main(argv: list[str]) -> int:
     fn, fn_args = load_target(args.target)
     donate = _donate(args.donate, len(fn_args))
     budget = _budget(args.budget, fn, fn_args, donate)
+    # XLA:CPU's schedulers compile in their own processes while the search runs.
+    workers, box = ([], {}) if args.no_schedulers else _scheduler_totals(args.target, donate)
     result = fit(fn, *fn_args, budget=budget, donate_argnums=donate, max_rounds=args.rounds)
+    for w in workers:
+        w.join()
+    totals = {name: ref.total_bytes for name, ref in sorted(box.items()) if not isinstance(ref, BaseException)}
+    advice = scheduler_advice(totals, budget, result.xla_total_bytes)
     if args.json:
-        json.dump(_summary(result), sys.stdout, indent=2)
+        json.dump(_summary(result, totals or None, advice), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _render(result, args.target)
+        _render(result, args.target, advice)
     return 0 if result.fits else 1

@@ -19,6 +19,7 @@ JAX's environment variables as JAX would (`XLA_PYTHON_CLIENT_PREALLOCATE`,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -334,8 +335,7 @@ def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...
         worker.join()
     if "err" in box:
         raise box["err"]
-    result.xla = box["ref"]
-    return result
+    return dataclasses.replace(result, xla=box["ref"])
 
 
 def start_gpu_reference(target: str, device: str, donate: tuple[int, ...], top: int) -> tuple[threading.Thread, dict[str, Any]]:
@@ -739,7 +739,8 @@ def main(argv: list[str]) -> int:
             w.join()
     cpu_totals = None
     if schedulers:
-        plan.xla, cpu_totals = better_schedule(scheduled)
+        best, cpu_totals = better_schedule(scheduled)
+        plan = dataclasses.replace(plan, xla=best)
     if box is not None:
         if "err" in box:
             err = box["err"]
@@ -747,7 +748,8 @@ def main(argv: list[str]) -> int:
                 note = f"XLA:GPU is not available here ({err}); comparing with XLA:CPU"
                 if plan.xla is None:
                     with progress_after(1.0, "compiling with XLA:CPU"):
-                        plan.xla = _guarded(lambda: _cpu_reference(fn, fn_args, donate), f"cannot compile {target}")
+                        plan = dataclasses.replace(plan, xla=_guarded(lambda: _cpu_reference(fn, fn_args, donate),
+                                                                      f"cannot compile {target}"))
             else:
                 raise err
         else:

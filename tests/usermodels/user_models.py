@@ -17,9 +17,9 @@ from flax import nnx
 BATCH, IN, HIDDEN, OUT = 256, 384, 512, 10
 
 
-def _batch(key):
+def _batch(key, size=BATCH):
     kx, ky = jax.random.split(key)
-    return {"x": jax.random.normal(kx, (BATCH, IN)), "y": jax.random.randint(ky, (BATCH,), 0, OUT)}
+    return {"x": jax.random.normal(kx, (size, IN)), "y": jax.random.randint(ky, (size,), 0, OUT)}
 
 
 def _loss(logits, y):
@@ -34,9 +34,9 @@ class LinenMLP(nn.Module):
         return nn.Dense(OUT)(x)
 
 
-def flax_linen_step():
+def flax_linen_step(batch_size=BATCH):
     model, tx = LinenMLP(), optax.adam(1e-3)
-    batch = _batch(jax.random.key(1))
+    batch = _batch(jax.random.key(1), batch_size)
     params = model.init(jax.random.key(0), batch["x"])
     opt_state = tx.init(params)
 

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -148,6 +149,12 @@ def _source(source: Any) -> str:
     return str(source) if source is not None else ""
 
 
+def _library_source(source: Any) -> str | None:
+    """The library frame under the user's line (a Flax layer's `__call__`), where there is one."""
+    library = getattr(source, "library", None)
+    return str(library) if library is not None else None
+
+
 def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[dict[str, Any]]]:
     """The peak step and the `top` largest buffers live there, arguments outside the arena included.
 
@@ -168,7 +175,8 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
     rows = [{
         "size_bytes": b.size, "shape": list(b.shape), "dtype": b.dtype, "kind": b.kind,
         "category": buffer_category(b.kind, cats.get(b.values[0]) if b.values else None),
-        "label": b.label, "source": _source(b.source), "offset": b.offset,
+        "label": b.label, "source": _source(b.source), "library_source": _library_source(b.source),
+        "offset": b.offset,
         **({"category_reason": reasons[b.values[0]]} if b.values and b.values[0] in reasons else {}),
     } for b in plan.buffers if b.start <= peak_step <= b.end]
     # Non-donated arguments stay in the caller's memory but are live at the peak all the same.
@@ -179,7 +187,7 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
         rows.append({
             "size_bytes": info.nbytes, "shape": list(info.shape), "dtype": info.dtype, "kind": "argument",
             "category": cats.get(vid, "parameters"), "label": names[position] if position < len(names) else "argument",
-            "source": "", "offset": None, "category_reason": reasons.get(vid, ""),
+            "source": "", "library_source": None, "offset": None, "category_reason": reasons.get(vid, ""),
         })
     rows.sort(key=lambda r: -r["size_bytes"])
     return peak_step, rows[:top]
@@ -468,22 +476,45 @@ def _size(n: int | None) -> str:
     return "—" if n is None else format_size(n)
 
 
-def short_source(source: str) -> str:
-    """A source line as people read it: relative to the working directory when under it, from the
-    package folder for jaxmem's own examples, else unchanged.
+def short_label(label: str, narrow: bool = False) -> str:
+    """An argument's pytree path as a table shows it: `['k']` keys as `.k`; when `narrow`, the
+    last two keys only.
 
-    >>> short_source("/nowhere/x.py:3 (f)")
-    '/nowhere/x.py:3 (f)'
+    >>> short_label("args[1][0].nu['params']['Dense_1']['kernel']")
+    'args[1][0].nu.params.Dense_1.kernel'
+    >>> short_label("args[1][0].nu['params']['Dense_1']['kernel']", narrow=True)
+    '….Dense_1.kernel'
     """
+    text = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", label)
+    if narrow and len(text) > 20 and text.count(".") >= 2:
+        text = "…." + ".".join(text.split(".")[-2:])
+    return text
+
+
+def short_source(source: str, narrow: bool = False) -> str:
+    """A source line as people read it in a table: relative to the working directory when under
+    it, from the package folder for installed libraries and jaxmem's examples, else the last two
+    folders of its path; when `narrow`, the file's name and line only.
+
+    >>> short_source("/nowhere/deep/project/models/x.py:3 (f)")
+    '…/models/x.py:3 (f)'
+    >>> short_source("/v/lib/python3.11/site-packages/flax/linen/linear.py:287 (__call__)")
+    'flax/linen/linear.py:287 (__call__)'
+    >>> short_source("/nowhere/deep/project/models/x.py:3 (f)", narrow=True)
+    'x.py:3'
+    """
+    if narrow and source.startswith("/") and " (" in source:
+        return os.path.basename(source.rsplit(" (", 1)[0])
     if not source.startswith("/"):
         return source
     cwd = os.getcwd().rstrip("/") + "/"
     if source.startswith(cwd):
         return source[len(cwd):]
-    marker = "/jaxmem/examples/"
-    if marker in source:
-        return "jaxmem/examples/" + source.split(marker, 1)[1]
-    return source
+    for marker, keep in (("/site-packages/", ""), ("/dist-packages/", ""), ("/jaxmem/examples/", "jaxmem/examples/")):
+        if marker in source:
+            return keep + source.split(marker, 1)[1]
+    parts = source.split("/")
+    return "…/" + "/".join(parts[-2:]) if len(parts) > 3 else source
 
 
 def _shape(shape: Sequence[int], dtype: str) -> str:
@@ -574,21 +605,29 @@ def render(data: dict[str, Any], console: Any) -> None:
     console.print()
 
     where = "on entry" if data["peak_step"] < 0 else f"step {data['peak_step']}"
-    table = Table(title=f"Largest buffers live at the peak ({where})", title_justify="left")
-    table.add_column("#", justify="right", style="dim")
-    table.add_column("size", justify="right")
+    narrow = console.width < 120  # a piped report or a small terminal: one line a row
+    from rich import box
+
+    # Below 100 columns the borders and the row number are what no longer fit.
+    tight = console.width < 100
+    table = Table(title=f"Largest buffers live at the peak ({where})", title_justify="left",
+                  box=box.SIMPLE_HEAD if tight else box.HEAVY_HEAD, padding=(0, 0 if tight else 1),
+                  show_edge=not tight)
+    if not tight:
+        table.add_column("#", justify="right", style="dim", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
     table.add_column("array", overflow="fold")
-    table.add_column("category", overflow="fold")
+    table.add_column("category", no_wrap=True)
     table.add_column("made by", overflow="fold")
-    # Source lines come from the user's frames; a model whose code has none (jaxmem's own
-    # examples count as library code) gets no empty column.
+    # Source lines come from the user's frames; a model whose code has none gets no empty column.
     with_source = any(row["source"] for row in data["top_buffers"])
     if with_source:
         table.add_column("source line", overflow="fold")
     for i, row in enumerate(data["top_buffers"], 1):
-        cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
-                 row["category"] or row["kind"], row["label"]]
-        table.add_row(*map(markup, cells), *([markup(short_source(row["source"])) or "—"] if with_source else []))
+        cells = [*([] if tight else [str(i)]), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
+                 row["category"] or row["kind"], short_label(row["label"], narrow)]
+        source = short_source(row["source"], narrow) if row["source"] else "—"
+        table.add_row(*map(markup, cells), *([markup(source)] if with_source else []))
     console.print(table)
     if data.get("xla_gpu_peak_buffers"):
         render_gpu_peak(data, console)

@@ -114,7 +114,9 @@ def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | No
         "policy_xla_total_bytes": result.policy_xla_total_bytes,
         "recomputed": [
             {"shape": list(v.shape), "dtype": v.dtype, "bytes": v.nbytes, "primitive": v.primitive,
-             "source": str(v.source) if v.source else None, "chain": list(v.chain), "flops": v.flops}
+             "source": str(v.source) if v.source else None,
+             "library_source": str(v.source.library) if v.source and v.source.library else None,
+             "chain": list(v.chain), "flops": v.flops}
             for v in result.recomputed
         ],
         "rounds": result.rounds,

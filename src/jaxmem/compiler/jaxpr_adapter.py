@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import site
+import sysconfig
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -42,8 +44,19 @@ _SKIP_DIRS = (
     os.path.join(os.path.dirname(_JAX_DIR), "jaxlib") + os.sep,
     _JAXMEM_DIR + os.sep,
 )
-# jaxmem's bundled example programs are user code as far as source lines go.
-_USER_DIRS = (os.path.join(_JAXMEM_DIR, "examples") + os.sep,)
+# jaxmem's bundled example programs are user code as far as source lines go, and so is the
+# package a TARGET was loaded from (`claim_user_code`), wherever it is installed.
+_USER_DIRS: list[str] = [os.path.join(_JAXMEM_DIR, "examples") + os.sep]
+
+
+def _installed_dirs() -> tuple[str, ...]:
+    """Where installed libraries and the standard library live: their frames are not the user's."""
+    paths = set(site.getsitepackages()) | {site.getusersitepackages()}
+    paths |= {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(sorted(os.path.abspath(p) + os.sep for p in paths if p))
+
+
+_INSTALLED_DIRS = _installed_dirs()
 
 
 @dataclass
@@ -332,55 +345,77 @@ def while_counts(eqn: Any) -> tuple[int, int]:
     return int(eqn.params["cond_nconsts"]), int(eqn.params["body_nconsts"])
 
 
+def claim_user_code(path: str) -> None:
+    """Count `path` (a package's folder, or one module's file) as the user's own code, even where
+    it lies among installed libraries: the package a TARGET was loaded from."""
+    path = os.path.abspath(path)
+    prefix = path + os.sep if os.path.isdir(path) else path
+    if prefix not in _USER_DIRS:
+        _USER_DIRS.append(prefix)
+        _frame_kind.cache_clear()
+
+
+_INTERNAL, _LIBRARY, _USER = 0, 1, 2
+
+
 @functools.lru_cache(maxsize=4096)
-def _skip_file(filename: str) -> bool:
-    if not filename or filename.startswith("<frozen"):
-        return True
-    path = os.path.abspath(filename) if not filename.startswith("<") else filename
-    return path.startswith(_SKIP_DIRS) and not path.startswith(_USER_DIRS)
+def _frame_kind(filename: str) -> int:
+    """Whose code a file is: JAX's or jaxmem's own (never shown), an installed library's, or
+    the user's."""
+    if not filename or filename.startswith("<"):
+        return _INTERNAL  # <frozen ...>, <string>: no line a user could open
+    path = os.path.abspath(filename)
+    if path.startswith(tuple(_USER_DIRS)):
+        return _USER
+    if path.startswith(_SKIP_DIRS):
+        return _INTERNAL
+    if path.startswith(_INSTALLED_DIRS) or f"{os.sep}site-packages{os.sep}" in path \
+            or f"{os.sep}dist-packages{os.sep}" in path:
+        return _LIBRARY
+    return _USER
 
 
-def source_line(eqn: Any) -> SourceLine | None:
-    """The user's frame that made this equation: the innermost outside jax/, jaxlib/ and jaxmem/
-    (jaxmem's bundled examples count as user code): the first of `user_frames`, found without
-    walking the rest (this runs once per equation)."""
+def _frames(eqn: Any) -> Iterator[tuple[int, str, int, str]]:
+    """(kind, file, line, function) of each frame outside JAX and jaxmem, innermost first."""
     info = getattr(eqn, "source_info", None)
     tb = getattr(info, "traceback", None)
     if tb is None:
-        return None
+        return
     try:
         codes, lastis = tb.raw_frames()
     except (AttributeError, TypeError):
-        return None
+        return
     for code, lasti in zip(codes, lastis):
-        if not _skip_file(code.co_filename):
-            return SourceLine(code.co_filename, _line(tb, code, lasti), code.co_name)
-    return None
+        kind = _frame_kind(code.co_filename)
+        if kind != _INTERNAL:
+            yield kind, code.co_filename, _line(tb, code, lasti), code.co_name
+
+
+def source_line(eqn: Any) -> SourceLine | None:
+    """The user's frame that made this equation: the innermost frame of the user's own code,
+    with the innermost library frame below it kept as `library` (a Flax layer's `__call__`).
+    An equation made by library code alone gets that library's frame. Runs once per equation,
+    so it stops at the first user frame."""
+    library = None
+    for kind, file, line, function in _frames(eqn):
+        if kind == _USER:
+            return SourceLine(file, line, function, library)
+        if library is None:
+            library = SourceLine(file, line, function)
+    return library
 
 
 def user_frames(eqn: Any, limit: int = 64) -> tuple[tuple[str, int, str], ...]:
     """The user's Python stack that made this equation, innermost first, as (file, line,
-    function): every frame `source_line` would take. For pprof profiles, which want the whole
-    stack, not only the innermost frame.
+    function): from the frame `source_line` takes outwards, for pprof profiles, which want the
+    whole stack (library frames between the user's are kept: they are the path of the call).
 
     >>> user_frames(closed.jaxpr.eqns[0])[0]
     ('/home/me/train.py', 42, 'loss_fn')
     """
-    return tuple(itertools.islice(_user_frames(eqn), limit))
-
-
-def _user_frames(eqn: Any) -> Iterator[tuple[str, int, str]]:
-    info = getattr(eqn, "source_info", None)
-    tb = getattr(info, "traceback", None)
-    if tb is None:
-        return
-    try:
-        codes, lastis = tb.raw_frames()
-    except (AttributeError, TypeError):
-        return
-    for code, lasti in zip(codes, lastis):
-        if not _skip_file(code.co_filename):
-            yield code.co_filename, _line(tb, code, lasti), code.co_name
+    frames = [f for f in itertools.islice(_frames(eqn), 4 * limit)]
+    first_user = next((i for i, f in enumerate(frames) if f[0] == _USER), 0)
+    return tuple((file, line, function) for _, file, line, function in frames[first_user:first_user + limit])
 
 
 def _line(tb: Any, code: Any, lasti: int) -> int:

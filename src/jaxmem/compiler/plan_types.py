@@ -26,11 +26,14 @@ ValueId = int
 
 @dataclass(frozen=True)
 class SourceLine:
-    """Where the user's code made a value: the innermost frame outside JAX and jaxmem."""
+    """Where the user's code made a value: the innermost frame of the user's own code (outside
+    JAX, jaxmem and installed libraries). `library` is the innermost library frame below it, where
+    the call went through one (`flax/linen/linear.py:287` under the user's `model.apply`)."""
 
     file: str
     line: int
     function: str
+    library: SourceLine | None = None
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} ({self.function})"

@@ -77,6 +77,18 @@ def _import_module(name: str) -> ModuleType:
         raise PlanError(f"cannot import module {name!r}: {_one_line(err)}") from None
 
 
+def _claim_package(module: ModuleType) -> None:
+    """The TARGET's own package is the user's code in source lines, even when it is installed
+    among the libraries whose frames are skipped (jaxmem's own examples already count)."""
+    from jaxmem.compiler.jaxpr_adapter import claim_user_code
+
+    top = sys.modules.get(module.__name__.split(".")[0], module)
+    if top.__name__ == "jaxmem" or not getattr(top, "__file__", None):
+        return
+    path = top.__file__
+    claim_user_code(os.path.dirname(path) if os.path.basename(path) == "__init__.py" else path)
+
+
 def resolve_factory(target: str) -> Callable[[], Any]:
     """The factory a TARGET names, imported but not called.
 
@@ -85,6 +97,7 @@ def resolve_factory(target: str) -> Callable[[], Any]:
     """
     where, attr = split_target(target)
     module = _import_file(where) if _is_file(where) else _import_module(where)
+    _claim_package(module)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

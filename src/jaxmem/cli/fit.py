@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=8, metavar="N",
                         help="at most N rewrites compiled by XLA to find the cheapest that fits (default 8)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--no-time", action="store_true",
+                        help="skip timing one step of the original and of the rewrite (jax.jit, warm)")
     parser.add_argument("--no-schedulers", action="store_true",
                         help="skip compiling with XLA:CPU's two schedulers first (each in a fresh process) "
                              "to see whether one alone meets the budget with no recompute")
@@ -95,6 +97,12 @@ def _scheduler_totals(target: str, donate: tuple[int, ...]) -> tuple[list[Any], 
     return start_cpu_schedulers(target, donate, "both")
 
 
+def _abstract(args: tuple) -> bool:
+    import jax
+
+    return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(args))
+
+
 def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | None = None) -> dict[str, Any]:
     return {
         "xla_cpu_schedulers": totals,
@@ -107,6 +115,8 @@ def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | No
         "xla_total_bytes_after": result.xla_total_bytes,
         "recompute_flops_ratio": result.recompute_flops_ratio,
         "extra_flops": result.extra_flops,
+        "step_seconds_before": result.step_seconds_before,
+        "step_seconds_after": result.step_seconds_after,
         "original_flops": result.original_flops,
         "min_reachable_bytes": result.min_reachable_bytes,
         "policy": result.policy,
@@ -143,6 +153,10 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     console.print(table)
     console.print(f"recompute: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
                   f"({result.extra_flops:,} over {result.original_flops:,})")
+    if result.step_seconds_before and result.step_seconds_after:
+        console.print(f"step time (jax.jit here, warm): {1e3 * result.step_seconds_before:.1f} ms before, "
+                      f"{1e3 * result.step_seconds_after:.1f} ms after "
+                      f"({result.step_seconds_after / result.step_seconds_before:.2f}x)")
     console.print(f"smallest reachable budget: {format_size(result.min_reachable_bytes)}")
     if not result.fits:
         console.print(f"the budget cannot be met: ask for at least {format_size(result.min_reachable_bytes)}")
@@ -172,6 +186,8 @@ def main(argv: list[str]) -> int:
     result = fit(fn, *fn_args, budget=budget, donate_argnums=donate, max_rounds=args.rounds)
     for w in workers:
         w.join()
+    if not args.no_time and not _abstract(fn_args):
+        result.measure(*fn_args)
     totals = {name: ref.total_bytes for name, ref in sorted(box.items()) if not isinstance(ref, BaseException)}
     advice = scheduler_advice(totals, budget, result.xla_total_bytes)
     if args.json:

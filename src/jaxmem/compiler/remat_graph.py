@@ -16,6 +16,7 @@ arguments, one `Primitive.bind` per node, that `jax.jit` and `jax.make_jaxpr` ac
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -115,6 +116,43 @@ def trace(fn: Callable, *args: Any, donate_argnums: int | tuple[int, ...] = ()) 
                  frozenset(traced.donated), p.num_values)
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _static_text(tree: Any) -> str:
+    """A treedef's text with object addresses removed: closures and bound methods made again by
+    the same code compare equal, as they would when `jax.jit` hashes a rebuilt state's statics."""
+    return _ADDRESS.sub("", str(tree))
+
+
+def check_arguments(graph: Graph, args: tuple[Any, ...]) -> list[Any]:
+    """The flat leaves of `args` when they match what the graph was traced with, else a
+    one-line `PlanError` naming the first argument path that differs."""
+    with_paths, tree = jax.tree_util.tree_flatten_with_path(args)
+    if tree != graph.in_tree:
+        skeleton = jax.tree.unflatten(graph.in_tree, [None] * graph.in_tree.num_leaves)
+        traced = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+            skeleton, is_leaf=lambda x: x is None)[0]]
+        given = [jax.tree_util.keystr(p) for p, _ in with_paths]
+        for k in range(max(len(traced), len(given))):
+            if k >= len(traced) or k >= len(given) or traced[k] != given[k]:
+                got = f"args{given[k]}" if k < len(given) else "nothing"
+                want = f"args{traced[k]}" if k < len(traced) else "nothing"
+                raise PlanError(f"arguments differ from those fit traced: {got[:120]} where it traced {want[:120]}")
+        if _static_text(tree) != _static_text(graph.in_tree):
+            raise PlanError("arguments have the traced leaves but other static fields (a pytree's "
+                            "non-array attributes differ from those fit traced)")
+    leaves = [leaf for _, leaf in with_paths]
+    for (path, leaf), vid in zip(with_paths, graph.invars):
+        meta = graph.values[vid]
+        shape = tuple(getattr(leaf, "shape", ()))
+        dtype = getattr(leaf, "dtype", None)
+        if shape != tuple(meta.shape) or (dtype is not None and str(dtype) != meta.dtype):
+            raise PlanError(f"argument args{jax.tree_util.keystr(path)[:120]} is "
+                            f"{dtype or type(leaf).__name__}{list(shape)} where fit traced {meta.dtype}{list(meta.shape)}")
+    return leaves
+
+
 def run(graph: Graph, flat_args: list[Any]) -> list[Any]:
     """Evaluate the graph on flat arguments, one `bind` per node; works under tracing too."""
     env: dict[int, Any] = dict(zip(graph.invars, flat_args))
@@ -183,14 +221,15 @@ def _run_group(node: Node, invals: list[Any], env: dict[int, Any]) -> list[Any]:
 def as_function(graph: Graph) -> Callable:
     """A plain function of the original pytree arguments that runs the graph.
 
-    It returns the original output pytree; `jax.jit` and `jax.make_jaxpr` accept it.
+    It returns the original output pytree; `jax.jit` and `jax.make_jaxpr` accept it. Like the
+    original under `jax.jit`, it takes any arguments whose leaves have the traced shapes and
+    dtypes and whose static structure is the traced one (a state rebuilt by the same factory,
+    with new closures in it, is the same); anything else is a one-line `PlanError` naming the
+    first argument that differs.
     """
 
     def rewritten(*args: Any) -> Any:
-        leaves, tree = jax.tree.flatten(args)
-        if tree != graph.in_tree:
-            raise PlanError(f"arguments do not match the traced structure: {tree} vs {graph.in_tree}")
-        return jax.tree.unflatten(graph.out_tree, run(graph, leaves))
+        return jax.tree.unflatten(graph.out_tree, run(graph, check_arguments(graph, args)))
 
     rewritten.__name__ = "rematerialized"
     return rewritten

@@ -21,6 +21,9 @@ What the compiler decides statically, from the plan's offsets:
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -33,6 +36,9 @@ from jaxmem.execution.primitives import Kernel, kernel_for, storage
 from jaxmem.execution.tracing import const_array
 
 Region = tuple[int, int]
+
+
+PLAN_FILE = "<jaxmem plan>"   # the file name of the generated code, in tracebacks and warnings
 
 
 @dataclass
@@ -48,10 +54,35 @@ class Program:
     materialized: int = 0              # transient views copied because their bytes get reused
     elided: int = 0                    # in-place views that need no work
     chained: int = 0                   # fused intermediates computed in the next step's slot
+    line_steps: dict[int, int] = field(default_factory=dict)  # generated line -> step index
 
     def run(self, inputs: Sequence[np.ndarray]) -> tuple[Any, ...]:
-        """Run every step; `inputs` are the flat arguments as numpy arrays of the traced dtypes."""
-        return self.run_flat(*inputs)
+        """Run every step; `inputs` are the flat arguments as numpy arrays of the traced dtypes.
+
+        A floating-point warning numpy would raise in a step (an overflow in `exp`) is issued
+        at the user's line that made that step, not at the generated code's; numpy's own
+        settings (`np.seterr`: ignore, raise, ...) are kept."""
+        modes = {kind: ("call" if mode == "warn" else mode) for kind, mode in np.geterr().items()}
+        with np.errstate(call=self._float_warning, **modes):
+            return self.run_flat(*inputs)
+
+    def _float_warning(self, kind: str, flag: int) -> None:
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename != PLAN_FILE:
+            frame = frame.f_back
+        step = self.plan.schedule[self.line_steps[frame.f_lineno]] if frame and frame.f_lineno in self.line_steps else None
+        message = RuntimeWarning(f"{kind} encountered in {step.primitive if step else 'a planned step'}")
+        if step is None or step.source is None:
+            warnings.warn(message, stacklevel=2)
+            return
+        where = step.source
+        warnings.warn_explicit(message, RuntimeWarning, where.file, where.line,
+                               module=os.path.splitext(os.path.basename(where.file))[0], registry=_WARNED)
+
+
+# Which (message, category, line) a planned step has warned about already, as a module's
+# __warningregistry__ keeps it, so a warning in a loop prints once.
+_WARNED: dict[Any, Any] = {}
 
 
 def check_arena(plan: Plan, memory: np.ndarray) -> None:
@@ -166,8 +197,10 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
 
     program_kernels: list[Kernel] = [kernel_for(step.eqn) for step in plan.schedule]
     temporaries = materialized = elided = chained = 0
+    first_line: list[tuple[int, int]] = []   # (index in `lines`, step) where each step's code starts
     for step in plan.schedule:
         i = step.index
+        first_line.append((len(lines), i))
         kernel = program_kernels[i]
         ns[f"K{i}"] = kernel.compute
         in_avals = [v.aval for v in step.eqn.invars]
@@ -265,10 +298,14 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
     params = ", ".join(f"a{k}" for k in range(len(plan.invars)))
     body = "\n".join("    " + line for line in lines) or "    pass"
     source = f"def run({params}):\n{body}\n    return ({', '.join(results)}{',' if results else ''})\n"
-    code = compile(source, "<jaxmem plan>", "exec")
+    code = compile(source, PLAN_FILE, "exec")
     exec(code, ns)
+    # Line k of `lines` is line k + 2 of the source (after `def run(...)`).
+    bounds = first_line + [(len(lines), -1)]
+    line_steps = {line + 2: i for (start, i), (end, _) in zip(bounds, bounds[1:]) for line in range(start, end)}
     return Program(plan=plan, memory=memory, run_flat=ns["run"], source=source, kernels=program_kernels,
-                   temporaries=temporaries, materialized=materialized, elided=elided, chained=chained)
+                   temporaries=temporaries, materialized=materialized, elided=elided, chained=chained,
+                   line_steps=line_steps)
 
 
 def _chain_dest(plan: Plan, i: int, o: Any, uses: dict[int, list[int]], region: dict[int, Region],

@@ -215,19 +215,27 @@ def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any]) -> list[dict[str, An
     for row in ref.peak_buffers:
         dtype = _XLA_DTYPES.get(row.get("dtype", ""), row.get("dtype", ""))
         array = ""
+        xla_source = row.get("source", "")
+        source = xla_source
         if row.get("argument") is not None and row["argument"] < len(names):
             array = names[row["argument"]]
         else:
+            # XLA's metadata names the innermost frame outside JAX (a library's, for a Flax
+            # layer); jaxmem's source is the user's line with that library frame kept beside it.
             where = _file_line(row.get("source", ""))
             candidates = by_shape.get((dtype, tuple(row.get("shape", []))), [])
-            same_line = [b for b in candidates if where and _file_line(_source(b.source)) == where]
+            same_line = [b for b in candidates if where and where in (
+                _file_line(_source(b.source)), _file_line(_library_source(b.source) or ""))]
             unsourced = [b for b in candidates if not _source(b.source)]
             pick = (same_line or unsourced or [None])[0]
             if pick is not None:
                 array = pick.label
+                if pick.source is not None:
+                    source = _source(pick.source)
         rows.append({"size_bytes": int(row["size_bytes"]), "dtype": dtype, "shape": list(row.get("shape", [])),
                      "kind": row.get("kind", ""), "hlo": row.get("name", ""), "op_name": row.get("op_name", ""),
-                     "source": row.get("source", ""), "jaxpr_array": array})
+                     "source": source, "library_source": xla_source if xla_source and xla_source != source else None,
+                     "jaxpr_array": array})
     return rows
 
 
@@ -637,23 +645,28 @@ def render_gpu_peak(data: dict[str, Any], console: Any) -> None:
     """XLA:GPU's largest buffers live at its peak, as a rich table."""
     from rich.table import Table
 
+    from jaxmem.reports.escape import markup
+
     console.print()
     live = data.get("xla_gpu_peak_live_bytes")
     title = f"What XLA:GPU holds at its peak on {data['xla_gpu']['target']}"
     if live:
         title += f" ({_size(live)} live there)"
+    narrow = console.width < 140
     table = Table(title=title, title_justify="left")
-    table.add_column("#", justify="right", style="dim")
-    table.add_column("size", justify="right")
+    table.add_column("#", justify="right", style="dim", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
     table.add_column("array", overflow="fold")
-    table.add_column("kind", overflow="fold")
+    table.add_column("kind", no_wrap=True)
     table.add_column("jaxpr array", overflow="fold")
     table.add_column("XLA op", overflow="fold")
     table.add_column("source line", overflow="fold")
     for i, row in enumerate(data["xla_gpu_peak_buffers"], 1):
-        table.add_row(str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
-                      row["jaxpr_array"] or "—", short_op(row["op_name"]) or row["hlo"],
-                      short_source(row["source"]) or "—")
+        op = short_op(row["op_name"]) or row["hlo"]
+        cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
+                 short_label(row["jaxpr_array"], narrow) or "—", "…" + op[-27:] if narrow and len(op) > 28 else op,
+                 short_source(row["source"], narrow) if row["source"] else "—"]
+        table.add_row(*map(markup, cells))
     console.print(table)
 
 

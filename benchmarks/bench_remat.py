@@ -29,8 +29,8 @@ import numpy as np
 from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import trace
 from jaxmem.compiler.remat_search import program_flops
-from jaxmem.compiler.xla import xla_reference
 from jaxmem.units import format_size
+from jaxmem.xla.cpu import xla_reference
 
 
 def _sgd(loss: Callable) -> Callable:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from jaxmem.cli.main import main as cli_main
-from jaxmem.compiler import xla_gpu
-from jaxmem.compiler.jax_start import filter_noise
-from jaxmem.compiler.xla_gpu import GPU_TARGETS, cache_read, unavailable_reason, xla_gpu_reference
 from jaxmem.runtime.device import Device
 from jaxmem.runtime.steps import Leaf, StepProgram, match_state, program_from_reference, simulate_steps
 from jaxmem.units import MiB, PRESETS
+from jaxmem.xla import gpu as xla_gpu
+from jaxmem.xla.gpu import GPU_TARGETS, cache_read, unavailable_reason, xla_gpu_reference
+from jaxmem.xla.start import filter_noise
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = str(HERE / "gpu_programs.py")
@@ -53,7 +53,7 @@ INDEPENDENT = textwrap.dedent("""
 def independent(preset: str, requests: list) -> list[list[int]]:
     """[argument, output, temp, alias] bytes per (factory name, kwargs, donate) request, compiled
     for the preset's XLA target description with the preset's capacity."""
-    spec_path = Path(xla_gpu.__file__).parent / "gpu_targets" / f"{GPU_TARGETS[preset]}.txtpb"
+    spec_path = Path(xla_gpu.__file__).parent / "targets" / f"{GPU_TARGETS[preset]}.txtpb"
     proc = subprocess.run([sys.executable, "-c", INDEPENDENT, str(spec_path), PROGRAMS, json.dumps(requests),
                            str(PRESETS[preset])],
                           capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=600)
@@ -271,7 +271,7 @@ def test_analyze_execute_refuses_abstract_arguments_in_one_line(capsys):
 def test_search_is_exact_on_monotone_judges_from_any_guess():
     import random
 
-    from jaxmem.compiler.maxbatch import Judgement, search
+    from jaxmem.xla.maxbatch import Judgement, search
 
     rng = random.Random(0)
     for _ in range(300):

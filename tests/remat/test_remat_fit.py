@@ -14,8 +14,8 @@ from jaxmem.compiler.costs import eqn_cost, jaxpr_flops
 from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import profile, search
-from jaxmem.compiler.xla import xla_reference
 from jaxmem.errors import ConfigError
+from jaxmem.xla.cpu import xla_reference
 from remat_helpers import assert_close, sgd_step
 
 

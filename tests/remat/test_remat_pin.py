@@ -9,7 +9,7 @@ import jaxmem
 from jaxmem.compiler.remat import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import search
-from jaxmem.compiler.xla import xla_reference
+from jaxmem.xla.cpu import xla_reference
 from remat_helpers import assert_close, sgd_step
 
 

@@ -178,3 +178,29 @@ def test_empty_cache_returns_only_wholly_free_regions(factory):
         assert released == 0 and stats["pool_bytes"] == stats["bytes_limit"]
     else:
         assert stats["pool_bytes"] == 0 and alloc.backend.reserved == 0
+
+
+def test_replay_pair_places_like_the_public_pair_and_settles_the_statistics(factory):
+    """The replay verbs (replay_pair, settle_replay) keep the pool's invariants and, once
+    settled, the same statistics as the public allocate/free would."""
+    alloc = factory(64 * MiB)
+    pair = alloc.replay_pair()
+    sizes = [1000, 5000, 300, 70000]
+    if pair.blocks:
+        entries = [pair.allocate(size, 0) for size in sizes]
+        reserved = [e.size for e in entries]
+        addresses = [e.addr for e in entries]
+    else:
+        entries = [pair.allocate(size, 256, 0) for size in sizes]
+        reserved = [e[1] for e in entries]
+        addresses = [e[0] for e in entries]
+    assert all(r >= s for r, s in zip(reserved, sizes)) and len(set(addresses)) == len(sizes)
+    alloc.settle_replay(sum(reserved), len(sizes), sum(reserved))
+    stats = alloc.memory_stats()
+    assert (stats["num_allocs"], stats["bytes_in_use"], stats["peak_bytes_in_use"]) == (4, sum(reserved), sum(reserved))
+    for e in entries:
+        pair.free(e) if pair.blocks else pair.free(e[0], e[1], e[2], 0)
+    alloc.settle_replay(0, 0, sum(reserved))
+    check_invariants(alloc, [])
+    assert alloc.memory_stats()["bytes_in_use"] == 0
+    assert alloc.release_segment_at(-1) is False

@@ -133,7 +133,7 @@ def test_share_run_replaces_user_settings_and_keeps_preallocate_choice(state: Pa
     assert seen["gpu_options"]["memory_fraction"] == 0.25
     # `-q`: jaxmem says nothing. What the child's JAX prints at start-up when the CUDA plugin is
     # installed on a machine with no GPU (absl lines, JAX's plugin traceback) is not jaxmem's.
-    from jaxmem.compiler.jax_start import filter_noise
+    from jaxmem.xla.start import filter_noise
 
     assert filter_noise(done.stderr) == ""
 

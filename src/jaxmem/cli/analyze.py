@@ -333,7 +333,7 @@ def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...
 
     if not xla:
         return make_plan(fn, *args, donate_argnums=donate, xla=False)
-    from jaxmem.compiler.xla import xla_reference
+    from jaxmem.xla.cpu import xla_reference
 
     box: dict[str, Any] = {}
 
@@ -357,7 +357,7 @@ def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...
 def start_gpu_reference(target: str, device: str, donate: tuple[int, ...], top: int) -> tuple[threading.Thread, dict[str, Any]]:
     """Start XLA:GPU's deviceless compile (a subprocess) in a thread; join it and read `box`
     ("ref" or "err") after planning."""
-    from jaxmem.compiler.xla_gpu import xla_gpu_reference
+    from jaxmem.xla.gpu import xla_gpu_reference
 
     box: dict[str, Any] = {}
 
@@ -432,7 +432,7 @@ def start_cpu_schedulers(target: str, donate: tuple[int, ...], which: str) -> tu
     """Compile TARGET with XLA:CPU's "dfs" and/or "bfs" scheduler, each in a fresh process (XLA
     reads its flags once per process), in threads beside the planner; `box` maps each scheduler
     to its `XlaReference` or to the error it raised."""
-    from jaxmem.compiler.xla import xla_reference_in_subprocess
+    from jaxmem.xla.cpu import xla_reference_in_subprocess
 
     box: dict[str, Any] = {}
 
@@ -460,7 +460,7 @@ def better_schedule(box: dict[str, Any]) -> tuple[Any, dict[str, int]]:
 
 
 def _cpu_reference(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...]) -> Any:
-    from jaxmem.compiler.xla import xla_reference
+    from jaxmem.xla.cpu import xla_reference
 
     return xla_reference(fn, args, donate_argnums=donate)
 
@@ -761,7 +761,7 @@ def main(argv: list[str]) -> int:
     want_gpu = not args.no_xla and args.xla in ("auto", "gpu")
     worker = box = None
     if want_gpu:
-        from jaxmem.compiler.xla_gpu import GpuUnavailable, spec_for, unavailable_reason
+        from jaxmem.xla.gpu import GpuUnavailable, spec_for, unavailable_reason
 
         reason = unavailable_reason()
         if spec_for(device[0]) is None:

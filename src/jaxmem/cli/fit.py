@@ -66,7 +66,7 @@ def _budget(text: str, fn: Any, args: tuple, donate: tuple[int, ...]) -> int:
             raise ConfigError(f"cannot read budget {text!r}: use bytes, '2GiB', a preset or '50%'") from None
         if not 0 < share < float("inf"):  # inf% would overflow int() below
             raise ConfigError(f"budget must be a positive, finite share, got {text!r}")
-        from jaxmem.compiler.xla import xla_reference
+        from jaxmem.xla.cpu import xla_reference
 
         return max(1, int(share * xla_reference(fn, args, donate_argnums=donate).total_bytes))
     return parse_size(text)
@@ -79,7 +79,7 @@ def scheduler_advice(totals: dict[str, int], budget: int, fitted_total: int) -> 
     >>> scheduler_advice({"dfs": 90, "bfs": 120}, 100, 95)
     "XLA's own dfs scheduler meets the budget with no recompute (90 B): XLA_FLAGS=--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
     """
-    from jaxmem.compiler.xla import SCHEDULER_FLAGS
+    from jaxmem.xla.cpu import SCHEDULER_FLAGS
 
     if not totals:
         return None

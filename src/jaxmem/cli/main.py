@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "maxbatch": "maxbatch",
 }
 # Commands that start JAX: it is started first with the CUDA plugin's start-up lines filtered
-# (see jaxmem.compiler.jax_start), so that errors stay one line on stderr.
+# (see jaxmem.xla.start), so that errors stay one line on stderr.
 JAX_COMMANDS = {"analyze", "fit", "maxbatch"}
 
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxmem: unknown command {name!r}; one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
     if name in JAX_COMMANDS and not any(a in ("-h", "--help") for a in rest):
-        from jaxmem.compiler.jax_start import quiet_jax_start
+        from jaxmem.xla.start import quiet_jax_start
 
         quiet_jax_start()
     try:

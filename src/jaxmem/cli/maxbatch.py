@@ -42,9 +42,9 @@ def planner_guess(target: str, name: str, minimum: int, limit: int, donate: tupl
     """A first guess from jaxmem's own planner: its peak at `minimum` and `2 * minimum`
     (abstract arguments, nothing allocated), and the value where the line through them reaches
     `limit`. (None, seconds) when the planner cannot say."""
-    from jaxmem.compiler.maxbatch import line_guess
     from jaxmem.compiler.planner import plan
-    from jaxmem.compiler.xla_gpu import load_abstract
+    from jaxmem.xla.gpu import load_abstract
+    from jaxmem.xla.maxbatch import line_guess
 
     started = time.perf_counter()
     points = []
@@ -84,10 +84,10 @@ class _Bar:
 def main(argv: list[str]) -> int:
     """`jaxmem maxbatch`: see the module docstring. Returns the exit code."""
     args = build_parser().parse_args(argv)
-    from jaxmem.compiler.maxbatch import Judgement, search
     from jaxmem.compiler.target import resolve_factory
-    from jaxmem.compiler.xla_gpu import GpuUnavailable, spec_for, unavailable_reason, xla_gpu_reference
     from jaxmem.runtime.steps import program_from_reference, simulate_steps
+    from jaxmem.xla.gpu import GpuUnavailable, spec_for, unavailable_reason, xla_gpu_reference
+    from jaxmem.xla.maxbatch import Judgement, search
 
     if not args.arg.isidentifier():
         raise PlanError(f"--arg takes a keyword argument name, got {args.arg!r}")

@@ -72,7 +72,7 @@ def plan(
 
 def _xla_reference(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int, ...], kwargs: dict) -> Any:
     try:
-        from jaxmem.compiler.xla import xla_reference
+        from jaxmem.xla.cpu import xla_reference
     except ImportError:
         return None
     # The same split as our tracing: array keywords are inputs, anything else is static.

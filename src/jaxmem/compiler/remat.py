@@ -105,7 +105,7 @@ def _resolve_guard(guard: str) -> str:
 
 
 def _xla_total(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int, ...]) -> int:
-    from jaxmem.compiler.xla import xla_reference
+    from jaxmem.xla.cpu import xla_reference
 
     return xla_reference(fn, args, donate_argnums=donate_argnums).total_bytes
 

@@ -6,6 +6,11 @@ numpy buffer, later a CUDA pool); it never touches a device itself. One public
 allocator supplies only its policy through the private hooks `_allocate`, `_free`,
 `_largest_free_block`, `_empty_cache` and `_chunks`.
 
+Replaying a recorded stream (`jaxmem.traces.replay`) goes through public verbs too:
+`replay_pair()` hands out the policy without a Buffer per call, `settle_replay()` writes back the
+statistics the loop kept, `release_segment_at()` replays a recorded cudaFree, and allocators that
+can rebuild recorded segments say so with `adopts_segments` (see `CachingAllocator.adopt_segment`).
+
     backend = SimulatedBackend(capacity=16 * GiB)
     alloc = BFCAllocator(backend, limit=12 * GiB, preallocate=True)
     buf = alloc.allocate(1000)        # Buffer(address=0x0, size=1024, requested_size=1000)
@@ -15,7 +20,7 @@ allocator supplies only its policy through the private hooks `_allocate`, `_free
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterator, NamedTuple, Protocol
+from typing import Any, Callable, Iterator, NamedTuple, Protocol
 
 from jaxmem.errors import AllocationError
 
@@ -38,6 +43,27 @@ class Backend(Protocol):
     def reserve(self, size: int, alignment: int = 256) -> int | None: ...
     def release(self, address: int) -> None: ...
     def view(self, address: int, size: int): ...  # -> numpy.ndarray
+
+
+class ReplayPair(NamedTuple):
+    """An allocator's policy for a replay loop: no checks, no Buffer and no statistics per call.
+
+    Two shapes, named by `blocks`, so that neither pays for a wrapper on the hot path:
+      blocks False (the default): `allocate(size, alignment, stream) -> (address, size, handle)`
+        and `free(address, size, handle, stream)`: the allocator's own hooks.
+      blocks True: `allocate(size, stream) -> block` and `free(block)`, where the block has
+        `.addr` and `.size` (read the size before freeing: merging may grow the block).
+    Either raises OutOfMemory leaving the pool as it was. The caller keeps `bytes_in_use` itself
+    and hands it to `Allocator.settle_replay` when the loop ends.
+
+        pair = alloc.replay_pair()
+        address, size, handle = pair.allocate(1000, 256, 0)   # size == 1024
+        pair.free(address, size, handle, 0)
+    """
+
+    allocate: Callable[..., Any]
+    free: Callable[..., None]
+    blocks: bool
 
 
 class Chunk(NamedTuple):
@@ -144,6 +170,31 @@ class Allocator(ABC):
 
     def chunks(self) -> Iterator[Chunk]:
         return self._chunks()
+
+    def largest_free_block(self) -> int:
+        """Bytes in the largest free block of the pool (0 without a pool)."""
+        return self._largest_free_block()
+
+    # ---- replaying a recorded stream -----------------------------------------------------
+    adopts_segments = False     # True where `adopt_segment` rebuilds a recorded segment in place
+
+    def replay_pair(self) -> ReplayPair:
+        """The policy without the public pair's per-call checks and statistics (see ReplayPair);
+        by default the `_allocate`/`_free` hooks themselves."""
+        return ReplayPair(self._allocate, self._free, False)
+
+    def settle_replay(self, bytes_in_use: int, allocs: int, peak_bytes_in_use: int) -> None:
+        """Write back the statistics a replay loop kept: the bytes in use at its end, the
+        allocations it made through `replay_pair` and the peak of the bytes in use."""
+        self.bytes_in_use = bytes_in_use
+        self.num_allocs += allocs
+        if peak_bytes_in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = peak_bytes_in_use
+
+    def release_segment_at(self, address: int) -> bool:
+        """Replay a recorded cudaFree: give the backend allocation at `address` back if it is
+        wholly free; returns whether it was (default: never, the allocator keeps its pool)."""
+        return False
 
     def reset_peak_stats(self) -> None:
         self.peak_bytes_in_use = self.bytes_in_use

@@ -34,7 +34,7 @@ from bisect import bisect_left, insort
 from typing import Any, Iterator
 
 from jaxmem.errors import AllocationError, ConfigError, OutOfMemory
-from jaxmem.runtime.allocator import Allocator, Backend, Chunk
+from jaxmem.runtime.allocator import Allocator, Backend, Chunk, ReplayPair
 from jaxmem.runtime.caching_config import (
     K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, NO_LIMIT, CachingConfig,
     allocation_size, config_from_settings, parse_alloc_conf, round_size,
@@ -166,10 +166,11 @@ class CachingAllocator(Allocator):
     def _free(self, address: int, size: int, handle: object, stream: int) -> None:
         self.free_block(handle)  # type: ignore[arg-type]
 
-    def replay_hooks(self):
-        """(malloc, free) for a replay loop: malloc(size, stream) -> block, free(block); the
-        caller keeps `bytes_in_use` itself. One call each, no tuples: the replay's hot path."""
-        return self.malloc, self.free_block
+    adopts_segments = True
+
+    def replay_pair(self) -> ReplayPair:
+        """malloc(size, stream) -> block and free_block(block): one call each, no tuples."""
+        return ReplayPair(self.malloc, self.free_block, True)
 
     def _pool_bytes(self) -> int:
         return self.reserved_bytes

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator
 
 from jaxmem.errors import ConfigError, OutOfMemory, TraceError
+from jaxmem.runtime.allocator import ReplayPair
 from jaxmem.runtime.backends import SimulatedBackend
 from jaxmem.traces.model import Trace
 
@@ -29,6 +30,9 @@ ALLOCATORS = ("caching", "caching-expandable", "bfc", "bfc-growth", "platform")
 BFC_FRACTION = 0.75          # XLA_PYTHON_CLIENT_MEM_FRACTION's default
 TIMELINE_POINTS = 4000       # timeline samples kept per run (extremes preserved)
 _PROGRESS_STEP = 1 << 16
+
+# What each entry of the stream does (`_ops`'s `kinds`); frees are the true values.
+ALLOC, FREE, SEGMENT_FREE = 0, 1, 2
 
 
 @dataclass
@@ -109,13 +113,14 @@ class ReplayReport:
 
 
 # ---- the stream ---------------------------------------------------------------------------------
-def _ops(trace: Trace, segment_frees: bool = False) -> tuple[list[int], list, list[int], list[int], list[int], list[float]]:
-    """Parallel lists for the hot loop: trace index, is_free, recorded addr, request, stream, time.
+def _ops(trace: Trace, segment_frees: bool = False) -> tuple[list[int], list[int], list[int], list[int], list[int], list[float]]:
+    """Parallel lists for the hot loop: trace index, kind (ALLOC, FREE, SEGMENT_FREE), recorded
+    addr, request, stream, time.
 
-    With `segment_frees`, recorded segment_free events come along with is_free == 2 (for the
+    With `segment_frees`, recorded segment_free events come along as SEGMENT_FREE (for the
     caching model on a snapshot, which follows the program's empty_cache calls)."""
     idx: list[int] = []
-    is_free: list = []
+    kinds: list[int] = []
     addrs: list[int] = []
     sizes: list[int] = []
     streams: list[int] = []
@@ -126,13 +131,13 @@ def _ops(trace: Trace, segment_frees: bool = False) -> tuple[list[int], list, li
             size = e.requested if e.requested is not None else e.size
             if type(size) is not int or size <= 0:
                 raise TraceError(f"{trace.source}: event {i} (alloc): size must be a positive integer, got {size!r}")
-            is_free.append(False)
+            kinds.append(ALLOC)
             sizes.append(size)
         elif a == "free":
-            is_free.append(True)
+            kinds.append(FREE)
             sizes.append(0)
         elif a == "segment_free" and segment_frees:
-            is_free.append(2)
+            kinds.append(SEGMENT_FREE)
             sizes.append(e.size)
         else:
             continue
@@ -140,7 +145,7 @@ def _ops(trace: Trace, segment_frees: bool = False) -> tuple[list[int], list, li
         addrs.append(e.addr)
         streams.append(e.stream)
         times.append(e.time_us)
-    return idx, is_free, addrs, sizes, streams, times
+    return idx, kinds, addrs, sizes, streams, times
 
 
 def _downsample(ev: list[int], t: list[float], inuse: list[int], res: list[int], points: int) -> list[tuple[int, float, int, int]]:
@@ -191,31 +196,32 @@ def _make(name: str, trace: Trace, capacity: int, backend: Any, options: dict[st
     return make_allocator(name, backend, limit=capacity, **opts), capacity
 
 
-def _start_state(alloc: Any, trace: Trace, live: dict[int, Any]) -> int:
-    """Install the trace's start state; returns the bytes in use. Fills `live` (rec addr -> entry)."""
-    in_use = 0
-    adopt = getattr(alloc, "adopt_segment", None)
-    if adopt is not None and trace.initial_segments and not alloc.config.expandable_segments \
+def _start_state(alloc: Any, pair: ReplayPair, trace: Trace, live: dict[int, Any], in_use: list[int]) -> None:
+    """Install the trace's start state: fills `live` (rec addr -> entry) and `in_use[0]`."""
+    if alloc.adopts_segments and trace.initial_segments and not alloc.config.expandable_segments \
             and not any(s.expandable for s in trace.initial_segments):
         for seg in sorted(trace.initial_segments, key=lambda s: s.addr):
             layout = [(b.addr - seg.addr, b.size, b.allocated) for b in seg.blocks]
             if not layout:
                 layout = [(0, seg.size, False)]
-            placed = adopt(seg.size, seg.pool == "small", seg.stream, layout)
+            placed = alloc.adopt_segment(seg.size, seg.pool == "small", seg.stream, layout)
             for offset, block in placed.items():
                 live[seg.addr + offset] = block
-                in_use += block.size
-        return in_use
-    blocks_mode = hasattr(alloc, "replay_hooks")
+                in_use[0] += block.size
+        return
     for b in sorted(trace.initial_blocks, key=lambda b: b.addr):
         if not b.allocated:
             continue
         size = b.size if b.size > 0 else (b.requested or 1)
-        entry = alloc._allocate(size, 256, b.stream)
-        alloc.bytes_in_use += entry[1]
-        live[b.addr] = entry[2] if blocks_mode else entry
-        in_use += entry[1]
-    return in_use
+        if pair.blocks:
+            block = pair.allocate(size, b.stream)
+            live[b.addr] = block
+            in_use[0] += block.size
+        else:
+            entry = pair.allocate(size, 256, b.stream)
+            live[b.addr] = entry
+            in_use[0] += entry[1]
+        alloc.settle_replay(in_use[0], 1, in_use[0])
 
 
 def _size_of(entry: Any) -> int:
@@ -224,12 +230,12 @@ def _size_of(entry: Any) -> int:
 
 def _oom_info(trace: Trace, event_index: int, request: int, err: OutOfMemory, live: dict[int, Any],
               in_use: int, reserved: int, ops: tuple, upto: int) -> dict[str, Any]:
-    idx, is_free, addrs = ops[0], ops[1], ops[2]
+    idx, kinds, addrs = ops[0], ops[1], ops[2]
     biggest = sorted(live.items(), key=lambda kv: -_size_of(kv[1]))[:10]
     wanted = {rec for rec, _ in biggest}
     alloc_event: dict[int, int] = {}
     for k in range(upto - 1, -1, -1):   # the latest alloc of each address before the failure
-        if not is_free[k] and addrs[k] in wanted and addrs[k] not in alloc_event:
+        if kinds[k] == ALLOC and addrs[k] in wanted and addrs[k] not in alloc_event:
             alloc_event[addrs[k]] = idx[k]
     rows = []
     for rec_addr, entry in biggest:
@@ -265,35 +271,38 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
         # cudaFrees in the window come from the program (empty_cache) or from retries the model
         # makes itself at the same point; either way the model follows them
         ops = _ops(trace, segment_frees=True)
-    idx, is_free, addrs, sizes, streams, times = ops
+    idx, kinds, addrs, sizes, streams, times = ops
     live: dict[int, Any] = {}
+    pair = alloc.replay_pair()
+    start_in_use = [0]
     try:
-        in_use = _start_state(alloc, trace, live)
+        _start_state(alloc, pair, trace, live, start_in_use)
     except OutOfMemory as err:
-        run.oom = _oom_info(trace, -1, 0, err, live, alloc.bytes_in_use, backend.reserved, ops, 0)
+        run.oom = _oom_info(trace, -1, 0, err, live, start_in_use[0], backend.reserved, ops, 0)
         return run
+    in_use = start_in_use[0]
     run.setup_device_allocs = alloc.device_allocs
     base_allocs, base_bytes, base_frees = alloc.device_allocs, alloc.device_alloc_bytes, alloc.device_frees
     run.start_reserved_bytes = reserved = backend.reserved
     peak_in, peak_res, peak_at, res_at_peak = in_use, reserved, -1, reserved
-    largest_at_peak = alloc._largest_free_block()
+    largest_at_peak = alloc.largest_free_block()
     tl_in: list[int] = []
     tl_res: list[int] = []
     state = [0, in_use, peak_in, peak_res, peak_at, False, largest_at_peak, res_at_peak]
     state_matches = [0]
     t0 = time.perf_counter()
     try:
-        if hasattr(alloc, "replay_hooks"):
-            _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress, state_matches)
+        if pair.blocks:
+            _loop_blocks(alloc, pair, backend, trace, ops, live, state, tl_in, tl_res, progress, state_matches)
         else:
-            _loop_generic(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress)
+            _loop_generic(alloc, pair, backend, trace, ops, live, state, tl_in, tl_res, progress)
     except OutOfMemory as err:
         j = state[0]
         run.oom = _oom_info(trace, idx[j], sizes[j], err, live, state[1], backend.reserved, ops, j)
     j, in_use, peak_in, peak_res, peak_at, dirty, largest_at_peak, res_at_peak = state
     run.seconds = time.perf_counter() - t0
     if dirty:
-        largest_at_peak = alloc._largest_free_block()
+        largest_at_peak = alloc.largest_free_block()
         res_at_peak = backend.reserved
     run.events_replayed = j
     run.peak_in_use_bytes, run.peak_reserved_bytes = peak_in, peak_res
@@ -312,14 +321,15 @@ def replay_one(trace: Trace, name: str, *, capacity: int, options: dict[str, Any
     return run
 
 
-# The two replay loops. They differ only in how they call the allocator: the caching model's
-# replay hooks take and return its block objects; any other allocator goes through its
-# `_allocate` / `_free` hooks (the public allocate/free would build a Buffer per call). State
-# lives in locals for speed and is written back to `state` (j, in_use, peak_in, peak_res,
-# peak_at, dirty, largest_at_peak, res_at_peak) when the loop ends or raises.
-def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress, matches) -> None:
-    idx, is_free, addrs, sizes, streams, _ = ops
-    malloc, free = alloc.replay_hooks()
+# The two replay loops, one per shape of the allocator's ReplayPair (blocks, or the hooks'
+# tuples); the public allocate/free would build a Buffer per call. State lives in locals for
+# speed and is written back to `state` (j, in_use, peak_in, peak_res, peak_at, dirty,
+# largest_at_peak, res_at_peak) and to the allocator (`settle_replay`) when the loop ends or raises.
+def _loop_blocks(alloc, pair, backend, trace, ops, live, state, tl_in, tl_res, progress, matches) -> None:
+    idx, kinds, addrs, sizes, streams, _ = ops
+    malloc, free = pair.allocate, pair.free
+    largest_free_block, release_segment_at = alloc.largest_free_block, alloc.release_segment_at
+    segment_free = SEGMENT_FREE     # a local: read on every free
     setdefault = live.setdefault
     same = 0
     j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak = state
@@ -328,12 +338,12 @@ def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progres
     try:
         for j in range(len(idx)):
             rec = addrs[j]
-            kind = is_free[j]
-            if kind:
+            kind = kinds[j]
+            if kind:        # FREE or SEGMENT_FREE
                 if dirty:   # the state right before the first free after a new peak is the peak
-                    largest, res_at_peak, dirty = alloc._largest_free_block(), backend.reserved, False
-                if kind == 2:
-                    alloc.release_segment_at(rec)
+                    largest, res_at_peak, dirty = largest_free_block(), backend.reserved, False
+                if kind == segment_free:
+                    release_segment_at(rec)
                     add_in(in_use)
                     add_res(backend.reserved)
                     continue
@@ -361,23 +371,24 @@ def _loop_blocks(alloc, backend, trace, ops, live, state, tl_in, tl_res, progres
                 progress(j)
         j = len(idx)
     finally:
-        alloc.bytes_in_use = in_use
+        alloc.settle_replay(in_use, kinds.count(ALLOC) if j == len(idx) else kinds[:j].count(ALLOC), peak_in)
         state[:] = [j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak]
         matches[0] = same
 
 
-def _loop_generic(alloc, backend, trace, ops, live, state, tl_in, tl_res, progress) -> None:
-    idx, is_free, addrs, sizes, streams, _ = ops
-    allocate, free = alloc._allocate, alloc._free
+def _loop_generic(alloc, pair, backend, trace, ops, live, state, tl_in, tl_res, progress) -> None:
+    idx, kinds, addrs, sizes, streams, _ = ops
+    allocate, free = pair.allocate, pair.free
+    largest_free_block = alloc.largest_free_block
     j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak = state
     add_in, add_res = tl_in.append, tl_res.append
     pop = live.pop
     try:
         for j in range(len(idx)):
             rec = addrs[j]
-            if is_free[j]:
+            if kinds[j]:    # FREE
                 if dirty:
-                    largest, res_at_peak, dirty = alloc._largest_free_block(), backend.reserved, False
+                    largest, res_at_peak, dirty = largest_free_block(), backend.reserved, False
                 entry = pop(rec, None)
                 if entry is None:
                     raise TraceError(f"{trace.source}: event {idx[j]} (free): free of unknown address {rec:#x}")
@@ -400,7 +411,7 @@ def _loop_generic(alloc, backend, trace, ops, live, state, tl_in, tl_res, progre
                 progress(j)
         j = len(idx)
     finally:
-        alloc.bytes_in_use = in_use
+        alloc.settle_replay(in_use, kinds.count(ALLOC) if j == len(idx) else kinds[:j].count(ALLOC), peak_in)
         state[:] = [j, in_use, peak_in, peak_res, peak_at, dirty, largest, res_at_peak]
 
 

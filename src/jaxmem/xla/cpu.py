@@ -10,7 +10,7 @@ are the extra flags that make XLA count what its YNNPACK fusions hide (see there
 
 Run as a module, it prints one JSON object (the subprocess side):
 
-    python -m jaxmem.compiler.xla jaxmem.examples.suite:mlp_train --donate 0,1
+    python -m jaxmem.xla.cpu jaxmem.examples.suite:mlp_train --donate 0,1
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def xla_reference_in_subprocess(target: str, *, donate_argnums: Sequence[int] = 
         PlanError: the child failed (its last line of stderr is the message) or timed out.
     """
     env = scheduler_env(scheduler, extra_flags=extra_flags)
-    cmd = [sys.executable, "-m", "jaxmem.compiler.xla", target]
+    cmd = [sys.executable, "-m", "jaxmem.xla.cpu", target]
     if donate_argnums:
         cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
     try:
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxmem.compiler.target import load_target
     from jaxmem.errors import JaxmemError
 
-    parser = argparse.ArgumentParser(prog="python -m jaxmem.compiler.xla")
+    parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.cpu")
     parser.add_argument("target")
     parser.add_argument("--donate", default="")
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ are live at XLA's peak, with their HLO metadata (op_name, source file and line).
 
 Run as a module, it prints one JSON object (the subprocess side):
 
-    JAX_PLATFORMS=cpu python -m jaxmem.compiler.xla_gpu jaxmem.examples.suite:mlp_train --spec h100_sxm
+    JAX_PLATFORMS=cpu python -m jaxmem.xla.gpu jaxmem.examples.suite:mlp_train --spec h100_sxm
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def spec_for(device: str) -> str | None:
 def target_config(spec: str) -> str:
     """The text of a shipped `GpuTargetConfigProto` (`gpu_targets/<spec>.txtpb`)."""
     try:
-        return resources.files("jaxmem.compiler").joinpath("gpu_targets", f"{spec}.txtpb").read_text(encoding="utf-8")
+        return resources.files("jaxmem.xla").joinpath("targets", f"{spec}.txtpb").read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):
         names = sorted(set(GPU_TARGETS.values()))
         raise PlanError(f"no GPU target description {spec!r}; jaxmem ships {', '.join(names)}") from None
@@ -251,7 +251,7 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
     reason = unavailable_reason()
     if reason:
         raise GpuUnavailable(reason)
-    cmd = [sys.executable, "-m", "jaxmem.compiler.xla_gpu", target, "--spec", spec, "--device", device,
+    cmd = [sys.executable, "-m", "jaxmem.xla.gpu", target, "--spec", spec, "--device", device,
            "--top", str(int(top))]
     if donate_argnums:
         cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
@@ -274,7 +274,7 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
         shutil.rmtree(dump_dir, ignore_errors=True)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        from jaxmem.compiler.jax_start import filter_noise
+        from jaxmem.xla.start import filter_noise
 
         tail = [line for line in filter_noise(stderr).splitlines() if line.strip()]
         last = tail[-1].strip() if tail else f"exit {proc.returncode}"
@@ -693,10 +693,10 @@ def _parse_kwargs(items: Sequence[str]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print TARGET's XLA:GPU figures as one JSON object. Exit 3 when the
     CUDA plugin is unavailable, 2 for any other error a user can cause."""
-    from jaxmem.compiler.jax_start import quiet_jax_start
-    from jaxmem.compiler.xla import _parse_donate
+    from jaxmem.xla.cpu import _parse_donate
+    from jaxmem.xla.start import quiet_jax_start
 
-    parser = argparse.ArgumentParser(prog="python -m jaxmem.compiler.xla_gpu")
+    parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.gpu")
     parser.add_argument("target")
     parser.add_argument("--spec", required=True)
     parser.add_argument("--device", default="")

@@ -173,6 +173,12 @@ def eqn_binder(eqn: Any) -> tuple[Callable[..., Any], bool]:
     return eqn.primitive.bind, bool(eqn.primitive.multiple_results)
 
 
+def eqn_name_stack(eqn: Any) -> str | None:
+    """JAX's name stack of an equation as text (e.g. "transpose(jvp(loss))"), or None."""
+    name_stack = getattr(getattr(eqn, "source_info", None), "name_stack", None)
+    return None if name_stack is None else str(name_stack)
+
+
 def eqn_effectful(eqn: Any) -> bool:
     """True when the equation has effects (never dropped, never recomputed)."""
     return bool(getattr(eqn, "effects", None))

@@ -18,6 +18,7 @@ import bisect
 
 import numpy as np
 
+from jaxmem.compiler.jaxpr_adapter import eqn_params
 from jaxmem.compiler.plan_types import Plan
 from jaxmem.compiler.rules import is_view
 from jaxmem.compiler.stages import live_profile
@@ -165,7 +166,7 @@ def _writers(plan: Plan, def_pos: dict[int, int]) -> dict[int, list[int]]:
         step = plan.schedule[info.producer]
         src = step.inputs[0] if step.inputs else None
         in_dtype = plan.values[src].dtype if src is not None and src in plan.values else None
-        if is_view(step.primitive, step.eqn.params if step.eqn is not None else None, in_dtype):
+        if is_view(step.primitive, eqn_params(step.eqn) if step.eqn is not None else None, in_dtype):
             if src is not None and plan.values[src].buffer == info.buffer:
                 continue
         out.setdefault(info.buffer, []).append(def_pos[vid])

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from jaxmem.compiler.jaxpr_adapter import aval_bytes
+from jaxmem.compiler.jaxpr_adapter import (aval_bytes, eqn_effectful, eqn_in_avals, eqn_name, eqn_out_avals,
+                                           eqn_params, jaxpr_eqns)
 from jaxmem.compiler.rules import CHEAP, NOT_RECOMPUTABLE, rule
 
 
@@ -36,30 +37,26 @@ def _elements(aval: Any) -> int:
     return int(math.prod(shape)) if shape else 1
 
 
-def _var_aval(v: Any) -> Any:
-    return getattr(v, "aval", None)
-
-
-def _dot_flops(eqn: Any) -> int:
-    lhs = _var_aval(eqn.invars[0])
-    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+def _dot_flops(params: dict[str, Any], ins: list[Any], outs: list[Any]) -> int:
+    lhs = ins[0]
+    (lhs_contract, _), _ = params["dimension_numbers"]
     contract = math.prod(lhs.shape[d] for d in lhs_contract) if lhs_contract else 1
-    return 2 * _elements(_var_aval(eqn.outvars[0])) * int(contract)
+    return 2 * _elements(outs[0]) * int(contract)
 
 
-def _conv_flops(eqn: Any) -> int:
-    rhs = _var_aval(eqn.invars[1])
-    dnums = eqn.params.get("dimension_numbers")
+def _conv_flops(params: dict[str, Any], ins: list[Any], outs: list[Any]) -> int:
+    rhs = ins[1]
+    dnums = params.get("dimension_numbers")
     out_feature_dim = dnums.rhs_spec[0] if dnums is not None else 0
     # Each output element is a dot over the kernel's input features and spatial window; the
     # kernel's input-feature dim already counts only one feature group's channels.
     per_output = math.prod(rhs.shape) // max(1, rhs.shape[out_feature_dim])
-    return 2 * _elements(_var_aval(eqn.outvars[0])) * int(per_output)
+    return 2 * _elements(outs[0]) * int(per_output)
 
 
-def _subjaxprs(eqn: Any) -> list[Any]:
+def _subjaxprs(params: dict[str, Any]) -> list[Any]:
     found = []
-    for value in eqn.params.values():
+    for value in params.values():
         for item in value if isinstance(value, (tuple, list)) else (value,):
             jaxpr = getattr(item, "jaxpr", item)
             if hasattr(jaxpr, "eqns"):
@@ -74,8 +71,7 @@ def jaxpr_flops(jaxpr: Any) -> int:
     >>> jaxpr_flops(jax.make_jaxpr(lambda x: x * 2 + 1)(jnp.ones(10)).jaxpr)
     20
     """
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    return sum(eqn_cost(e).flops for e in jaxpr.eqns)
+    return sum(eqn_cost(e).flops for e in jaxpr_eqns(jaxpr))
 
 
 def eqn_cost(eqn: Any) -> Cost:
@@ -87,30 +83,31 @@ def eqn_cost(eqn: Any) -> Cost:
     Returns:
         A `Cost`. Unknown primitives cost one FLOP per output element.
     """
-    kind = rule(eqn.primitive.name).cost
-    out_elems = sum(_elements(_var_aval(v)) for v in eqn.outvars)
-    nbytes = sum(aval_bytes(_var_aval(v)) for v in (*eqn.invars, *eqn.outvars))
+    kind = rule(eqn_name(eqn)).cost
+    params, ins, outs = eqn_params(eqn), eqn_in_avals(eqn), eqn_out_avals(eqn)
+    out_elems = sum(_elements(a) for a in outs)
+    nbytes = sum(aval_bytes(a) for a in (*ins, *outs))
     if kind == "dot":
-        flops = _dot_flops(eqn)
+        flops = _dot_flops(params, ins, outs)
     elif kind == "conv":
-        flops = _conv_flops(eqn)
+        flops = _conv_flops(params, ins, outs)
     elif kind == "elementwise":
         flops = out_elems
     elif kind == "movement":
         flops = 0
     elif kind == "reduction":
-        flops = sum(_elements(_var_aval(v)) for v in eqn.invars)
+        flops = sum(_elements(a) for a in ins)
     elif kind == "sort":
-        n = _elements(_var_aval(eqn.invars[0]))
+        n = _elements(ins[0])
         flops = int(n * max(1.0, math.log2(max(n, 2))))
     elif kind == "scan":
-        flops = int(eqn.params.get("length", 1)) * sum(jaxpr_flops(j) for j in _subjaxprs(eqn))
+        flops = int(params.get("length", 1)) * sum(jaxpr_flops(j) for j in _subjaxprs(params))
     elif kind == "cond":
-        flops = max((jaxpr_flops(j) for j in _subjaxprs(eqn)), default=out_elems)
-    elif _subjaxprs(eqn):
+        flops = max((jaxpr_flops(j) for j in _subjaxprs(params)), default=out_elems)
+    elif _subjaxprs(params):
         # pjit, remat, custom_jvp_call and friends: what they call; a while loop: one trip,
         # which undercounts, so while loops are never recomputed (`rules`).
-        flops = sum(jaxpr_flops(j) for j in _subjaxprs(eqn))
+        flops = sum(jaxpr_flops(j) for j in _subjaxprs(params))
     else:
         flops = out_elems
     return Cost(int(flops), int(nbytes))
@@ -118,9 +115,9 @@ def eqn_cost(eqn: Any) -> Cost:
 
 def is_cheap(eqn: Any) -> bool:
     """True for elementwise arithmetic and data movement: what XLA fuses, cheap to recompute."""
-    return eqn.primitive.name in CHEAP
+    return eqn_name(eqn) in CHEAP
 
 
 def is_recomputable(eqn: Any) -> bool:
     """True when running the equation a second time gives the same value and has no effect."""
-    return eqn.primitive.name not in NOT_RECOMPUTABLE and not getattr(eqn, "effects", None)
+    return eqn_name(eqn) not in NOT_RECOMPUTABLE and not eqn_effectful(eqn)

@@ -44,7 +44,7 @@ def forced_fusion(g: Program, roles: Roles) -> list[bool]:
 def op_is_view(g: Program, op) -> bool:
     """Whether an op only reinterprets its first operand's bytes (`rules.is_view`)."""
     in_dtype = g.dtypes[op.inputs[0]] if op.inputs else None
-    return is_view(op.primitive, op.eqn.params, in_dtype)
+    return is_view(op.primitive, op.params, in_dtype)
 
 
 def _fusible_producer(op) -> bool:
@@ -53,7 +53,7 @@ def _fusible_producer(op) -> bool:
         return True  # folded into dot/conv consumers only (see _absorbs)
     if fusion != "producer":
         return False
-    if op.primitive == "reshape" and op.eqn.params.get("dimensions") is not None:
+    if op.primitive == "reshape" and op.params.get("dimensions") is not None:
         return False
     return True
 

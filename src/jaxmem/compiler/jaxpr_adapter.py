@@ -166,6 +166,61 @@ def eqn_name(eqn: Any) -> str:
     return eqn.primitive.name
 
 
+def eqn_params(eqn: Any) -> dict[str, Any]:
+    """An equation's parameters (read-only), for readers outside the front end."""
+    return eqn.params
+
+
+def eqn_in_avals(eqn: Any) -> list[Any]:
+    """The abstract values an equation reads, in operand order (None where an atom has none)."""
+    return [getattr(v, "aval", None) for v in eqn.invars]
+
+
+def eqn_out_avals(eqn: Any) -> list[Any]:
+    """The abstract values an equation writes, in output order (None where a var has none)."""
+    return [getattr(v, "aval", None) for v in eqn.outvars]
+
+
+def eqn_binder(eqn: Any) -> tuple[Callable[..., Any], bool]:
+    """(bind, multiple_results) of an equation's primitive: `bind(*args, **params)` runs it."""
+    return eqn.primitive.bind, bool(eqn.primitive.multiple_results)
+
+
+def eqn_name_stack(eqn: Any) -> str | None:
+    """JAX's name stack of an equation as text (e.g. "transpose(jvp(loss))"), or None."""
+    name_stack = getattr(getattr(eqn, "source_info", None), "name_stack", None)
+    return None if name_stack is None else str(name_stack)
+
+
+def eqn_effectful(eqn: Any) -> bool:
+    """True when the equation has effects (never dropped, never recomputed)."""
+    return bool(getattr(eqn, "effects", None))
+
+
+def jaxpr_eqns(jaxpr: Any) -> list[Any]:
+    """The equations of a jaxpr, closed or open."""
+    return getattr(jaxpr, "jaxpr", jaxpr).eqns
+
+
+def jaxpr_in_avals(jaxpr: Any) -> list[Any]:
+    """The abstract values of a jaxpr's inputs, closed or open."""
+    return [v.aval for v in getattr(jaxpr, "jaxpr", jaxpr).invars]
+
+
+def constant_output(closed_jaxpr: Any, j: int) -> tuple[Any, Any]:
+    """(value, aval) of output `j` of a closed jaxpr, when it is a literal or a constant."""
+    jaxpr, consts = split_closed(closed_jaxpr)
+    atom = jaxpr.outvars[j]
+    if is_literal(atom):
+        return literal_value(atom), atom.aval
+    return dict(zip(jaxpr.constvars, consts))[atom], atom.aval
+
+
+def eqn_in_shapes(eqn: Any) -> list[tuple[int, ...]]:
+    """The shapes an equation reads, in operand order (0 for a dimension that is not a number)."""
+    return [aval_shape_dtype(v)[0] for v in eqn.invars]
+
+
 def aval_shape_dtype(atom: Any) -> tuple[tuple[int, ...], str, int]:
     """(shape, dtype name, bytes) of a variable or literal; tokens and refs without data are 0 bytes."""
     return _shape_dtype_bytes(atom.aval)

@@ -72,7 +72,7 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
             continue
         rule = storage_rule(op.primitive)
         view = op_is_view(g, op)
-        cands = inplace_candidates(op.primitive, op.eqn.params, op.operands, len(outs)) if allow_inplace else None
+        cands = inplace_candidates(op.primitive, op.params, op.operands, len(outs)) if allow_inplace else None
         if allow_inplace and op.primitive == "transpose" and _dot_result(g, op):
             # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
             # the transpose may take over its dying dot result's buffer.

@@ -127,7 +127,7 @@ _SCRATCH_LIMIT = 256
 
 def _scratch_bytes(eqn: Any) -> int:
     """XLA's temp bytes for running a loop/cond equation as one executable (its body's temporaries)."""
-    if eqn.primitive.name not in ja.LOOP_PRIMITIVES:
+    if ja.eqn_name(eqn) not in ja.LOOP_PRIMITIVES:
         return 0
     cached = _SCRATCH.get(id(eqn))
     if cached is not None and cached[0] is eqn:
@@ -135,8 +135,8 @@ def _scratch_bytes(eqn: Any) -> int:
     kernel = jax_kernel(eqn)
     try:
         specs = []
-        for v in eqn.invars:
-            dtype, shape = storage(v.aval)
+        for aval in ja.eqn_in_avals(eqn):
+            dtype, shape = storage(aval)
             specs.append(jax.ShapeDtypeStruct(shape, dtype))
         analysis = kernel.jitted.lower(*specs).compile().memory_analysis()
         nbytes = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)

@@ -30,6 +30,8 @@ import jax
 import numpy as np
 import scipy.special as sps
 
+from jaxmem.compiler import jaxpr_adapter as ja
+
 Array = np.ndarray
 
 
@@ -117,12 +119,7 @@ def storage(aval: Any) -> tuple[np.dtype, tuple[int, ...]]:
     return np.dtype(aval.dtype), shape
 
 
-def _in_avals(eqn: Any) -> list[Any]:
-    return [v.aval for v in eqn.invars]
-
-
-def _out_avals(eqn: Any) -> list[Any]:
-    return [v.aval for v in eqn.outvars]
+_in_avals, _out_avals, _params = ja.eqn_in_avals, ja.eqn_out_avals, ja.eqn_params
 
 
 def _touches_keys(eqn: Any) -> bool:
@@ -167,21 +164,21 @@ def jax_kernel(eqn: Any) -> Kernel:
     """
     in_avals, out_avals = _in_avals(eqn), _out_avals(eqn)
     try:
-        key = (eqn.primitive.name, _hashable_params(eqn.params),
+        key = (ja.eqn_name(eqn), _hashable_params(_params(eqn)),
                tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in in_avals))
         hash(key)
     except TypeError:
         key = None
     if key is not None and key in _JAX_KERNELS:
         return _JAX_KERNELS[key]
-    prim, params = eqn.primitive, dict(eqn.params)
+    bind, multiple = ja.eqn_binder(eqn)
+    params = dict(_params(eqn))
     in_keys = [key_impl(a.dtype) if is_key_dtype(a.dtype) else None for a in in_avals]
     out_keys = [is_key_dtype(a.dtype) for a in out_avals]
-    multiple = bool(prim.multiple_results)
 
     def body(*xs: Any) -> list[Any]:
         xs = [jax.random.wrap_key_data(x, impl=k) if k else x for x, k in zip(xs, in_keys)]
-        out = prim.bind(*xs, **params)
+        out = bind(*xs, **params)
         outs = list(out) if multiple else [out]
         return [jax.random.key_data(o) if isk else o for o, isk in zip(outs, out_keys)]
 
@@ -203,7 +200,7 @@ def jax_kernel(eqn: Any) -> Kernel:
 
 def kernel_for(eqn: Any) -> Kernel:
     """The kernel for one equation: its numpy rule when one applies, else the JAX fallback."""
-    name = eqn.primitive.name
+    name = ja.eqn_name(eqn)
     make = RULES.get(name)
     if make is not None and not _touches_keys(eqn):
         try:
@@ -264,9 +261,9 @@ def _ufunc(f: Callable[..., Any], eqn: Any = None) -> Kernel:
     """A kernel for a numpy ufunc; large outputs are computed by several threads."""
     direct = Kernel(compute=f, into=lambda out, *xs: f(*xs, out=out), overlap_safe=True,
                     ufunc=f if isinstance(f, np.ufunc) else None)
-    if eqn is None or THREADS == 1 or len(eqn.outvars) != 1:
+    if eqn is None or THREADS == 1 or len(_out_avals(eqn)) != 1:
         return direct
-    aval = eqn.outvars[0].aval
+    aval = _out_avals(eqn)[0]
     shape = tuple(aval.shape)
     if math.prod(shape) < PARALLEL_SIZE or not shape or shape[0] < THREADS:
         return direct
@@ -297,7 +294,7 @@ def _simple(ufunc: Callable[..., Any], kinds: str = "biufc") -> Rule:
     def make(eqn: Any) -> Kernel | None:
         if not _native_all(eqn):
             return None
-        if eqn.primitive.name in SLOW_SPECIAL and math.prod(eqn.outvars[0].aval.shape) >= SPECIAL_SIZE:
+        if ja.eqn_name(eqn) in SLOW_SPECIAL and math.prod(_out_avals(eqn)[0].shape) >= SPECIAL_SIZE:
             return None
         if any(_dt(a).kind not in kinds for a in _in_avals(eqn)):
             return None
@@ -330,7 +327,7 @@ for _name, _uf, _kinds in [
 
 @rule("div")
 def _div(eqn: Any) -> Kernel | None:
-    dtype = _dt(eqn.outvars[0].aval)
+    dtype = _dt(_out_avals(eqn)[0])
     if not _native_all(eqn):
         return None
     if dtype.kind in "fc":
@@ -358,7 +355,7 @@ def _int_div(dtype: np.dtype, a: Array, b: Array) -> Array:
 
 @rule("rem")
 def _rem(eqn: Any) -> Kernel | None:
-    dtype = _dt(eqn.outvars[0].aval)
+    dtype = _dt(_out_avals(eqn)[0])
     if not _native_all(eqn):
         return None
     if dtype.kind == "f":
@@ -388,8 +385,8 @@ def _pow(eqn: Any) -> Kernel | None:
 
 @rule("integer_pow")
 def _integer_pow(eqn: Any) -> Kernel | None:
-    y = int(eqn.params["y"])
-    dtype = _dt(eqn.invars[0].aval)
+    y = int(_params(eqn)["y"])
+    dtype = _dt(_in_avals(eqn)[0])
     if not _native_all(eqn) or dtype.kind not in "iufc":
         return None
     if dtype.kind in "iu" and y < 0:
@@ -421,7 +418,7 @@ def _sign(eqn: Any) -> Kernel | None:
 
 @rule("rsqrt")
 def _rsqrt(eqn: Any) -> Kernel | None:
-    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in "fc":
+    if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in "fc":
         return None
 
     def into(out: Array, x: Array) -> None:
@@ -433,9 +430,9 @@ def _rsqrt(eqn: Any) -> Kernel | None:
 
 @rule("round")
 def _round(eqn: Any) -> Kernel | None:
-    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind != "f":
+    if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind != "f":
         return None
-    method = int(eqn.params.get("rounding_method", 0))
+    method = int(_params(eqn).get("rounding_method", 0))
     if method == 1:  # TO_NEAREST_EVEN
         return _ufunc(np.rint, eqn)
 
@@ -463,11 +460,11 @@ def _clamp(eqn: Any) -> Kernel | None:
 
 @rule("shift_left", "shift_right_logical", "shift_right_arithmetic")
 def _shift(eqn: Any) -> Kernel | None:
-    dtype = _dt(eqn.outvars[0].aval)
+    dtype = _dt(_out_avals(eqn)[0])
     if dtype.kind not in "iu" or not _native_all(eqn):
         return None
     bits = dtype.itemsize * 8
-    name = eqn.primitive.name
+    name = ja.eqn_name(eqn)
     unsigned = np.dtype(f"u{dtype.itemsize}")
 
     def compute(x: Array, s: Array) -> Array:
@@ -491,11 +488,11 @@ def _select_n(eqn: Any) -> Kernel | None:
     if not _native_all(eqn):
         return None
     if len(avals) == 3 and _dt(avals[0]) == np.bool_:
-        dtype = _dt(eqn.outvars[0].aval)
+        dtype = _dt(_out_avals(eqn)[0])
         if dtype.itemsize not in (1, 2, 4, 8) or any(_dt(a) != dtype for a in avals[1:]):
             return Kernel(compute=lambda p, f, t: np.where(p, t, f))
         bits = np.dtype(f"u{dtype.itemsize}")
-        shape = tuple(eqn.outvars[0].aval.shape)
+        shape = tuple(_out_avals(eqn)[0].shape)
 
         # A select on the bits, f ^ ((f ^ t) * p): exact for every value (NaN payloads, -0.0)
         # and branch-free, where np.where and masked copies crawl on an unpredictable mask.
@@ -521,7 +518,7 @@ def _select_n(eqn: Any) -> Kernel | None:
 
 @rule("convert_element_type")
 def _convert(eqn: Any) -> Kernel | None:
-    src, dst = _dt(eqn.invars[0].aval), _dt(eqn.outvars[0].aval)
+    src, dst = _dt(_in_avals(eqn)[0]), _dt(_out_avals(eqn)[0])
     if src == dst:
         return _identity(eqn)
     if dst == np.bool_:
@@ -555,7 +552,7 @@ def _convert(eqn: Any) -> Kernel | None:
 
 @rule("bitcast_convert_type")
 def _bitcast(eqn: Any) -> Kernel | None:
-    src, dst = _dt(eqn.invars[0].aval), _dt(eqn.outvars[0].aval)
+    src, dst = _dt(_in_avals(eqn)[0]), _dt(_out_avals(eqn)[0])
     if src.itemsize != dst.itemsize:
         return None
     return Kernel(compute=lambda x: np.ascontiguousarray(x).view(dst),
@@ -564,11 +561,11 @@ def _bitcast(eqn: Any) -> Kernel | None:
 
 @rule("reduce_precision")
 def _reduce_precision(eqn: Any) -> Kernel | None:
-    dtype = _dt(eqn.invars[0].aval)
+    dtype = _dt(_in_avals(eqn)[0])
     finfo = np.finfo(dtype) if dtype.kind == "f" else None
     if finfo is None:
         return None
-    if int(eqn.params["exponent_bits"]) == finfo.nexp and int(eqn.params["mantissa_bits"]) == finfo.nmant:
+    if int(_params(eqn)["exponent_bits"]) == finfo.nexp and int(_params(eqn)["mantissa_bits"]) == finfo.nmant:
         return _identity(eqn)
     return None
 
@@ -587,7 +584,7 @@ for _name in ("copy", "copy_p", "stop_gradient", "device_put_p", "sharding_const
 
 @rule("device_put")
 def _device_put(eqn: Any) -> Kernel | None:
-    if len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+    if len(_in_avals(eqn)) != 1 or len(_out_avals(eqn)) != 1:
         return Kernel(compute=lambda *xs: tuple(xs), views=True)
     return _identity(eqn)
 
@@ -599,9 +596,9 @@ def _barrier(eqn: Any) -> Kernel | None:
 
 @rule("reshape")
 def _reshape(eqn: Any) -> Kernel | None:
-    if eqn.params.get("dimensions") not in (None, ()):
+    if _params(eqn).get("dimensions") not in (None, ()):
         return None
-    shape = tuple(eqn.outvars[0].aval.shape)
+    shape = tuple(_out_avals(eqn)[0].shape)
 
     def into(out: Array, x: Array, *dyn: Array) -> None:
         np.copyto(out, x.reshape(shape))
@@ -612,7 +609,7 @@ def _reshape(eqn: Any) -> Kernel | None:
 
 @rule("squeeze")
 def _squeeze(eqn: Any) -> Kernel | None:
-    shape = tuple(eqn.outvars[0].aval.shape)
+    shape = tuple(_out_avals(eqn)[0].shape)
     return Kernel(compute=lambda x: x.reshape(shape), into=lambda out, x: np.copyto(out, x.reshape(shape)),
                   overlap_safe=True, views=True, same_bytes=True)
 
@@ -624,11 +621,11 @@ def _expand_dims(eqn: Any) -> Kernel | None:
 
 @rule("broadcast_in_dim")
 def _broadcast_in_dim(eqn: Any) -> Kernel | None:
-    if len(eqn.invars) != 1:
+    if len(_in_avals(eqn)) != 1:
         return None  # dynamic shapes
-    shape = tuple(eqn.params["shape"])
-    dims = tuple(eqn.params["broadcast_dimensions"])
-    in_shape = tuple(eqn.invars[0].aval.shape)
+    shape = tuple(_params(eqn)["shape"])
+    dims = tuple(_params(eqn)["broadcast_dimensions"])
+    in_shape = tuple(_in_avals(eqn)[0].shape)
     expanded = [1] * len(shape)
     for i, d in enumerate(dims):
         expanded[d] = in_shape[i]
@@ -645,31 +642,31 @@ def _broadcast_in_dim(eqn: Any) -> Kernel | None:
 
 @rule("transpose")
 def _transpose(eqn: Any) -> Kernel | None:
-    perm = tuple(eqn.params["permutation"])
+    perm = tuple(_params(eqn)["permutation"])
     return Kernel(compute=lambda x: x.transpose(perm), into=lambda out, x: np.copyto(out, x.transpose(perm)),
                   views=True)
 
 
 @rule("rev")
 def _rev(eqn: Any) -> Kernel | None:
-    dims = tuple(eqn.params["dimensions"])
+    dims = tuple(_params(eqn)["dimensions"])
     return Kernel(compute=lambda x: np.flip(x, dims), into=lambda out, x: np.copyto(out, np.flip(x, dims)),
                   views=True)
 
 
 @rule("slice")
 def _slice(eqn: Any) -> Kernel | None:
-    start, limit = eqn.params["start_indices"], eqn.params["limit_indices"]
-    strides = eqn.params.get("strides") or (1,) * len(start)
+    start, limit = _params(eqn)["start_indices"], _params(eqn)["limit_indices"]
+    strides = _params(eqn).get("strides") or (1,) * len(start)
     index = tuple(slice(int(s), int(l), int(st)) for s, l, st in zip(start, limit, strides))
     return Kernel(compute=lambda x: x[index], into=lambda out, x: np.copyto(out, x[index]), views=True)
 
 
 @rule("concatenate")
 def _concatenate(eqn: Any) -> Kernel | None:
-    axis = int(eqn.params["dimension"])
+    axis = int(_params(eqn)["dimension"])
     if not _native_all(eqn):
-        dtype = _dt(eqn.outvars[0].aval)
+        dtype = _dt(_out_avals(eqn)[0])
         if any(_dt(a) != dtype for a in _in_avals(eqn)):
             return None
     return Kernel(compute=lambda *xs: np.concatenate(xs, axis=axis),
@@ -678,17 +675,17 @@ def _concatenate(eqn: Any) -> Kernel | None:
 
 @rule("split")
 def _split(eqn: Any) -> Kernel | None:
-    axis = int(eqn.params["axis"])
-    sizes = [int(s) for s in eqn.params["sizes"]]
+    axis = int(_params(eqn)["axis"])
+    sizes = [int(s) for s in _params(eqn)["sizes"]]
     bounds = list(np.cumsum(sizes)[:-1])
     return Kernel(compute=lambda x: tuple(np.split(x, bounds, axis=axis)), views=True)
 
 
 @rule("pad")
 def _pad(eqn: Any) -> Kernel | None:
-    config = [tuple(int(v) for v in c) for c in eqn.params["padding_config"]]
-    in_shape = tuple(eqn.invars[0].aval.shape)
-    out_shape = tuple(eqn.outvars[0].aval.shape)
+    config = [tuple(int(v) for v in c) for c in _params(eqn)["padding_config"]]
+    in_shape = tuple(_in_avals(eqn)[0].shape)
+    out_shape = tuple(_out_avals(eqn)[0].shape)
     # Pad with every low/high clipped at 0, then crop the negative ones.
     big_shape, place, crop = [], [], []
     for n, (lo, hi, interior) in zip(in_shape, config):
@@ -717,11 +714,11 @@ def _pad(eqn: Any) -> Kernel | None:
 
 @rule("iota")
 def _iota(eqn: Any) -> Kernel | None:
-    dtype = _dt(eqn.outvars[0].aval)
+    dtype = _dt(_out_avals(eqn)[0])
     if not _numpy_native(dtype):
         return None
-    shape = tuple(eqn.params["shape"])
-    dim = int(eqn.params["dimension"])
+    shape = tuple(_params(eqn)["shape"])
+    dim = int(_params(eqn)["dimension"])
     expanded = [1] * len(shape)
     expanded[dim] = shape[dim]
     values = np.arange(shape[dim], dtype=dtype).reshape(expanded)
@@ -734,10 +731,10 @@ def _iota(eqn: Any) -> Kernel | None:
 
 @rule("dynamic_slice")
 def _dynamic_slice(eqn: Any) -> Kernel | None:
-    sizes = tuple(int(s) for s in eqn.params["slice_sizes"])
-    shape = tuple(eqn.invars[0].aval.shape)
+    sizes = tuple(int(s) for s in _params(eqn)["slice_sizes"])
+    shape = tuple(_in_avals(eqn)[0].shape)
     nidx = len(shape)
-    if len(eqn.invars) != 1 + nidx:
+    if len(_in_avals(eqn)) != 1 + nidx:
         return None
 
     def index(starts: tuple[Array, ...]) -> tuple[slice, ...]:
@@ -754,9 +751,9 @@ def _dynamic_slice(eqn: Any) -> Kernel | None:
 
 @rule("dynamic_update_slice")
 def _dynamic_update_slice(eqn: Any) -> Kernel | None:
-    shape = tuple(eqn.invars[0].aval.shape)
-    usize = tuple(eqn.invars[1].aval.shape)
-    if len(eqn.invars) != 2 + len(shape):
+    shape = tuple(_in_avals(eqn)[0].shape)
+    usize = tuple(_in_avals(eqn)[1].shape)
+    if len(_in_avals(eqn)) != 2 + len(shape):
         return None
 
     def index(starts: tuple[Array, ...]) -> tuple[slice, ...]:
@@ -785,11 +782,11 @@ def _dynamic_update_slice(eqn: Any) -> Kernel | None:
 
 def _reduction(fn: Callable[..., Any], kinds: str, accumulate: bool = False) -> Rule:
     def make(eqn: Any) -> Kernel | None:
-        if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in kinds:
+        if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in kinds:
             return None
-        axes = tuple(int(a) for a in eqn.params["axes"])
-        dtype = _dt(eqn.outvars[0].aval)
-        shape = tuple(eqn.invars[0].aval.shape)
+        axes = tuple(int(a) for a in _params(eqn)["axes"])
+        dtype = _dt(_out_avals(eqn)[0])
+        shape = tuple(_in_avals(eqn)[0].shape)
         count = math.prod(shape[a] for a in axes)
         # numpy adds strided rows one after another (error growing with the count), where XLA
         # sums in a tree; a float64 accumulator keeps long float32 sums as accurate as XLA's.
@@ -822,24 +819,24 @@ RULES["reduce_xor"] = _reduction(np.logical_xor.reduce, "b")
 
 @rule("argmax", "argmin")
 def _argminmax(eqn: Any) -> Kernel | None:
-    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in "iuf":
+    if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in "iuf":
         return None
-    (axis,) = eqn.params["axes"]
+    (axis,) = _params(eqn)["axes"]
     axis = int(axis)
-    dtype = np.dtype(eqn.params["index_dtype"])
-    fn = np.argmax if eqn.primitive.name == "argmax" else np.argmin
+    dtype = np.dtype(_params(eqn)["index_dtype"])
+    fn = np.argmax if ja.eqn_name(eqn) == "argmax" else np.argmin
     # numpy and XLA both return the first NaN, else the first extreme value
     return Kernel(compute=lambda x: fn(x, axis=axis).astype(dtype, copy=False))
 
 
 @rule("cumsum", "cumprod", "cummax", "cummin")
 def _cumulative(eqn: Any) -> Kernel | None:
-    if not _native_all(eqn) or _dt(eqn.invars[0].aval).kind not in "iuf":
+    if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in "iuf":
         return None
-    axis = int(eqn.params["axis"])
-    reverse = bool(eqn.params.get("reverse", False))
-    op = {"cumsum": np.add, "cumprod": np.multiply, "cummax": np.maximum, "cummin": np.minimum}[eqn.primitive.name]
-    dtype = _dt(eqn.outvars[0].aval)
+    axis = int(_params(eqn)["axis"])
+    reverse = bool(_params(eqn).get("reverse", False))
+    op = {"cumsum": np.add, "cumprod": np.multiply, "cummax": np.maximum, "cummin": np.minimum}[ja.eqn_name(eqn)]
+    dtype = _dt(_out_avals(eqn)[0])
 
     def compute(x: Array) -> Array:
         if reverse:
@@ -858,10 +855,10 @@ SMALL_DOT = 1 << 15
 @rule("dot_general")
 def _dot_general(eqn: Any) -> Kernel | None:
     lhs, rhs = _in_avals(eqn)
-    out_dtype = _dt(eqn.outvars[0].aval)
+    out_dtype = _dt(_out_avals(eqn)[0])
     if not _native_all(eqn) or _dt(lhs) != _dt(rhs) or _dt(lhs).kind not in "fc":
         return None  # integer and mixed dots: JAX (numpy int matmul does not overflow alike)
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    (lc, rc), (lb, rb) = _params(eqn)["dimension_numbers"]
     lc, rc, lb, rb = map(lambda t: tuple(int(i) for i in t), (lc, rc, lb, rb))
     ls, rs = tuple(lhs.shape), tuple(rhs.shape)
     lf = tuple(i for i in range(len(ls)) if i not in lc and i not in lb)
@@ -889,7 +886,7 @@ def _dot_general(eqn: Any) -> Kernel | None:
     def compute(a: Array, b: Array) -> Array:
         x, y = operands(a, b)
         r = np.matmul(x, y)
-        return r.reshape(tuple(eqn.outvars[0].aval.shape)).astype(out_dtype, copy=False)
+        return r.reshape(tuple(_out_avals(eqn)[0].shape)).astype(out_dtype, copy=False)
 
     if compute_dtype != out_dtype:
         return Kernel(compute=compute)
@@ -905,8 +902,8 @@ def _dot_general(eqn: Any) -> Kernel | None:
 
 @rule("sort")
 def _sort(eqn: Any) -> Kernel | None:
-    num_keys = int(eqn.params["num_keys"])
-    dim = int(eqn.params["dimension"])
+    num_keys = int(_params(eqn)["num_keys"])
+    dim = int(_params(eqn)["dimension"])
     avals = _in_avals(eqn)
     if num_keys != 1 or not _native_all(eqn) or _dt(avals[0]).kind not in "iub" + "f":
         return None
@@ -931,7 +928,7 @@ def _sort(eqn: Any) -> Kernel | None:
 # ---- windows ---------------------------------------------------------------------------------
 
 def _window_params(eqn: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]] | None:
-    p = eqn.params
+    p = _params(eqn)
     if any(int(d) != 1 for d in p.get("base_dilation", ())) or any(int(d) != 1 for d in p.get("window_dilation", ())):
         return None
     dims = tuple(int(d) for d in p["window_dimensions"])
@@ -953,11 +950,11 @@ def _windows(x: Array, dims: tuple[int, ...], strides: tuple[int, ...],
 @rule("reduce_window_sum", "reduce_window_max", "reduce_window_min")
 def _reduce_window(eqn: Any) -> Kernel | None:
     parsed = _window_params(eqn)
-    dtype = _dt(eqn.invars[0].aval)
+    dtype = _dt(_in_avals(eqn)[0])
     if parsed is None or not _native_all(eqn) or dtype.kind not in "iuf":
         return None
     dims, strides, padding = parsed
-    name = eqn.primitive.name
+    name = ja.eqn_name(eqn)
     if name == "reduce_window_sum":
         fn, fill = np.add.reduce, 0
     elif name == "reduce_window_max":
@@ -973,7 +970,7 @@ def _reduce_window(eqn: Any) -> Kernel | None:
         return Kernel(compute=compute)
     # A small window (pooling): one ufunc pass per window position over a strided view of
     # the input, 2-4x faster than reducing the window axes of a sliding-window view.
-    out_shape = tuple(int(n) for n in eqn.outvars[0].aval.shape)
+    out_shape = tuple(int(n) for n in _out_avals(eqn)[0].shape)
     positions = [tuple(slice(o, o + s * (n - 1) + 1, s) for o, s, n in zip(offset, strides, out_shape))
                  for offset in np.ndindex(*dims)]
     combine = fn.__self__  # the ufunc whose reduce fn is
@@ -1005,7 +1002,7 @@ WINDOW_PASSES = 64
 def _select_and_scatter_add(eqn: Any) -> Kernel | None:
     # The gradient of max pooling: each source value goes to the first maximal element of its
     # window (select_prim ge: the earliest of equal values wins), summed where windows overlap.
-    p = eqn.params
+    p = _params(eqn)
     select = getattr(p["select_prim"], "name", str(p["select_prim"]))
     source_aval, operand_aval = _in_avals(eqn)
     dtype = _dt(operand_aval)

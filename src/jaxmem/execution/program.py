@@ -107,16 +107,15 @@ def _overlaps(a: Region, b: Region) -> bool:
 def _avals(plan: Plan) -> dict[int, Any]:
     """ValueId -> aval, read from the equations that define and use each value."""
     avals: dict[int, Any] = {}
-    jaxpr = plan.closed_jaxpr.jaxpr
-    for var, vid in zip(jaxpr.invars, plan.invars):
-        avals[vid] = var.aval
+    for aval, vid in zip(ja.jaxpr_in_avals(plan.closed_jaxpr), plan.invars):
+        avals[vid] = aval
     for step in plan.schedule:
-        for var, vid in zip(step.eqn.outvars, step.outputs):
+        for aval, vid in zip(ja.eqn_out_avals(step.eqn), step.outputs):
             if vid is not None:
-                avals[vid] = var.aval
-        for var, op in zip(step.eqn.invars, step.operands):
+                avals[vid] = aval
+        for aval, op in zip(ja.eqn_in_avals(step.eqn), step.operands):
             if not isinstance(op, Const) and op not in avals:
-                avals[op] = var.aval
+                avals[op] = aval
     return avals
 
 
@@ -203,7 +202,7 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
         first_line.append((len(lines), i))
         kernel = program_kernels[i]
         ns[f"K{i}"] = kernel.compute
-        in_avals = [v.aval for v in step.eqn.invars]
+        in_avals = ja.eqn_in_avals(step.eqn)
         ins = [expr(op, a) for op, a in zip(step.operands, in_avals)]
         in_roots = [roots_of(op) for op in step.operands]
         outs = step.outputs
@@ -285,14 +284,11 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
         if dead:
             lines.append("del " + ", ".join(f"t{v}" for v in dead))
 
-    jaxpr = plan.closed_jaxpr.jaxpr
-    constvals = dict(zip(jaxpr.constvars, plan.closed_jaxpr.consts))
     results = []
     for j, vid in enumerate(plan.outvars):
         if vid is None:
-            atom = jaxpr.outvars[j]
-            value = ja.literal_value(atom) if ja.is_literal(atom) else constvals[atom]
-            results.append(f"array({const_name(const_array(value, atom.aval))})")
+            value, aval = ja.constant_output(plan.closed_jaxpr, j)
+            results.append(f"array({const_name(const_array(value, aval))})")
         else:
             results.append(f"array({expr(vid, avals.get(vid))})")
     params = ", ".join(f"a{k}" for k in range(len(plan.invars)))

@@ -93,8 +93,8 @@ def dtype_tolerance(dtype: str, reduction: int) -> float:
 
 def _reduced_terms(eqn: Any) -> int:
     """How many terms the longest sum of one equation adds (1 where it adds none)."""
-    name, params = ja.eqn_name(eqn), eqn.params
-    shape = lambda i: ja.aval_shape_dtype(eqn.invars[i])[0]  # noqa: E731
+    name, params = ja.eqn_name(eqn), ja.eqn_params(eqn)
+    shape = lambda i: ja.eqn_in_shapes(eqn)[i]  # noqa: E731
     if name == "dot_general":
         (contract, _), _ = params["dimension_numbers"]
         return math.prod(shape(0)[d] for d in contract)
@@ -120,7 +120,7 @@ def longest_reduction(closed_jaxpr: Any) -> int:
     """
     longest, stack = 1, [ja.split_closed(closed_jaxpr)[0]]
     while stack:
-        for eqn in stack.pop().eqns:
+        for eqn in ja.jaxpr_eqns(stack.pop()):
             longest = max(longest, _reduced_terms(eqn))
             stack.extend(ja.nested_jaxprs(eqn))
     return longest

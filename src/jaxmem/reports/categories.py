@@ -61,9 +61,10 @@ def is_backward(step: Step) -> bool:
     """
     if step.primitive == "add_any":
         return True  # JAX emits add_any only to sum cotangents, whatever the name stack says
-    source_info = getattr(step.eqn, "source_info", None)
-    name_stack = getattr(source_info, "name_stack", None)
-    return name_stack is not None and "transpose(" in str(name_stack)
+    from jaxmem.compiler.jaxpr_adapter import eqn_name_stack   # imports JAX: not at module level (replay has none)
+
+    name_stack = eqn_name_stack(step.eqn)
+    return name_stack is not None and "transpose(" in name_stack
 
 
 _READ_FORWARD, _READ_BACKWARD, _RETURNED = 1, 2, 4

@@ -173,7 +173,7 @@ def _call_site_frames(plan: Plan) -> dict[int, tuple[Frame, ...]]:
     """For equations inside a call (a jitted library function such as `jax.nn.log_softmax`)
     whose own traceback ends inside JAX, the user's frames of the call that ran them, keyed by
     id(eqn): the planner inlines calls, and these equations would otherwise have no source."""
-    from jaxmem.compiler.jaxpr_adapter import call_body, split_closed, user_frames
+    from jaxmem.compiler.jaxpr_adapter import call_body, jaxpr_eqns, split_closed, user_frames
 
     found: dict[int, tuple[Frame, ...]] = {}
     if plan.closed_jaxpr is None:
@@ -181,7 +181,7 @@ def _call_site_frames(plan: Plan) -> dict[int, tuple[Frame, ...]]:
     pending = [(split_closed(plan.closed_jaxpr)[0], ())]
     while pending:
         jaxpr, outer = pending.pop()
-        for eqn in jaxpr.eqns:
+        for eqn in jaxpr_eqns(jaxpr):
             frames = user_frames(eqn) or outer
             if frames and frames is outer:
                 found[id(eqn)] = frames

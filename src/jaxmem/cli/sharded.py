@@ -104,7 +104,8 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
             with progress_after(1.0, f"compiling {layout} on {mesh} for {'XLA:GPU ' + name if xla == 'gpu' else 'XLA:CPU'}"):
                 ref = sharded_reference(target, device=name, xla=xla, mesh=mesh, layout=layout,
                                         donate_argnums=donate, top=args.top)
-            pool = pool_verdict(ref, dev, args.steps) if dev is not None else None
+            # A fresh pool per layout: a simulation leaves its buffers in the device it ran in.
+            pool = pool_verdict(ref, pool_device(args, device[1]), args.steps) if dev is not None else None
             rows.append(summarize(ref, pool, target=target, device=device))
         data = {"target": target, "device": device[0], "mesh": mesh, "layouts": rows,
                 "total_seconds": time.perf_counter() - started}

@@ -288,8 +288,13 @@ def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Seq
             result.append(y)
         return result
 
+    from unittest import mock
+
+    # Shapes here are already per device: a sharding constraint has nothing left to constrain
+    # (and would re-split a local shape), so it is the identity while tracing.
     try:
-        return jax.make_jaxpr(per_device, axis_env=list(sizes.items()))(*local), "shard-local"
+        with mock.patch.object(jax.lax, "with_sharding_constraint", lambda x, shardings: x):
+            return jax.make_jaxpr(per_device, axis_env=list(sizes.items()))(*local), "shard-local"
     except Exception as err:
         raise _trace_error(err, sizes, per_device=True) from None
 

@@ -55,10 +55,17 @@ def tp_step() -> Example:
     return _laid_out("fsdp_tp", (4, 2), ("data", "model"), **SMALL)
 
 
+def tiny_step() -> Example:
+    """A tiny unsharded GPT step (1 layer, d_model 64, vocab 512, batch 16) for tests of the
+    standard layouts (`--compare-shardings`)."""
+    return _abstract_step(n_layers=1, d_model=64, n_heads=2, seq=32, batch=16, vocab=512)
+
+
 def gpt_step() -> Example:
-    """An unsharded GPT-style step (24 layers, d_model 2048, seq 2048, batch 64, about 1.3B
-    parameters) for `--compare-shardings --mesh 8`: the benchmark's program."""
-    return _abstract_step(n_layers=24, d_model=2048, n_heads=16, seq=2048, batch=64, vocab=50304)
+    """An unsharded GPT-style Adam step (32 layers, d_model 2560, 20 heads, seq 1024, batch 16,
+    vocab 50304: about 2.65B parameters, float32) for `--compare-shardings --mesh 8`: the
+    benchmark's program. Replicated, its parameters and Adam state alone are 31.8 GB per device."""
+    return _abstract_step(n_layers=32, d_model=2560, n_heads=20, seq=1024, batch=16, vocab=50304)
 
 
 def shard_map_step() -> Example:

@@ -505,7 +505,7 @@ def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None
     """The child's environment: CPU JAX's only platform, N host devices (a factory may build a
     mesh of this host's devices; XLA reads the flag once per process), XLA dumps in `dump_dir`.
 
-    >>> child_env("cpu", 8, "/d", {"XLA_FLAGS": ""})["XLA_FLAGS"]
+    >>> child_env("gpu", 8, "/d", {"XLA_FLAGS": ""})["XLA_FLAGS"]
     '--xla_force_host_platform_device_count=8 --xla_dump_to=/d'
     """
     env = dict(os.environ if base is None else base)

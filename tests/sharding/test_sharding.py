@@ -151,6 +151,30 @@ def test_cpu_host_devices():
     assert ref["xla"]["argument_bytes"] == 2 * 4 * MiB + 1024 // 8 * 512 * 4
 
 
+def _fake_reference(layout: str, state_bytes: int) -> dict:
+    """A sharded reference as the child returns it: state in and out, 1 GiB of temporaries."""
+    xla = {"target": "h100-80gb", "argument_bytes": state_bytes, "output_bytes": state_bytes,
+           "temp_bytes": 1 << 30, "alias_bytes": 0, "total_bytes": 2 * state_bytes + (1 << 30), "compile_seconds": 1.0}
+    leaf = {"bytes": state_bytes, "donated": False, "shape": f"float32[{state_bytes // 4}]"}
+    return {"devices": 8, "mesh": {"data": 8}, "layout": layout, "xla_kind": "gpu", "xla": xla,
+            "arguments": [leaf], "outputs": [{**leaf, "aliases": None}], "peak_buffers": [], "peak_live_bytes": 0,
+            "peak_bytes": xla["total_bytes"], "plan": {"valid": True, "method": "shard-local", "plan_seconds": 0.1, "top": []},
+            "replicated_bytes": 0, "replicated": []}
+
+
+def test_compare_shardings_verdicts_are_independent(monkeypatch, capsys):
+    # Data parallel's 40 GiB of state cannot fit twice in 59.74 GiB; FSDP's 5 GiB can. The
+    # verdicts must not leak into each other through one pool (they once did).
+    sizes = {"dp": 40 << 30, "fsdp": 5 << 30}
+    monkeypatch.setattr(sharding, "sharded_reference", lambda target, **kw: _fake_reference(kw["layout"], sizes[kw["layout"]]))
+    monkeypatch.setattr("jaxmem.cli.sharded._xla_kind", lambda args, device: ("gpu", None))
+    assert cli_main(["analyze", f"{EXAMPLES}:tiny_step", "--compare-shardings", "--mesh", "8", "--json"]) == 0
+    dp, fsdp = json.loads(capsys.readouterr().out)["layouts"]
+    assert not dp["pool"]["fits"] and fsdp["pool"]["fits"]
+    assert fsdp["pool"]["peak_bytes"] < 12 << 30
+
+
+@pytest.mark.slow   # three real compiles
 @needs_gpu_compiler
 def test_compare_shardings_judges_each_layout_in_a_fresh_pool(capsys):
     # Each layout's verdict is its own: a pool reused across layouts kept the previous layout's

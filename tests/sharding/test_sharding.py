@@ -145,6 +145,12 @@ def test_a_mesh_of_host_devices_is_mapped_onto_gpus():
     assert ref["replicated"] == [{"path": "args[0]", "bytes": 2 * MiB, "axis": "data", "saved_bytes": 2 * MiB - 2 * MiB // 8}]
 
 
+def test_report_flags_say_they_do_not_apply_to_a_mesh(capsys):
+    assert cli_main(["analyze", f"{EXAMPLES}:dp_step", "--html", "r.html"]) == 2
+    assert capsys.readouterr().err.strip() == ("jaxmem analyze: error: --html is not available for a program on a "
+                                               "mesh yet (per-device tables and --json are)")
+
+
 def test_cpu_host_devices():
     ref = sharding.sharded_reference(f"{EXAMPLES}:shard_map_step", xla="cpu")
     assert ref["devices"] == 8 and ref["xla"]["target"] == "cpu" and ref["plan"]["valid"]

@@ -85,6 +85,11 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
     from jaxmem.cli.analyze import progress_after
     from jaxmem.compiler.sharding import LAYOUTS, parse_mesh, sharded_reference
 
+    unsupported = [flag for flag, value in (("--html", args.html), ("--pprof", args.pprof), ("--png", args.png),
+                                             ("--chrome-trace", args.chrome_trace), ("--execute", args.execute),
+                                             ("--no-xla", args.no_xla)) if value]
+    if unsupported:
+        raise PlanError(f"{unsupported[0]} is not available for a program on a mesh yet (per-device tables and --json are)")
     name = device[0].strip().lower()
     xla, note = _xla_kind(args, name)
     if note:

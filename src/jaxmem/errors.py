@@ -46,6 +46,11 @@ class PlanError(JaxmemError):
     """A program jaxmem cannot plan or run: a bad TARGET, an arena too small, an invalid plan."""
 
 
+class ShardingError(PlanError):
+    """A sharded TARGET jaxmem cannot map onto devices: a mesh larger than the preset's topology,
+    a sharding that does not divide a shape, a mesh axis the function names but the mesh lacks."""
+
+
 class LedgerError(JaxmemError):
     """The shared-GPU reservation ledger is corrupt, or a reservation cannot be had."""
 

@@ -14,6 +14,12 @@ JAX's environment variables as JAX would (`XLA_PYTHON_CLIENT_PREALLOCATE`,
     jaxmem analyze
     jaxmem analyze my_model.py:make_step --donate 0,1 --device a100-40gb
     jaxmem analyze jaxmem.examples.suite:cnn_train --json --xla cpu
+    jaxmem analyze jaxmem.examples.sharded:fsdp_step
+    jaxmem analyze jaxmem.examples.sharded:gpt_step --compare-shardings --mesh 4x2
+
+A factory whose arguments carry a `NamedSharding` over several devices (an `AbstractMesh`, or a
+mesh of this host's devices) is analyzed per device on as many compile-only GPUs (`--xla cpu`:
+host devices); `--mesh`/`--layout`/`--compare-shardings` lay out an unsharded training step.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(memory-optimized) or bfs (concurrency-optimized), each compiled in a fresh "
                              "process, or both (the lower total is the comparison)")
     add_pool_arguments(parser)
+    from jaxmem.cli.sharded import add_arguments as add_mesh_arguments
+
+    add_mesh_arguments(parser)
     parser.add_argument("--execute", action="store_true",
                         help="also run the planned program against jax.jit, and eagerly under each allocator")
     add_arguments(parser)
@@ -752,6 +761,11 @@ def main(argv: list[str]) -> int:
     target = args.target or DEFAULT_TARGET
     fn, fn_args = load_target(target)
     donate = parse_donate(args.donate, len(fn_args))
+    from jaxmem.cli import sharded
+
+    if sharded.wanted(args, fn_args):
+        # A mesh: per-device figures from a partitioned compile (jaxmem.xla.sharding).
+        return sharded.run(args, target, device, donate, pool_device)
     if args.execute and has_abstract_args(fn_args):
         raise PlanError(f"--execute runs the program, and {target} returns jax.ShapeDtypeStruct arguments "
                         "(no values); plan and compile it without --execute")

@@ -3,7 +3,7 @@ with no GPU: a deviceless compile in a subprocess, cached by program and target.
 
 The CUDA PJRT plugin (`jax-cuda12-plugin`, with `nvidia-cuda-nvcc-cu12` for ptxas and
 libdevice) gives a compile-only CUDA device from a `GpuTargetConfigProto` (XLA's hardware
-description; jaxmem ships XLA's own, see `gpu_targets/`). With `JAX_PLATFORMS=cpu` set before
+description; jaxmem ships XLA's own, see `targets/`). With `JAX_PLATFORMS=cpu` set before
 JAX starts, the child process builds a 1-GPU topology, gives every argument a
 `jax.ShapeDtypeStruct` with a sharding on it, lowers, compiles and reads
 `compiled.memory_analysis()`. XLA's buffer-assignment dumps (`--xla_dump_to`) say which buffers
@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from jaxmem.errors import JaxmemError, PlanError
 
-# jaxmem GPU preset -> XLA's target description (gpu_targets/<name>.txtpb). Capacity always
+# jaxmem GPU preset -> XLA's target description (targets/<name>.txtpb). Capacity always
 # comes from jaxmem's preset (jaxmem.units.PRESETS); the description gives XLA the compute
 # capability, SM count, shared memory and so on that its fusion and layout choices read.
 GPU_TARGETS: dict[str, str] = {
@@ -111,7 +111,7 @@ def spec_for(device: str) -> str | None:
 
 
 def target_config(spec: str) -> str:
-    """The text of a shipped `GpuTargetConfigProto` (`gpu_targets/<spec>.txtpb`)."""
+    """The text of a shipped `GpuTargetConfigProto` (`targets/<spec>.txtpb`)."""
     try:
         return resources.files("jaxmem.xla").joinpath("targets", f"{spec}.txtpb").read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):

@@ -1,0 +1,623 @@
+"""Sharded programs: memory per device on a mesh of GPUs (or of this host's CPU devices).
+
+A factory's arguments may carry a `NamedSharding` over a `jax.sharding.AbstractMesh` (or over a
+mesh of this host's devices). jaxmem maps that mesh onto as many compile-only GPUs of the target
+(`topology="1x1xN"`, deviceless) or onto N host devices
+(`--xla_force_host_platform_device_count`), compiles the partitioned program in a subprocess, and
+reads XLA's per-device `memory_analysis()`. Next to it, jaxmem plans the per-device program
+itself (see `per_device_jaxpr`) and lists what is replicated.
+
+    ref = sharded_reference("my_model.py:make_step", device="h100-80gb")
+    ref["devices"], ref["xla"]["total_bytes"], ref["peak_bytes"], ref["replicated_bytes"]
+
+Run as a module, it prints one JSON object (the subprocess side):
+
+    JAX_PLATFORMS=cpu python -m jaxmem.xla.sharding my_model.py:make_step --device h100-80gb
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+from jaxmem.errors import JaxmemError, PlanError, ShardingError
+
+# Every GPU preset is one node of at most this many GPUs (an HGX/DGX board: 8 GPUs joined by
+# NVLink); a mesh beyond it spans hosts, which a one-process deviceless compile does not model.
+MAX_GPU_DEVICES = 8
+MAX_CPU_DEVICES = 64
+REPLICATED_MIN_BYTES = 1 << 20
+LAYOUTS = ("dp", "fsdp", "fsdp_tp")
+LAYOUT_NAMES = {"dp": "replicated data parallel", "fsdp": "FSDP over data", "fsdp_tp": "FSDP + tensor parallel"}
+
+
+# -- meshes and layouts ------------------------------------------------------------------------
+
+def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """`--mesh 8` or `--mesh 4x2` as axis sizes and names ("data", then "model").
+
+    >>> parse_mesh("4x2")
+    ((4, 2), ('data', 'model'))
+    """
+    try:
+        sizes = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ShardingError(f"--mesh takes axis sizes such as 8 or 4x2, got {text!r}") from None
+    if not 1 <= len(sizes) <= 2 or any(n < 1 for n in sizes):
+        raise ShardingError(f"--mesh takes one or two positive axis sizes such as 8 or 4x2, got {text!r}")
+    return sizes, ("data", "model")[: len(sizes)]
+
+
+def _leaves_with_paths(args: Sequence[Any]) -> list[tuple[str, Any]]:
+    import jax
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(tuple(args))
+    return [(f"args{jax.tree_util.keystr(path)}", leaf) for path, leaf in flat]
+
+
+def _is_array(leaf: Any) -> bool:
+    return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+
+
+def find_mesh(args: Sequence[Any]) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """The (axis sizes, axis names) of the mesh the arguments' `NamedSharding`s are over, or None
+    when no argument has one over more than one device.
+
+    Raises:
+        ShardingError: arguments sharded over two different meshes.
+    """
+    found = None
+    for path, leaf in _leaves_with_paths(args):
+        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        if mesh is None or not hasattr(mesh, "axis_names"):
+            continue
+        sizes = tuple(int(n) for n in mesh.axis_sizes)
+        if math.prod(sizes) <= 1:
+            continue
+        here = (sizes, tuple(str(a) for a in mesh.axis_names))
+        if found is not None and here != found:
+            raise ShardingError(f"{path} is sharded over mesh {dict(zip(here[1], here[0]))}, "
+                                f"other arguments over {dict(zip(found[1], found[0]))}: use one mesh")
+        found = here
+    return found
+
+
+def _spec_of(leaf: Any) -> tuple[Any, ...]:
+    spec = getattr(getattr(leaf, "sharding", None), "spec", None)
+    return tuple(spec) if spec is not None else ()
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def local_shape(shape: Sequence[int], spec: Sequence[Any], sizes: dict[str, int]) -> tuple[int, ...]:
+    """The per-device shape of an array of `shape` sharded as `spec` over axes of `sizes`.
+
+    >>> local_shape((16, 6), ("data", None), {"data": 8})
+    (2, 6)
+    """
+    out = list(shape)
+    for dim, entry in enumerate(spec[: len(out)]):
+        out[dim] //= math.prod(sizes[a] for a in _axes(entry))
+    return tuple(out)
+
+
+def check_shardings(args: Sequence[Any], sizes: dict[str, int]) -> None:
+    """Raise a one-line `ShardingError` for a sharding that names an axis the mesh lacks or does
+    not divide its array's shape."""
+    for path, leaf in _leaves_with_paths(args):
+        if not _is_array(leaf):
+            continue
+        spec = _spec_of(leaf)
+        if len(spec) > len(leaf.shape):
+            raise ShardingError(f"{path}: sharding {spec} has more entries than the shape {tuple(leaf.shape)} has dims")
+        for dim, entry in enumerate(spec):
+            for axis in _axes(entry):
+                if axis not in sizes:
+                    raise ShardingError(f"{path}: mesh axis {axis!r} is not in the mesh ({', '.join(sizes)})")
+            parts = math.prod(sizes[a] for a in _axes(entry))
+            if leaf.shape[dim] % parts:
+                raise ShardingError(f"{path}: dim {dim} of shape {tuple(leaf.shape)} is {leaf.shape[dim]}, "
+                                    f"not divisible by {parts} (mesh axes {'x'.join(_axes(entry))})")
+
+
+def _largest_divisible_dim(shape: Sequence[int], parts: int, skip: int | None = None) -> int | None:
+    dims = [d for d in range(len(shape)) if d != skip and shape[d] % parts == 0 and shape[d] >= parts]
+    return max(dims, key=lambda d: (shape[d], -d)) if dims else None
+
+
+def layout_specs(args: Sequence[Any], layout: str, sizes: dict[str, int]) -> list[tuple[Any, ...]]:
+    """Per flat leaf, the PartitionSpec entries of a standard layout. The last positional argument
+    is the batch (`step(params, opt_state, batch)`): sharded on its leading dim over "data". The
+    other arguments are the state: replicated ("dp"); each leaf sharded over "data" on its largest
+    divisible dim ("fsdp"); and further over "model" on its next largest ("fsdp_tp").
+
+    >>> import jax.numpy as jnp
+    >>> layout_specs(({"w": jnp.zeros((8, 4))}, jnp.zeros((16, 8))), "fsdp", {"data": 8})
+    [('data', None), ('data', None)]
+    """
+    import jax
+
+    if layout not in LAYOUTS:
+        raise ShardingError(f"unknown layout {layout!r}; jaxmem knows {', '.join(LAYOUTS)}")
+    if layout == "fsdp_tp" and "model" not in sizes:
+        raise ShardingError("the fsdp_tp layout needs a two-axis mesh such as --mesh 4x2")
+    out: list[tuple[Any, ...]] = []
+    n_state = sum(len(jax.tree.leaves(a)) for a in args[:-1])
+    for i, leaf in enumerate(jax.tree.leaves(tuple(args))):
+        spec: list[Any] = [None] * len(getattr(leaf, "shape", ()))
+        if i >= n_state:
+            data = sizes.get("data", 1)
+            if spec and leaf.shape[0] % data == 0:
+                spec[0] = "data"
+        elif layout != "dp" and spec:
+            d = _largest_divisible_dim(leaf.shape, sizes["data"])
+            if d is not None:
+                spec[d] = "data"
+            if layout == "fsdp_tp":
+                m = _largest_divisible_dim(leaf.shape, sizes["model"], skip=d)
+                if m is not None:
+                    spec[m] = "model"
+        out.append(tuple(spec))
+    return out
+
+
+def with_specs(args: Sequence[Any], specs: Sequence[tuple[Any, ...]], mesh: Any) -> tuple[Any, ...]:
+    """The arguments as `ShapeDtypeStruct`s with `NamedSharding(mesh, spec)`, one spec per leaf."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    flat, tree = jax.tree.flatten(tuple(args))
+    out = []
+    for leaf, spec in zip(flat, specs):
+        if _is_array(leaf):
+            leaf = jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+        out.append(leaf)
+    return tuple(jax.tree.unflatten(tree, out))
+
+
+# -- what is replicated --------------------------------------------------------------------------
+
+def _nbytes(shape: Sequence[int], dtype: Any) -> int:
+    import numpy as np
+
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+def replicated(args: Sequence[Any], sizes: dict[str, int], min_bytes: int = REPLICATED_MIN_BYTES) -> list[dict[str, Any]]:
+    """Arguments holding more than `min_bytes` per device that are replicated over a mesh axis
+    of size > 1: `{path, bytes, axis, saved_bytes}`, `saved_bytes` being what sharding the leaf
+    over that axis too would save per device (0 when no dim divides). Largest first.
+
+    >>> import jax.numpy as jnp
+    >>> replicated((jnp.zeros((1024, 1024)),), {"data": 8})
+    [{'path': 'args[0]', 'bytes': 4194304, 'axis': 'data', 'saved_bytes': 3670016}]
+    """
+    rows = []
+    for path, leaf in _leaves_with_paths(args):
+        if not _is_array(leaf):
+            continue
+        spec = _spec_of(leaf)
+        shape = local_shape(leaf.shape, spec, sizes)
+        size = _nbytes(shape, leaf.dtype)
+        if size <= min_bytes:
+            continue
+        used = {a for entry in spec for a in _axes(entry)}
+        for axis, n in sizes.items():
+            if n > 1 and axis not in used:
+                divisible = any(d % n == 0 for d in shape)
+                rows.append({"path": path, "bytes": size, "axis": axis,
+                             "saved_bytes": size - size // n if divisible else 0})
+    rows.sort(key=lambda r: (-r["bytes"], r["path"], r["axis"]))
+    return rows
+
+
+# -- jaxmem's own per-device program ---------------------------------------------------------------
+
+def _shard_map_body(closed: Any) -> Any | None:
+    """The body jaxpr of a program that is one `shard_map` (per-device shapes), else None."""
+    from jax.extend.core import ClosedJaxpr
+
+    eqns = closed.jaxpr.eqns
+    maps = [e for e in eqns if e.primitive.name == "shard_map"]
+    if len(maps) != 1 or len(eqns) > 1:
+        return None
+    body = maps[0].params["jaxpr"]
+    return body if isinstance(body, ClosedJaxpr) else ClosedJaxpr(body, ())
+
+
+def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Sequence[tuple[Any, ...]] | None,
+                     sizes: dict[str, int]) -> tuple[Any, str]:
+    """jaxmem's model of the per-device program, as a ClosedJaxpr with per-device shapes, and the
+    method used:
+
+    - "shard_map": the function is one `shard_map`; its body is the per-device program.
+    - "shard-local": the function traced on each device's shards (`jax.make_jaxpr` with the mesh
+      axes bound). The last positional argument (the batch) stays local; every other sharded
+      argument (FSDP-sharded state) is all-gathered (`all_gather` buffers, as XLA's SPMD
+      partitioner inserts them), and each output XLA shards (`out_specs`) is reduce-scattered
+      from the full value (`psum_scatter` inputs). Replicated outputs computed from local data
+      (data-parallel gradients) are all-reduced in XLA; their buffers have the same shape and
+      are not modeled separately.
+
+    Raises:
+        ShardingError: the function names a mesh axis the mesh lacks.
+        PlanError: the function cannot be traced per device.
+    """
+    import jax
+
+    leaves, tree = jax.tree.flatten(tuple(args))
+    try:
+        closed = jax.make_jaxpr(fn)(*args)
+    except Exception as err:
+        raise _trace_error(err, sizes) from None
+    body = _shard_map_body(closed)
+    if body is not None:
+        return body, "shard_map"
+    n_batch = len(jax.tree.leaves(args[-1])) if args else 0
+    specs = [_spec_of(leaf) for leaf in leaves]
+    local = [jax.ShapeDtypeStruct(local_shape(leaf.shape, spec, sizes), leaf.dtype) if _is_array(leaf) else leaf
+             for leaf, spec in zip(leaves, specs)]
+
+    def per_device(*shards: Any) -> list[Any]:
+        full = []
+        for i, (x, spec) in enumerate(zip(shards, specs)):
+            if i < len(shards) - n_batch:
+                for dim, entry in enumerate(spec):
+                    for axis in reversed(_axes(entry)):
+                        x = jax.lax.all_gather(x, axis, axis=dim, tiled=True)
+            full.append(x)
+        outs = jax.tree.leaves(fn(*jax.tree.unflatten(tree, full)))
+        result = []
+        for j, y in enumerate(outs):
+            spec = out_specs[j] if out_specs is not None and j < len(out_specs) else ()
+            for dim, entry in enumerate(spec):
+                for axis in _axes(entry):
+                    y = jax.lax.psum_scatter(y, axis, scatter_dimension=dim, tiled=True)
+            result.append(y)
+        return result
+
+    from unittest import mock
+
+    # Shapes here are already per device: a sharding constraint has nothing left to constrain
+    # (and would re-split a local shape), so it is the identity while tracing.
+    try:
+        with mock.patch.object(jax.lax, "with_sharding_constraint", lambda x, shardings: x):
+            return jax.make_jaxpr(per_device, axis_env=list(sizes.items()))(*local), "shard-local"
+    except Exception as err:
+        raise _trace_error(err, sizes, per_device=True) from None
+
+
+def _unknown_axis(err: BaseException, sizes: dict[str, int]) -> str | None:
+    """The mesh axis name a failed trace used that the mesh lacks, or None. JAX's collectives
+    raise a bare AssertionError for an unbound axis name, so the name is read from the
+    `axis_name`/`axes` locals of the frames the error passed through."""
+    import re
+
+    text = " ".join(str(err).split())
+    m = re.search(r"unbound axis name:? '?(\w+)'?", text) or re.search(r"[Rr]esource axis:? '?(\w+)'?", text)
+    if m and m.group(1) not in sizes:
+        return m.group(1)
+    chain: BaseException | None = err
+    while chain is not None:
+        tb = chain.__traceback__
+        while tb is not None:
+            value = tb.tb_frame.f_locals.get("axis_name")
+            names = value if isinstance(value, (tuple, list, set, frozenset)) else (value,)
+            for name in names:
+                if isinstance(name, str) and name not in sizes:
+                    return name
+            tb = tb.tb_next
+        chain = chain.__cause__ or chain.__context__
+    return None
+
+
+def _trace_error(err: BaseException, sizes: dict[str, int] | None = None, per_device: bool = False) -> JaxmemError:
+    """One line for a function that failed to trace or lower on the mesh."""
+    if isinstance(err, JaxmemError):
+        return err
+    if sizes is not None:
+        axis = _unknown_axis(err, sizes)
+        if axis is not None:
+            return ShardingError(f"the function uses mesh axis {axis!r}, which the mesh "
+                                 f"({', '.join(f'{k}={v}' for k, v in sizes.items())}) does not have")
+    text = " ".join(str(err).split())
+    what = "trace the function per device" if per_device else "trace the function"
+    return PlanError(f"cannot {what}: {type(err).__name__}: {text[:300]}")
+
+
+def plan_per_device(fn: Callable[..., Any], args: Sequence[Any], out_specs: Sequence[tuple[Any, ...]] | None,
+                    sizes: dict[str, int], donate_argnums: Sequence[int] = ()) -> dict[str, Any]:
+    """jaxmem's checked plan of the per-device program: `{peak_bytes, lower_bound_bytes, valid,
+    method, plan_seconds, top}` (`top`: the largest buffers live at the plan's peak)."""
+    import jax
+
+    from jaxmem.compiler.planner import plan_jaxpr
+
+    started = time.perf_counter()
+    closed, method = per_device_jaxpr(fn, args, out_specs, sizes)
+    donated: list[bool] = []
+    if method == "shard-local":
+        for position, arg in enumerate(args):
+            donated += [position in set(donate_argnums)] * len(jax.tree.leaves(arg))
+    plan = plan_jaxpr(closed, donated=donated)
+    return {"peak_bytes": int(plan.peak_bytes), "lower_bound_bytes": int(plan.lower_bound_bytes),
+            "valid": bool(plan.valid), "method": method, "plan_seconds": time.perf_counter() - started,
+            "top": _plan_top(plan, 10)}
+
+
+def _plan_top(plan: Any, top: int) -> list[dict[str, Any]]:
+    """The largest buffers live at the plan's peak step: bytes, shape, kind, label, source line
+    (the all-gather results and reduce-scatter inputs among them)."""
+    n = len(plan.schedule)
+    diff = [0] * (n + 3)
+    for buf in plan.buffers:
+        diff[buf.start + 1] += buf.size
+        diff[buf.end + 2] -= buf.size
+    running, best, peak_step = 0, -1, -1
+    for i in range(n + 2):
+        running += diff[i]
+        if running > best:
+            best, peak_step = running, i - 1
+    live = sorted((b for b in plan.buffers if b.start <= peak_step <= b.end), key=lambda b: -b.size)
+    return [{"size_bytes": int(b.size), "shape": list(b.shape), "dtype": str(b.dtype), "kind": str(b.kind),
+             "label": str(b.label), "source": str(b.source) if b.source is not None else ""} for b in live[:top]]
+
+
+# -- the child side: compile on N devices --------------------------------------------------------
+
+def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, device: str) -> Any:
+    import jax
+
+    n = math.prod(sizes)
+    if xla == "gpu":
+        from jax.experimental import topologies
+
+        from jaxmem.xla.gpu import GpuUnavailable, spec_for, target_config, with_memory
+        from jaxmem.units import PRESETS
+
+        if n > MAX_GPU_DEVICES:
+            raise ShardingError(f"the mesh has {n} devices; a {device} preset is one node of at most "
+                                f"{MAX_GPU_DEVICES} GPUs")
+        spec = spec_for(device)
+        if spec is None:
+            raise ShardingError(f"{device} is not a GPU preset")
+        text = with_memory(target_config(spec), PRESETS[device]) if device in PRESETS else target_config(spec)
+        try:
+            topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{n}")
+        except Exception as err:
+            raise GpuUnavailable(f"the CUDA plugin could not make {n} compile-only {device}: "
+                                 f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
+        return topologies.make_mesh(topo, sizes, names)
+    devices = jax.devices("cpu")
+    if n > len(devices):
+        raise ShardingError(f"the mesh has {n} devices and this process {len(devices)} host devices")
+    from jax.sharding import AxisType
+
+    # jax.make_mesh's axes are Explicit by default; the factory's program is written for Auto
+    # axes (XLA's sharding propagation), as the GPU topology's mesh has them.
+    return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes), devices=devices[:n])
+
+
+def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, device: str,
+                    donate_argnums: Sequence[int] = (), top: int = 10, dump_dir: str | None = None,
+                    mesh_text: str | None = None, layout: str | None = None) -> dict[str, Any]:
+    """Compile `fn(*args)` partitioned over the arguments' mesh and plan its per-device program;
+    the JSON object the child prints (see `sharded_reference`)."""
+    import jax
+    from jax.sharding import AbstractMesh
+
+    from jaxmem.xla.gpu import _kept_arguments, output_aliases, peak_buffers_from_dump
+
+    if mesh_text:
+        sizes_t, names_t = parse_mesh(mesh_text)
+        if layout:
+            mesh = AbstractMesh(sizes_t, names_t)
+            args = with_specs(args, layout_specs(args, layout, dict(zip(names_t, sizes_t))), mesh)
+        found = find_mesh(args) or (sizes_t, names_t)
+    else:
+        found = find_mesh(args)
+        if found is None:
+            raise ShardingError("no argument carries a NamedSharding over more than one device; give --mesh")
+    sizes_t, names_t = found
+    sizes = dict(zip(names_t, sizes_t))
+    check_shardings(args, sizes)
+    cmesh = _compile_mesh(sizes_t, names_t, xla, device)
+    structs = with_specs(args, [_spec_of(leaf) for leaf in jax.tree.leaves(tuple(args))], cmesh)
+    started = time.perf_counter()
+    jitted = jax.jit(fn, donate_argnums=tuple(donate_argnums))
+    try:
+        try:
+            # A function that names the factory's AbstractMesh (shard_map(mesh=...)) lowers with
+            # no context mesh; one that relies on the context (shard_map without a mesh,
+            # constraints with bare PartitionSpecs) needs the compile mesh set.
+            lowered = jitted.trace(*structs).lower()
+        except Exception as first:
+            try:
+                with jax.set_mesh(cmesh):
+                    lowered = jitted.trace(*structs).lower()
+            except Exception:
+                raise _trace_error(first, sizes) from None
+        compiled = lowered.compile()
+    except JaxmemError:
+        raise
+    except Exception as err:
+        raise _trace_error(err, sizes) from None
+    stats = compiled.memory_analysis()
+    seconds = time.perf_counter() - started
+    out_specs = [tuple(getattr(s, "spec", ()) or ()) for s in jax.tree.leaves(
+        compiled.output_shardings, is_leaf=lambda x: hasattr(x, "spec"))]
+    outs = jax.tree.leaves(lowered.out_info)
+    flat = jax.tree.leaves(structs)
+    donated: list[bool] = []
+    for position, arg in enumerate(structs):
+        donated += [position in set(donate_argnums)] * len(jax.tree.leaves(arg))
+    kept = _kept_arguments(lowered, len(flat))
+    aliases = {o: kept[p] for o, p in output_aliases(compiled.as_text() or "").items() if p < len(kept)}
+
+    def leaf_bytes(leaf: Any, spec: Sequence[Any]) -> int:
+        return _nbytes(local_shape(leaf.shape, spec, sizes), leaf.dtype)
+
+    arguments = [{"bytes": leaf_bytes(leaf, _spec_of(leaf)), "donated": donated[i] if i < len(donated) else False,
+                  "shape": f"{leaf.dtype}{list(local_shape(leaf.shape, _spec_of(leaf), sizes))}"}
+                 for i, leaf in enumerate(flat)]
+    outputs = []
+    for j, leaf in enumerate(outs):
+        spec = out_specs[j] if j < len(out_specs) else ()
+        outputs.append({"bytes": leaf_bytes(leaf, spec), "aliases": aliases.get(j),
+                        "shape": f"{leaf.dtype}{list(local_shape(leaf.shape, spec, sizes))}"})
+    peak, live = peak_buffers_from_dump(dump_dir, top) if dump_dir and xla == "gpu" else ([], 0)
+    per = {"target": device if xla == "gpu" else "cpu", "argument_bytes": int(stats.argument_size_in_bytes),
+           "output_bytes": int(stats.output_size_in_bytes), "temp_bytes": int(stats.temp_size_in_bytes),
+           "alias_bytes": int(stats.alias_size_in_bytes), "compile_seconds": round(seconds, 3)}
+    per["total_bytes"] = per["argument_bytes"] + per["output_bytes"] + per["temp_bytes"] - per["alias_bytes"]
+    plan = plan_per_device(fn, structs, out_specs, sizes, donate_argnums)
+    rows = replicated(structs, sizes)
+    return {
+        "devices": math.prod(sizes_t), "mesh": sizes, "layout": layout, "xla_kind": xla,
+        "xla": per, "arguments": arguments, "outputs": outputs, "peak_buffers": peak, "peak_live_bytes": live,
+        "peak_bytes": plan["peak_bytes"], "plan": plan,
+        "replicated_bytes": sum(r["bytes"] for r in {r["path"]: r for r in rows}.values()),
+        "replicated": rows,
+        "in_specs": [[_entry_text(e) for e in _spec_of(leaf)] for leaf in flat],
+    }
+
+
+def _entry_text(entry: Any) -> Any:
+    axes = _axes(entry)
+    return None if not axes else axes[0] if len(axes) == 1 else list(axes)
+
+
+# -- the parent side -------------------------------------------------------------------------------
+
+def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: CPU JAX's only platform, N host devices (a factory may build a
+    mesh of this host's devices; XLA reads the flag once per process), XLA dumps in `dump_dir`.
+
+    >>> child_env("gpu", 8, "/d", {"XLA_FLAGS": ""})["XLA_FLAGS"]
+    '--xla_force_host_platform_device_count=8 --xla_dump_to=/d'
+    """
+    env = dict(os.environ if base is None else base)
+    env["JAX_PLATFORMS"] = "cpu"
+    # JAX's filtered tracebacks drop the frames that name an unknown mesh axis (see _unknown_axis).
+    env["JAX_TRACEBACK_FILTERING"] = "off"
+    flags = [t for t in env.get("XLA_FLAGS", "").split()
+             if not t.startswith(("--xla_dump_to=", "--xla_force_host_platform_device_count="))]
+    flags.append(f"--xla_force_host_platform_device_count={int(devices)}")
+    if xla == "gpu":
+        flags.append(f"--xla_dump_to={dump_dir}")
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
+def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu", mesh: str | None = None,
+                      layout: str | None = None, donate_argnums: Sequence[int] = (), top: int = 10,
+                      timeout: float = 1800.0) -> dict[str, Any]:
+    """Per-device figures of a sharded TARGET, from a fresh Python: XLA's (`xla`: "gpu" for a
+    deviceless compile for the GPU preset `device`, "cpu" for host devices), jaxmem's per-device
+    plan, and what is replicated.
+
+    >>> ref = sharded_reference("jaxmem.examples.sharded:dp_step", device="h100-80gb")
+    >>> ref["devices"], ref["xla"]["total_bytes"] >= ref["peak_bytes"]
+    (8, True)
+
+    Args:
+        target: a TARGET whose arguments carry `NamedSharding`s, or any training step with
+            `mesh` and `layout` given.
+        mesh: axis sizes such as "8" or "4x2" (axes "data", "model"), for `layout`.
+        layout: "dp", "fsdp" or "fsdp_tp" (see `layout_specs`); None keeps the factory's shardings.
+
+    Raises:
+        GpuUnavailable: the CUDA plugin is not available here.
+        ShardingError, PlanError: one line from the child.
+    """
+    from jaxmem.xla.gpu import GpuUnavailable, unavailable_reason
+
+    if xla == "gpu":
+        reason = unavailable_reason()
+        if reason:
+            raise GpuUnavailable(reason)
+    devices = max(MAX_GPU_DEVICES, math.prod(parse_mesh(mesh)[0]) if mesh else 0)
+    if devices > MAX_CPU_DEVICES:
+        raise ShardingError(f"--mesh {mesh}: at most {MAX_CPU_DEVICES} devices")
+    cmd = [sys.executable, "-m", "jaxmem.xla.sharding", target, "--device", device, "--xla", xla,
+           "--top", str(int(top))]
+    if mesh:
+        cmd += ["--mesh", mesh]
+    if layout:
+        cmd += ["--layout", layout]
+    if donate_argnums:
+        cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
+    dump_dir = tempfile.mkdtemp(prefix="jaxmem-sharded-")
+    try:
+        try:
+            proc = subprocess.run(cmd, env=child_env(xla, devices, dump_dir), capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise PlanError(f"the sharded compile of {target!r} took more than {timeout:.0f} s") from None
+    finally:
+        shutil.rmtree(dump_dir, ignore_errors=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        from jaxmem.xla.start import filter_noise
+
+        tail = [line for line in filter_noise(proc.stderr).splitlines() if line.strip()]
+        last = tail[-1].strip() if tail else f"exit {proc.returncode}"
+        last = last[len("error: "):] if last.startswith("error: ") else last
+        if proc.returncode == 3:
+            raise GpuUnavailable(last)
+        raise (ShardingError if proc.returncode == 4 else PlanError)(last)
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The subprocess side: print a sharded TARGET's per-device figures as one JSON object. Exit
+    3 when the CUDA plugin is unavailable, 4 for a sharding error, 2 for any other user error."""
+    from jaxmem.xla.start import quiet_jax_start
+    from jaxmem.xla.cpu import _parse_donate
+    from jaxmem.xla.gpu import GpuUnavailable, load_with_kwargs
+
+    parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.sharding")
+    parser.add_argument("target")
+    parser.add_argument("--device", default="h100-80gb")
+    parser.add_argument("--xla", choices=("gpu", "cpu"), default="gpu")
+    parser.add_argument("--mesh", default=None)
+    parser.add_argument("--layout", default=None)
+    parser.add_argument("--donate", default="")
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args(argv)
+    dump_dir = None
+    for token in os.environ.get("XLA_FLAGS", "").split():
+        if token.startswith("--xla_dump_to="):
+            dump_dir = token.split("=", 1)[1]
+    try:
+        quiet_jax_start()
+        fn, fn_args = load_with_kwargs(args.target, {})
+        data = compile_sharded(fn, fn_args, xla=args.xla, device=args.device, donate_argnums=_parse_donate(args.donate),
+                               top=args.top, dump_dir=dump_dir, mesh_text=args.mesh, layout=args.layout)
+    except GpuUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except ShardingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 4
+    except JaxmemError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,3 +79,13 @@ def test_a_target_installed_among_libraries_is_still_the_users_code(tmp_path, ca
         ja._frame_kind.cache_clear()
     rows = [r for r in json.loads(capsys.readouterr().out)["top_buffers"] if r["source"]]
     assert rows and all(_file(r["source"]) == str(package / "__init__.py") for r in rows)
+
+
+def test_code_typed_into_a_notebook_cell_is_the_users():
+    import jax
+    import jax.numpy as jnp
+
+    scope = {"jnp": jnp}
+    exec(compile("def cell(x):\n    return jnp.tanh(x) * 2\n", "<ipython-input-3-5f2a>", "exec"), scope)
+    eqns = jax.make_jaxpr(scope["cell"])(jnp.ones((4, 4))).jaxpr.eqns
+    assert [(s.file, s.line) for s in map(ja.source_line, eqns)] == [("<ipython-input-3-5f2a>", 2)] * 2

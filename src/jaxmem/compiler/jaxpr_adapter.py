@@ -417,8 +417,10 @@ _INTERNAL, _LIBRARY, _USER = 0, 1, 2
 def _frame_kind(filename: str) -> int:
     """Whose code a file is: JAX's or jaxmem's own (never shown), an installed library's, or
     the user's."""
-    if not filename or filename.startswith("<"):
-        return _INTERNAL  # <frozen ...>, <string>: no line a user could open
+    if not filename or filename.startswith("<frozen"):
+        return _INTERNAL  # the interpreter's own frozen modules
+    if filename.startswith("<"):
+        return _USER  # code typed into a notebook cell or `exec`ed: the user's, with no file
     path = os.path.abspath(filename)
     if path.startswith(tuple(_USER_DIRS)):
         return _USER

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from jaxmem.examples import cnn, control, gpt, mlp, rnn
+from jaxmem.examples import cnn, control, gpt, mlp, rnn, zoo
 
 Factory = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
 
@@ -116,14 +116,15 @@ def parallel_branches():
 
 # -- the registry ------------------------------------------------------------------------------
 
-def _program(factory: Factory, kind: str, donate: tuple[int, ...] = (), name: str | None = None) -> Program:
+def _program(factory: Factory, kind: str, donate: tuple[int, ...] = (), name: str | None = None,
+             module: str = "suite") -> Program:
     name = name or factory.__name__
     doc = (factory.__doc__ or "").strip().splitlines()
     description = doc[0] if doc else ""
     if donate:
         description = f"{description} Arguments {', '.join(map(str, donate))} donated."
     return Program(name=name, factory=factory, donate_argnums=donate, kind=kind,
-                   target=f"jaxmem.examples.suite:{factory.__name__}", description=description)
+                   target=f"jaxmem.examples.{module}:{factory.__name__}", description=description)
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in [
@@ -142,6 +143,16 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     _program(while_cond, "control"),
     _program(parallel_branches, "control"),
 ]}
+
+# Training steps as users write them today (`zoo.py`): gathers, `dot_product_attention`, scanned
+# layers, batch norm, bf16, a long sequence. Kept apart from PROGRAMS, whose figures BENCHMARKS.md
+# records; `ALL_PROGRAMS` has both.
+ZOO: dict[str, Program] = {p.name: p for p in [
+    _program(f, "training", donate=(0, 1), module="zoo") for f in (
+        zoo.moe_train, zoo.attention_train, zoo.scanned_transformer_train, zoo.scanned_checkpoint_train,
+        zoo.convnet_bn_train, zoo.bf16_train, zoo.long_seq_train)
+]}
+ALL_PROGRAMS: dict[str, Program] = {**PROGRAMS, **ZOO}
 
 # The layer counts of the plan-time scaling study (`transformer_train_step(n)`).
 SCALING_LAYERS: tuple[int, ...] = (6, 12, 24, 48)

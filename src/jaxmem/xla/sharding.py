@@ -750,9 +750,11 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     else:
         plan = plan_per_device(fn, structs, out_specs, sizes, donate_argnums)
     names = [f"{ja.eqn_name_stack(e) or ''}" for e in flat_closed.jaxpr.eqns]
-    for row in peak:  # the user's name stack in place of jaxmem's scope
-        row["op_name"] = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)
-                                     and names[int(m.group(1))] else "", row.get("op_name", ""))
+    own = f"jit({getattr(fn, '__name__', 'fn')})"
+    for row in peak:  # the user's function and name stack in place of jaxmem's scope
+        text = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)
+                           and names[int(m.group(1))] else "", row.get("op_name", ""))
+        row["op_name"] = text.replace("jit(jaxmem_per_device)", own)
     rows = replicated(structs, sizes)
     data = {
         "key": key, "cached": False,

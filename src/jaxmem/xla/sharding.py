@@ -241,8 +241,9 @@ def _shard_map_body(closed: Any) -> Any | None:
 
 def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Sequence[tuple[Any, ...]] | None,
                      sizes: dict[str, int]) -> tuple[Any, str]:
-    """jaxmem's model of the per-device program, as a ClosedJaxpr with per-device shapes, and the
-    method used:
+    """jaxmem's own model of the per-device program, as a ClosedJaxpr with per-device shapes, and
+    the method used. For a function that is one `shard_map`, and where XLA's partitioning dumps
+    are missing (otherwise `plan_from_hlo` reads the per-device program off XLA's partitioning):
 
     - "shard_map": the function is one `shard_map`; its body is the per-device program.
     - "shard-local": the function traced on each device's shards (`jax.make_jaxpr` with the mesh
@@ -426,8 +427,7 @@ def _hlo_sharding(line: str) -> str | None:
     at = line.find("sharding={")
     if at < 0:
         return None
-    start = depth = at + len("sharding=")
-    depth = 0
+    start, depth = at + len("sharding="), 0
     for k in range(start, len(line)):
         depth += {"{": 1, "}": -1}.get(line[k], 0)
         if depth == 0:

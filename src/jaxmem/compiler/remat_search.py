@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from jaxmem.compiler.costs import eqn_cost, is_cheap, is_recomputable
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.remat_graph import Graph, Node
-from jaxmem.compiler.rules import DOT_LIKE, ELEMENTWISE_COST, MAX_FUSED_READERS
+from jaxmem.compiler.schedule import sink as schedule_sink
+from jaxmem.compiler.rules import DOT_LIKE, ELEMENTWISE_COST, MAX_FUSED_READERS, fusible_producer
 
 # A chain may reach this many nodes back from the value it recomputes; deeper chains cost more
 # than they free in every model we measured, and the bound keeps one search step cheap.
@@ -167,10 +168,6 @@ def _group_scratch(graph: Graph, node: Node) -> int:
     return peak
 
 
-def _fusible_producer(node: Node) -> bool:
-    return node.eqn is not None and is_cheap(node.eqn)
-
-
 def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     """Values XLA keeps out of memory: made by elementwise or movement ops and read only by
     fusible ops (elementwise, movement, reductions), so each consumer's fusion recomputes them.
@@ -187,14 +184,14 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     roots: dict[int, frozenset[int]] = {}  # virtual value -> the held readers it is fused into
     for pos in range(n - 1, -1, -1):
         node = graph.nodes[pos]
-        if not _fusible_producer(node):
+        if not fusible_producer(node.primitive, every_cheap_op=True):
             continue
         outs = [v for v in node.outs if v is not None]
         ok = True
         into: set[int] = set()
         for v in outs:
             for u in uses.get(v, []):
-                if u >= n or not (graph.nodes[u].eqn is not None and is_cheap(graph.nodes[u].eqn)):
+                if u >= n or not fusible_producer(graph.nodes[u].primitive, every_cheap_op=True):
                     ok = False
                     break
                 fused = [roots[c] for c in graph.nodes[u].outs if c in virtual]
@@ -205,28 +202,21 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     return virtual
 
 
-def sink(graph: Graph) -> Graph:
+def sink_fused(graph: Graph) -> Graph:
     """Move each elementwise/movement node that does not shrink its operand to just before its
-    first consumer, as XLA's fusion does; values are unchanged, residuals get shorter."""
-    n = len(graph.nodes)
-    consumers: dict[int, list[int]] = {}
-    for pos, node in enumerate(graph.nodes):
-        for w in node.inputs:
-            consumers.setdefault(w, []).append(pos)
+    first consumer, as XLA's fusion does (`schedule.sink`); values are unchanged, residuals get
+    shorter."""
     outputs = {v for v in graph.outvars if not isinstance(v, Const)}
-    key: list[tuple[int, int]] = [(i, i) for i in range(n)]
-    for pos in range(n - 1, -1, -1):
-        node = graph.nodes[pos]
+    made_by = {v: pos for pos, node in enumerate(graph.nodes) for v in node.outs if v is not None}
+    sunk = []
+    for node in graph.nodes:
         outs = [v for v in node.outs if v is not None]
-        if not _fusible_producer(node) or not outs or any(v in outputs for v in outs):
-            continue
-        out_bytes = min(graph.values[v].nbytes for v in outs)
-        if any(graph.values[w].nbytes > out_bytes for w in node.inputs):
-            continue
-        targets = [key[c][0] for v in outs for c in consumers.get(v, [])]
-        if targets:
-            key[pos] = (min(targets), pos)
-    order = sorted(range(n), key=lambda i: key[i])
+        sunk.append(bool(outs) and fusible_producer(node.primitive, every_cheap_op=True)
+                    and not any(v in outputs for v in outs)
+                    and all(graph.values[w].nbytes <= min(graph.values[v].nbytes for v in outs)
+                            for w in node.inputs))
+    producers = [list(dict.fromkeys(made_by[w] for w in node.inputs if w in made_by)) for node in graph.nodes]
+    order = schedule_sink(list(range(len(graph.nodes))), producers, sunk)
     return graph.with_nodes([graph.nodes[i] for i in order], list(graph.outvars))
 
 
@@ -248,7 +238,7 @@ def hoist(graph: Graph) -> Graph:
         if not outs or node.eqn is None or not is_recomputable(node.eqn):
             continue
         if all(v in outputs for v in outs) or (
-                _fusible_producer(node) and all(c in hoisted for v in outs for c in consumers.get(v, [])
+                fusible_producer(node.primitive, every_cheap_op=True) and all(c in hoisted for v in outs for c in consumers.get(v, [])
                                                 ) and all(v in consumers for v in outs)):
             hoisted.add(pos)
     producer = {v: pos for pos, node in enumerate(graph.nodes) for v in node.outs if v is not None}
@@ -455,7 +445,7 @@ def _close_fused(graph: Graph, lv: Liveness, chain: dict[int, None], at: int,
         src = work.pop()
         for c in consumers.get(src, []):
             node = graph.nodes[c]
-            if c >= at or c in chain or not _fusible_producer(node):
+            if c >= at or c in chain or not fusible_producer(node.primitive, every_cheap_op=True):
                 continue
             if not any(u >= at for o in node.outs if o is not None for u in lv.uses.get(o, [])):
                 continue
@@ -719,7 +709,7 @@ def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
     Returns:
         The snapshots, the unmodified program first; each later one applies one more group.
     """
-    graph = hoist(sink(graph))
+    graph = hoist(sink_fused(graph))
     lv = profile(graph)
     snapshots = [Snapshot(graph, lv.peak, 0)]
     extra = 0

@@ -45,6 +45,7 @@ from jaxmem.compiler.costs import eqn_cost, is_cheap, is_recomputable
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.remat_graph import Graph, Node
 from jaxmem.compiler.schedule import sink as schedule_sink
+from jaxmem.compiler.stages import live_profile
 from jaxmem.compiler.rules import DOT_LIKE, ELEMENTWISE_COST, MAX_FUSED_READERS, fusible_producer
 
 # A chain may reach this many nodes back from the value it recomputes; deeper chains cost more
@@ -86,7 +87,17 @@ class Liveness:
 
 
 def profile(graph: Graph) -> Liveness:
-    """Live bytes at every step of `graph` under the liveness model (see the module docstring)."""
+    """Live bytes at every step of `graph`: remat's model of what XLA:CPU holds.
+
+    It is the one live-bytes profile (`stages.live_profile`) over value spans, with these
+    deviations from the planner's liveness (`liveness.assign_buffers`), each measured on XLA:CPU:
+    - pinned: arguments and outputs are held for the whole call (`_pinned_bytes`);
+    - virtual: values XLA's loop fusion keeps out of memory (`_virtual`), whose operands stay
+      live until the fused readers run;
+    - group scratch: a recompute group holds its own intermediates during its step;
+    - doubled transposes: a transpose a group reads is held twice, up to the group;
+    - no in-place sharing and no 256-byte alignment: every value is its own exact-size buffer.
+    """
     n = len(graph.nodes)
     defs: dict[int, int] = {}
     uses: dict[int, list[int]] = {}
@@ -116,19 +127,11 @@ def profile(graph: Graph) -> Liveness:
             for w in node.inputs:
                 uses[w] = sorted(set(uses.get(w, [])) | set(later))
     last = {vid: (uses[vid][-1] if vid in uses else pos) for vid, pos in defs.items()}
-    delta = [0] * (n + 2)
-    delta[0] = _pinned_bytes(graph)
     pinned = set(graph.invars) | {v for v in graph.outvars if not isinstance(v, Const)}
-    for r, end in last.items():
-        if r in pinned or r in virtual:
-            continue
-        start = max(defs[r], 0)
-        size = graph.values[r].nbytes
-        delta[start] += size
-        delta[end + 1] -= size
-    for pos, size in scratch.items():
-        delta[pos] += size
-        delta[pos + 1] -= size
+    spans = [(0, n, _pinned_bytes(graph))]
+    spans += [(max(defs[r], 0), end, graph.values[r].nbytes) for r, end in last.items()
+              if r not in pinned and r not in virtual]
+    spans += [(pos, pos, size) for pos, size in scratch.items()]
     # XLA:CPU gives a transposed value a second copy when a recompute group reads it besides a
     # matrix product: the group's operand gets the untransposed layout (a slice of the producer)
     # while the dot gets its own transposed copy. Count that copy from the transpose to the group.
@@ -138,14 +141,8 @@ def profile(graph: Graph) -> Liveness:
         for w in set(node.inputs[:-1]):
             src = producer.get(w)
             if src is not None and graph.nodes[src].primitive in DOUBLED_VIEWS and w not in virtual:
-                size = graph.values[w].nbytes
-                delta[src] += size
-                delta[pos + 1] -= size
-    live = []
-    running = 0
-    for i in range(n + 1):
-        running += delta[i]
-        live.append(running)
+                spans.append((src, pos, graph.values[w].nbytes))
+    live = live_profile(spans, n)[1:].tolist()
     return Liveness(live, defs, uses, producer, last, virtual)
 
 

@@ -1,10 +1,11 @@
 """The greedy rematerialization search: drop values across the peak, recompute them later.
 
-The model is liveness over the flat program (`remat_graph.Graph`): a value occupies its bytes
-from the node that makes it to its last use; arguments and outputs for the whole call (the
-caller holds the arguments; XLA reserves output buffers for the whole call and counts them in
-its total), less outputs that take over a donated argument's buffer. A recompute group holds its intermediates during its
-own step only.
+The model is liveness over the program's ops in the order remat runs them (`remat_graph.Graph`,
+a view over `program.Program`): a value occupies its bytes from the op that makes it to its
+last use; arguments and outputs for the whole call (the caller holds the arguments; XLA
+reserves output buffers for the whole call and counts them in its total), less outputs that
+take over a donated argument's buffer. A recompute group holds its intermediates during its
+own step only. `profile` lists how this model deviates from the planner's liveness.
 
 One step of the search looks at the step where live bytes peak, and at the values that are live
 across it without being used there (in a training step: the forward's residuals waiting for the
@@ -43,7 +44,8 @@ from dataclasses import dataclass, field
 
 from jaxmem.compiler.costs import eqn_cost, is_cheap, is_recomputable
 from jaxmem.compiler.plan_types import Const
-from jaxmem.compiler.remat_graph import Graph, Node
+from jaxmem.compiler.program import Op
+from jaxmem.compiler.remat_graph import Graph, group_op
 from jaxmem.compiler.schedule import sink as schedule_sink
 from jaxmem.compiler.stages import live_profile
 from jaxmem.compiler.rules import DOT_LIKE, ELEMENTWISE_COST, MAX_FUSED_READERS, fusible_producer
@@ -98,17 +100,17 @@ def profile(graph: Graph) -> Liveness:
     - doubled transposes: a transpose a group reads is held twice, up to the group;
     - no in-place sharing and no 256-byte alignment: every value is its own exact-size buffer.
     """
-    n = len(graph.nodes)
+    n = len(graph.ops)
     defs: dict[int, int] = {}
     uses: dict[int, list[int]] = {}
     producer: dict[int, int] = {}
     scratch: dict[int, int] = {}
     for vid in graph.invars:
         defs[vid] = -1
-    for pos, node in enumerate(graph.nodes):
+    for pos, node in enumerate(graph.ops):
         for vid in node.inputs:
             uses.setdefault(vid, []).append(pos)
-        for vid in node.outs:
+        for vid in node.outputs:
             if vid is not None:
                 defs[vid] = pos
                 if node.eqn is not None:
@@ -121,35 +123,35 @@ def profile(graph: Graph) -> Liveness:
     virtual = _virtual(graph, uses)
     # A fused value is read where its consumers run: its operands stay live until then.
     for pos in range(n - 1, -1, -1):
-        node = graph.nodes[pos]
-        if node.outs and node.outs[0] in virtual:
-            later = [u for out in node.outs if out is not None for u in uses.get(out, [])]
+        node = graph.ops[pos]
+        if node.outputs and node.outputs[0] in virtual:
+            later = [u for out in node.outputs if out is not None for u in uses.get(out, [])]
             for w in node.inputs:
                 uses[w] = sorted(set(uses.get(w, [])) | set(later))
     last = {vid: (uses[vid][-1] if vid in uses else pos) for vid, pos in defs.items()}
     pinned = set(graph.invars) | {v for v in graph.outvars if not isinstance(v, Const)}
     spans = [(0, n, _pinned_bytes(graph))]
-    spans += [(max(defs[r], 0), end, graph.values[r].nbytes) for r, end in last.items()
+    spans += [(max(defs[r], 0), end, graph.program.nbytes[r]) for r, end in last.items()
               if r not in pinned and r not in virtual]
     spans += [(pos, pos, size) for pos, size in scratch.items()]
     # XLA:CPU gives a transposed value a second copy when a recompute group reads it besides a
     # matrix product: the group's operand gets the untransposed layout (a slice of the producer)
     # while the dot gets its own transposed copy. Count that copy from the transpose to the group.
-    for pos, node in enumerate(graph.nodes):
+    for pos, node in enumerate(graph.ops):
         if not node.body:
             continue
-        for w in set(node.inputs[:-1]):
+        for w in set(node.operands[:-1]):
             src = producer.get(w)
-            if src is not None and graph.nodes[src].primitive in DOUBLED_VIEWS and w not in virtual:
-                spans.append((src, pos, graph.values[w].nbytes))
+            if src is not None and graph.ops[src].primitive in DOUBLED_VIEWS and w not in virtual:
+                spans.append((src, pos, graph.program.nbytes[w]))
     live = live_profile(spans, n)[1:].tolist()
     return Liveness(live, defs, uses, producer, last, virtual)
 
 
-def _group_scratch(graph: Graph, node: Node) -> int:
+def _group_scratch(graph: Graph, node: Op) -> int:
     """Bytes a recompute group holds while it runs, besides its outputs: the most of its own
     intermediates live at once (each from the body node that makes it to its last reader)."""
-    outs = set(node.outs)
+    outs = set(node.outputs)
     last: dict[int, int] = {}
     for k, inner in enumerate(node.body):
         for v in inner.inputs:
@@ -158,9 +160,9 @@ def _group_scratch(graph: Graph, node: Node) -> int:
     for k, inner in enumerate(node.body):
         live = 0
         for j in range(k + 1):
-            for v in node.body[j].outs:
+            for v in node.body[j].outputs:
                 if v is not None and v not in outs and last.get(v, j) >= k:
-                    live += graph.values[v].nbytes
+                    live += graph.program.nbytes[v]
         peak = max(peak, live)
     return peak
 
@@ -176,22 +178,22 @@ def _virtual(graph: Graph, uses: dict[int, list[int]]) -> set[int]:
     feeds, are more than `rules.MAX_FUSED_READERS` is held too. (Counted as distinct readers, not
     paths: a gelu's diamond of elementwise ops stays fused, as XLA fuses it.)
     """
-    n = len(graph.nodes)
+    n = len(graph.ops)
     virtual = set()
     roots: dict[int, frozenset[int]] = {}  # virtual value -> the held readers it is fused into
     for pos in range(n - 1, -1, -1):
-        node = graph.nodes[pos]
+        node = graph.ops[pos]
         if not fusible_producer(node.primitive, every_cheap_op=True):
             continue
-        outs = [v for v in node.outs if v is not None]
+        outs = [v for v in node.outputs if v is not None]
         ok = True
         into: set[int] = set()
         for v in outs:
             for u in uses.get(v, []):
-                if u >= n or not fusible_producer(graph.nodes[u].primitive, every_cheap_op=True):
+                if u >= n or not fusible_producer(graph.ops[u].primitive, every_cheap_op=True):
                     ok = False
                     break
-                fused = [roots[c] for c in graph.nodes[u].outs if c in virtual]
+                fused = [roots[c] for c in graph.ops[u].outputs if c in virtual]
                 into.update(*fused) if fused else into.add(u)
         if ok and len(into) <= MAX_FUSED_READERS:
             virtual.update(outs)
@@ -204,17 +206,17 @@ def sink_fused(graph: Graph) -> Graph:
     first consumer, as XLA's fusion does (`schedule.sink`); values are unchanged, residuals get
     shorter."""
     outputs = {v for v in graph.outvars if not isinstance(v, Const)}
-    made_by = {v: pos for pos, node in enumerate(graph.nodes) for v in node.outs if v is not None}
+    made_by = {v: pos for pos, node in enumerate(graph.ops) for v in node.outputs if v is not None}
     sunk = []
-    for node in graph.nodes:
-        outs = [v for v in node.outs if v is not None]
+    for node in graph.ops:
+        outs = [v for v in node.outputs if v is not None]
         sunk.append(bool(outs) and fusible_producer(node.primitive, every_cheap_op=True)
                     and not any(v in outputs for v in outs)
-                    and all(graph.values[w].nbytes <= min(graph.values[v].nbytes for v in outs)
+                    and all(graph.program.nbytes[w] <= min(graph.program.nbytes[v] for v in outs)
                             for w in node.inputs))
-    producers = [list(dict.fromkeys(made_by[w] for w in node.inputs if w in made_by)) for node in graph.nodes]
-    order = schedule_sink(list(range(len(graph.nodes))), producers, sunk)
-    return graph.with_nodes([graph.nodes[i] for i in order], list(graph.outvars))
+    producers = [list(dict.fromkeys(made_by[w] for w in node.inputs if w in made_by)) for node in graph.ops]
+    order = schedule_sink(list(range(len(graph.ops))), producers, sunk)
+    return graph.with_ops([graph.ops[i] for i in order], list(graph.outvars))
 
 
 def hoist(graph: Graph) -> Graph:
@@ -222,43 +224,43 @@ def hoist(graph: Graph) -> Graph:
     their last operand exists, as XLA's memory-minimizing scheduler does: an output's buffer is
     held for the whole call anyway, and its operands (a gradient before the optimizer update)
     die sooner."""
-    n = len(graph.nodes)
+    n = len(graph.ops)
     outputs = {v for v in graph.outvars if not isinstance(v, Const)}
     consumers: dict[int, list[int]] = {}
-    for pos, node in enumerate(graph.nodes):
+    for pos, node in enumerate(graph.ops):
         for w in node.inputs:
             consumers.setdefault(w, []).append(pos)
     hoisted = set()
     for pos in range(n - 1, -1, -1):
-        node = graph.nodes[pos]
-        outs = [v for v in node.outs if v is not None]
+        node = graph.ops[pos]
+        outs = [v for v in node.outputs if v is not None]
         if not outs or node.eqn is None or not is_recomputable(node.eqn):
             continue
         if all(v in outputs for v in outs) or (
                 fusible_producer(node.primitive, every_cheap_op=True) and all(c in hoisted for v in outs for c in consumers.get(v, [])
                                                 ) and all(v in consumers for v in outs)):
             hoisted.add(pos)
-    producer = {v: pos for pos, node in enumerate(graph.nodes) for v in node.outs if v is not None}
+    producer = {v: pos for pos, node in enumerate(graph.ops) for v in node.outputs if v is not None}
     key: list[tuple[int, int, int]] = [(i, 0, i) for i in range(n)]
     for pos in sorted(hoisted):
-        after = [key[producer[w]][0] for w in graph.nodes[pos].inputs if w in producer]
+        after = [key[producer[w]][0] for w in graph.ops[pos].inputs if w in producer]
         key[pos] = (max(after, default=-1), 1, pos)
     order = sorted(range(n), key=lambda i: key[i])
-    return graph.with_nodes([graph.nodes[i] for i in order], list(graph.outvars))
+    return graph.with_ops([graph.ops[i] for i in order], list(graph.outvars))
 
 
 def _pinned_bytes(graph: Graph) -> int:
     """Bytes held for the whole call: arguments and outputs, less outputs that take a donated
     argument's buffer (same shape and dtype, as XLA's input-output aliasing pairs them)."""
     outs = list(dict.fromkeys(v for v in graph.outvars if not isinstance(v, Const)))
-    total = sum(graph.values[v].nbytes for v in dict.fromkeys(graph.invars))
-    total += sum(graph.values[v].nbytes for v in outs if v not in graph.invars)
-    free = [graph.values[graph.invars[i]] for i in sorted(graph.donated)]
+    total = sum(graph.program.nbytes[v] for v in dict.fromkeys(graph.invars))
+    total += sum(graph.program.nbytes[v] for v in outs if v not in graph.invars)
+    p = graph.program
+    free = [graph.invars[i] for i in sorted(graph.donated)]
     for v in outs:
-        meta = graph.values[v]
         for i, d in enumerate(free):
-            if d.shape == meta.shape and d.dtype == meta.dtype:
-                total -= meta.nbytes
+            if p.shapes[d] == p.shapes[v] and p.dtypes[d] == p.dtypes[v]:
+                total -= p.nbytes[v]
                 del free[i]
                 break
     return total
@@ -313,7 +315,7 @@ def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int,
         return False
     if pos in chain:
         return True
-    node = graph.nodes[pos]
+    node = graph.ops[pos]
     if node.eqn is None or not is_recomputable(node.eqn) or (cheap_only and not is_cheap(node.eqn)):
         return False
     if not matmul and node.primitive in DOT_LIKE:
@@ -341,11 +343,11 @@ def _view_chain(graph: Graph, lv: Liveness, vid: int) -> list[int] | None:
     (back through fused views: reshape, slice, split), in program order; None if `vid` is not
     a transpose or no such value is within a few views."""
     pos = lv.producer.get(vid)
-    if pos is None or graph.nodes[pos].primitive not in DOUBLED_VIEWS:
+    if pos is None or graph.ops[pos].primitive not in DOUBLED_VIEWS:
         return None
     found = []
     while len(found) < 4:
-        node = graph.nodes[pos]
+        node = graph.ops[pos]
         if node.eqn is None or node.primitive not in VIEW_OPS or len(node.inputs) != 1:
             return None
         found.append(pos)
@@ -368,7 +370,7 @@ def _crossing(graph: Graph, lv: Liveness, t: int, min_bytes: int) -> dict[int, i
     """Values live across step t but not read there, with their next use: value -> position."""
     found = {}
     for vid, pos in lv.producer.items():
-        if pos >= t or vid in lv.virtual or graph.values[vid].nbytes < min_bytes:
+        if pos >= t or vid in lv.virtual or graph.program.nbytes[vid] < min_bytes:
             continue
         uses = lv.uses.get(vid)
         if not uses or uses[-1] <= t:
@@ -390,7 +392,7 @@ def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4,
     t = lv.peak_step
     crossing = _crossing(graph, lv, t, int(lv.peak * min_fraction))
     consumers: dict[int, list[int]] = {}
-    for pos, node in enumerate(graph.nodes):
+    for pos, node in enumerate(graph.ops):
         for w in node.inputs:
             consumers.setdefault(w, []).append(pos)
     groups = []
@@ -402,12 +404,12 @@ def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4,
             continue  # a chain of constants would be folded back by XLA
         values = [vid]
         # Siblings: other waiting values that the chain's nodes feed with a few cheap nodes.
-        frontier = [out for p in list(chain) for out in graph.nodes[p].outs if out is not None]
+        frontier = [out for p in list(chain) for out in graph.ops[p].outputs if out is not None]
         seen = set(frontier)
         while frontier:
             src = frontier.pop()
             for cpos in consumers.get(src, []):
-                for c in graph.nodes[cpos].outs:
+                for c in graph.ops[cpos].outputs:
                     if c is None or c in seen or c not in crossing or crossing[c] < at:
                         continue
                     seen.add(c)
@@ -419,11 +421,11 @@ def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4,
         chain = _close_fused(graph, lv, chain, at, consumers)
         if chain is None:
             continue
-        flops = sum(eqn_cost(graph.nodes[p].eqn).flops for p in chain)
-        cheap = all(is_cheap(graph.nodes[p].eqn) for p in chain)
-        freed = sum(graph.values[v].nbytes for v in values)
-        prims = [graph.nodes[p].primitive for p in chain]
-        makers = [graph.nodes[lv.producer[v]].primitive for v in values]
+        flops = sum(eqn_cost(graph.ops[p].eqn).flops for p in chain)
+        cheap = all(is_cheap(graph.ops[p].eqn) for p in chain)
+        freed = sum(graph.program.nbytes[v] for v in values)
+        prims = [graph.ops[p].primitive for p in chain]
+        makers = [graph.ops[lv.producer[v]].primitive for v in values]
         groups.append(Group(values, list(chain), at, freed, flops, cheap, prims, makers))
     groups.sort(key=Group.rank)
     return groups
@@ -437,20 +439,20 @@ def _close_fused(graph: Graph, lv: Liveness, chain: dict[int, None], at: int,
     readers, so it keeps its operand alive; it has to be recomputed with the group, else the
     original stays live. Returns the chain in program order, or None if one cannot join.
     """
-    work = [out for p in chain for out in graph.nodes[p].outs if out is not None]
+    work = [out for p in chain for out in graph.ops[p].outputs if out is not None]
     while work:
         src = work.pop()
         for c in consumers.get(src, []):
-            node = graph.nodes[c]
+            node = graph.ops[c]
             if c >= at or c in chain or not fusible_producer(node.primitive, every_cheap_op=True):
                 continue
-            if not any(u >= at for o in node.outs if o is not None for u in lv.uses.get(o, [])):
+            if not any(u >= at for o in node.outputs if o is not None for u in lv.uses.get(o, [])):
                 continue
             trial = dict(chain)
             trial.pop(c, None)
             ok = True
             for w in node.inputs:
-                if w in {o for p in trial for o in graph.nodes[p].outs} or _available(graph, lv, w, at):
+                if w in {o for p in trial for o in graph.ops[p].outputs} or _available(graph, lv, w, at):
                     continue
                 if not _build_chain(graph, lv, w, at, trial, 0, len(trial) + MAX_SIBLING_NODES, True):
                     ok = False
@@ -459,14 +461,14 @@ def _close_fused(graph: Graph, lv: Liveness, chain: dict[int, None], at: int,
                 return None
             trial[c] = None
             chain = trial
-            work.extend(o for o in node.outs if o is not None)
+            work.extend(o for o in node.outputs if o is not None)
     return dict.fromkeys(sorted(chain))
 
 
 def _has_external_input(graph: Graph, lv: Liveness, chain: dict[int, None], at: int) -> bool:
-    inside = {out for p in chain for out in graph.nodes[p].outs}
+    inside = {out for p in chain for out in graph.ops[p].outputs}
     return any(w not in inside
-               for p in chain for w in graph.nodes[p].inputs)
+               for p in chain for w in graph.ops[p].inputs)
 
 
 def _tail(graph: Graph, chain: list[int]) -> set[int]:
@@ -481,10 +483,10 @@ def _tail(graph: Graph, chain: list[int]) -> set[int]:
     chain makes: a tail node reading only originals would be merged back into the original by
     XLA's CSE. The group keeps at least one node.
     """
-    made = {out: p for p in chain for out in graph.nodes[p].outs if out is not None}
+    made = {out: p for p in chain for out in graph.ops[p].outputs if out is not None}
     readers: dict[int, list[int]] = {}
     for p in chain:
-        for w in graph.nodes[p].inputs:
+        for w in graph.ops[p].inputs:
             if w in made:
                 readers.setdefault(made[w], []).append(p)
     tail: set[int] = set()
@@ -492,7 +494,7 @@ def _tail(graph: Graph, chain: list[int]) -> set[int]:
     # group never needs a tail value), and only if it reads a value the chain makes (so it
     # reads fresh copies).
     for p in reversed(chain):
-        node = graph.nodes[p]
+        node = graph.ops[p]
         if node.eqn is not None and node.primitive in ELEMENTWISE_COST and all(
                 r in tail for r in readers.get(p, [])) and any(w in made for w in node.inputs):
             tail.add(p)
@@ -512,12 +514,12 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
     # A pinned group keeps its tail: XLA would run the pinned product between the group and a
     # tail left outside it (measured: the residual MLP's tanh ran after `g W^T`).
     tail = _tail(graph, group.chain) if group.through is None else set()
-    inside = {out for p in group.chain for out in graph.nodes[p].outs if out is not None}
+    inside = {out for p in group.chain for out in graph.ops[p].outputs if out is not None}
     external: list[int] = []
     for p in group.chain:
         if p in tail:
             continue
-        for w in graph.nodes[p].inputs:
+        for w in graph.ops[p].inputs:
             if w not in inside and w not in external:
                 external.append(w)
     if group.through is not None and group.through not in external:
@@ -527,16 +529,16 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
     body = []
     after = []
     for p in group.chain:
-        node = graph.nodes[p]
+        node = graph.ops[p]
         outs = []
-        for out in node.outs:
+        for out in node.outputs:
             if out is None:
                 outs.append(None)
                 continue
             later[out] = graph.new_id(out)
             outs.append(later[out])
-        ins = tuple(v if isinstance(v, Const) else later.get(v, v) for v in node.ins)
-        (after if p in tail else body).append(Node(node.eqn, ins, tuple(outs), node.origin, True))
+        ins = [v if isinstance(v, Const) else later.get(v, v) for v in node.operands]
+        (after if p in tail else body).append(node.renamed(ins, outs, recompute=True))
     through = ()
     if group.through is not None:
         # Node `at` and every later reader take the handed-back copy: XLA cannot run them
@@ -544,42 +546,38 @@ def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Grap
         later[group.through] = graph.new_id(group.through)
         through = ((later[group.through], group.through),)
     used_later = set()
-    nodes = list(graph.nodes[:at])
+    nodes = list(graph.ops[:at])
     rest = []
-    for node in graph.nodes[at:]:
-        if any(not isinstance(v, Const) and v in later for v in node.ins):
-            used_later.update(v for v in node.ins if not isinstance(v, Const) and v in later)
-            node = Node(node.eqn, tuple(v if isinstance(v, Const) else later.get(v, v) for v in node.ins),
-                        node.outs, node.origin, node.recompute, node.body, node.guard, node.body_ins,
-                        node.through)
+    for node in graph.ops[at:]:
+        if any(not isinstance(v, Const) and v in later for v in node.operands):
+            used_later.update(v for v in node.operands if not isinstance(v, Const) and v in later)
+            node = node.renamed([v if isinstance(v, Const) else later.get(v, v) for v in node.operands])
         rest.append(node)
     used_later.update(v for v in graph.outvars if not isinstance(v, Const) and v in later)
     copies = {later[v] for v in used_later}
     # Tail nodes nothing reads are left out; the group returns what the kept tail reads.
     kept_tail = []
     for node in reversed(after):
-        if any(o in copies for o in node.outs if o is not None):
+        if any(o in copies for o in node.outputs if o is not None):
             kept_tail.append(node)
             copies.update(node.inputs)
     kept_tail.reverse()
-    made_in_tail = {o for n in kept_tail for o in n.outs if o is not None}
-    outs = tuple(c for c in (later[v] for v in later) if c in copies and c not in made_in_tail)
-    ins = tuple(external + ([anchor] if anchor is not None else external[:1]))
-    nodes.append(Node(None, ins, outs, -1, True, tuple(body), guard, ins,
-                      tuple(t for t in through if t[0] in outs)))
+    made_in_tail = {o for n in kept_tail for o in n.outputs if o is not None}
+    outs = [c for c in (later[v] for v in later) if c in copies and c not in made_in_tail]
+    ins = external + ([anchor] if anchor is not None else external[:1])
+    nodes.append(group_op(ins, outs, body, guard, tuple(t for t in through if t[0] in outs)))
     nodes.extend(kept_tail)
     nodes.extend(rest)
     outvars = [v if isinstance(v, Const) else later.get(v, v) for v in graph.outvars]
-    return graph.with_nodes(nodes, outvars)
+    return graph.with_ops(nodes, outvars)
 
 
 def _anchor(graph: Graph, at: int, exclude: set[int]) -> int | None:
     for pos in range(at - 1, -1, -1):
-        for out in graph.nodes[pos].outs:
+        for out in graph.ops[pos].outputs:
             if out is None or out in exclude:
                 continue
-            meta = graph.values[out]
-            if meta.nbytes > 0 and meta.dtype in _PLAIN_DTYPES:
+            if graph.program.nbytes[out] > 0 and graph.program.dtypes[out] in _PLAIN_DTYPES:
                 return out
     return None
 
@@ -605,21 +603,21 @@ def _pinned(graph: Graph, lv: Liveness, group: Group) -> list[Group]:
     if not readers:
         return []
     best = None
-    for q in range(at + 1, min(max(readers), len(graph.nodes) - 1) + 1):
-        node = graph.nodes[q]
+    for q in range(at + 1, min(max(readers), len(graph.ops) - 1) + 1):
+        node = graph.ops[q]
         if node.eqn is None or node.primitive not in DOT_LIKE:
             continue
         operands = [w for w in node.inputs if lv.defs.get(w, -1) < at]
         if len(operands) != len(node.inputs):
             continue  # it waits for something made after the group already
-        size = sum(graph.values[o].nbytes for o in node.outs if o is not None)
+        size = sum(graph.program.nbytes[o] for o in node.outputs if o is not None)
         if size >= group.freed and (best is None or size > best[0]):
             best = (size, q, operands)
     if best is None:
         return []
     # Hand back an operand the program made (an argument's copy would add its bytes).
     made = [w for w in best[2] if lv.defs.get(w, -1) >= 0] or best[2]
-    through = min(made, key=lambda w: graph.values[w].nbytes)
+    through = min(made, key=lambda w: graph.program.nbytes[w])
     return [Group(group.values, group.chain, at, group.freed, group.flops, group.cheap,
                   group.primitives, group.makers, through)]
 
@@ -634,40 +632,37 @@ def merge(graph: Graph, first: int, later: int) -> Graph | None:
     for `h_prev`'s own backward. Handing it over saves that group's product, at the price of
     holding its output in between.
     """
-    a, b = graph.nodes[first], graph.nodes[later]
+    a, b = graph.ops[first], graph.ops[later]
     made = {}
     for inner in a.body:
-        made.setdefault(inner.origin, inner)
-    if not a.body or not b.body or any(inner.origin not in made for inner in b.body):
+        made.setdefault(inner.index, inner)
+    if not a.body or not b.body or any(inner.index not in made for inner in b.body):
         return None
     rename: dict[int, int | Const] = {}
     extra = []
     for inner in b.body:
-        for out, src in zip(inner.outs, made[inner.origin].outs):
-            if out is None or out not in b.outs:
+        for out, src in zip(inner.outputs, made[inner.index].outputs):
+            if out is None or out not in b.outputs:
                 continue
             if src is None:
                 return None  # the earlier group drops that output
             rename[out] = src
-            if src not in a.outs and src not in extra:
+            if src not in a.outputs and src not in extra:
                 extra.append(src)
     # A product pinned behind the removed group read its operand through it: now directly.
     for out, src in b.through:
-        rename[out] = b.ins[b.body_ins.index(src)]
+        rename[out] = b.operands[b.body_ins.index(src)]
     nodes = []
-    for pos, node in enumerate(graph.nodes):
+    for pos, node in enumerate(graph.ops):
         if pos == later:
             continue
         if pos == first:
-            node = Node(None, node.ins, node.outs + tuple(extra), node.origin, True, node.body,
-                        node.guard, node.body_ins, node.through)
-        elif pos > first and any(not isinstance(v, Const) and v in rename for v in node.ins):
-            node = Node(node.eqn, tuple(v if isinstance(v, Const) else rename.get(v, v) for v in node.ins),
-                        node.outs, node.origin, node.recompute, node.body, node.guard, node.body_ins,
-                        node.through)
+            node = node.renamed(node.operands, node.outputs + extra)
+        elif pos > first and any(not isinstance(v, Const) and v in rename for v in node.operands):
+            node = node.renamed([v if isinstance(v, Const) else rename.get(v, v) for v in node.operands])
         nodes.append(node)
     outvars = [v if isinstance(v, Const) else rename.get(v, v) for v in graph.outvars]
-    return graph.with_nodes(nodes, outvars)
+    return graph.with_ops(nodes, outvars)
 
 
 def economize(graph: Graph, peak: int) -> tuple[Graph, int]:
@@ -675,10 +670,10 @@ def economize(graph: Graph, peak: int) -> tuple[Graph, int]:
     `merge`), where the modelled peak stays at or below `peak`. Returns the graph and the
     FLOPs saved."""
     saved = 0
-    groups = [pos for pos, node in enumerate(graph.nodes) if node.body]
+    groups = [pos for pos, node in enumerate(graph.ops) if node.body]
     # Latest first: removing a group does not move the ones before it.
     for later in reversed(groups):
-        flops = sum(eqn_cost(n.eqn).flops for n in graph.nodes[later].body)
+        flops = sum(eqn_cost(n.eqn).flops for n in graph.ops[later].body)
         if flops == 0:
             continue  # movement only: nothing to save
         for first in groups:
@@ -739,4 +734,4 @@ def search(graph: Graph, *, stop_below: int = 0, max_steps: int = 5000,
 
 def program_flops(graph: Graph) -> int:
     """FLOPs of the graph's original (not recomputed) nodes."""
-    return sum(eqn_cost(n.eqn).flops for n in graph.nodes if n.eqn is not None and not n.recompute)
+    return sum(eqn_cost(n.eqn).flops for n in graph.ops if n.eqn is not None and not n.recompute)

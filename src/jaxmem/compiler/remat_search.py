@@ -65,8 +65,9 @@ MAX_TRIES = 6
 
 
 @dataclass
-class Liveness:
-    """Live bytes per step under the model, and each value's definition and uses."""
+class XlaProfile:
+    """Live bytes per step under remat's model of XLA:CPU (`profile`), and each value's
+    definition and uses. (The planner's own intervals are `liveness.Liveness`.)"""
 
     live: list[int]                       # live bytes at steps 0..N (N: the program's exit)
     defs: dict[int, int]                  # value -> node position (-1: argument or constant)
@@ -88,7 +89,7 @@ class Liveness:
         return sum(self.live)
 
 
-def profile(graph: Graph) -> Liveness:
+def profile(graph: Graph) -> XlaProfile:
     """Live bytes at every step of `graph`: remat's model of what XLA:CPU holds.
 
     It is the one live-bytes profile (`stages.live_profile`) over value spans, with these
@@ -145,7 +146,7 @@ def profile(graph: Graph) -> Liveness:
             if src is not None and graph.ops[src].primitive in DOUBLED_VIEWS and w not in virtual:
                 spans.append((src, pos, graph.program.nbytes[w]))
     live = live_profile(spans, n)[1:].tolist()
-    return Liveness(live, defs, uses, producer, last, virtual)
+    return XlaProfile(live, defs, uses, producer, last, virtual)
 
 
 def _group_scratch(graph: Graph, node: Op) -> int:
@@ -300,7 +301,7 @@ class Snapshot:
     groups: list[Group] = field(default_factory=list)
 
 
-def _available(graph: Graph, lv: Liveness, vid: int, at: int) -> bool:
+def _available(graph: Graph, lv: XlaProfile, vid: int, at: int) -> bool:
     if lv.defs.get(vid, 0) < 0:
         return vid not in _donated_ids(graph) or lv.last[vid] >= at
     if vid in lv.virtual:
@@ -308,7 +309,7 @@ def _available(graph: Graph, lv: Liveness, vid: int, at: int) -> bool:
     return lv.defs[vid] < at and lv.last.get(vid, -1) >= at
 
 
-def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int, None],
+def _build_chain(graph: Graph, lv: XlaProfile, vid: int, at: int, chain: dict[int, None],
                  depth: int, limit: int, cheap_only: bool, matmul: bool = True) -> bool:
     pos = lv.producer.get(vid)
     if pos is None:
@@ -338,7 +339,7 @@ def _build_chain(graph: Graph, lv: Liveness, vid: int, at: int, chain: dict[int,
     return True
 
 
-def _view_chain(graph: Graph, lv: Liveness, vid: int) -> list[int] | None:
+def _view_chain(graph: Graph, lv: XlaProfile, vid: int) -> list[int] | None:
     """The movement nodes that make transposed value `vid` from a value XLA holds in memory
     (back through fused views: reshape, slice, split), in program order; None if `vid` is not
     a transpose or no such value is within a few views."""
@@ -360,13 +361,13 @@ def _view_chain(graph: Graph, lv: Liveness, vid: int) -> list[int] | None:
     return None
 
 
-def _first_use_after(lv: Liveness, vid: int, t: int) -> int | None:
+def _first_use_after(lv: XlaProfile, vid: int, t: int) -> int | None:
     uses = lv.uses.get(vid, [])
     i = bisect.bisect_right(uses, t)
     return uses[i] if i < len(uses) else None
 
 
-def _crossing(graph: Graph, lv: Liveness, t: int, min_bytes: int) -> dict[int, int]:
+def _crossing(graph: Graph, lv: XlaProfile, t: int, min_bytes: int) -> dict[int, int]:
     """Values live across step t but not read there, with their next use: value -> position."""
     found = {}
     for vid, pos in lv.producer.items():
@@ -382,7 +383,7 @@ def _crossing(graph: Graph, lv: Liveness, t: int, min_bytes: int) -> dict[int, i
     return found
 
 
-def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4,
+def candidates(graph: Graph, lv: XlaProfile, min_fraction: float = 1e-4,
                matmul: bool = True) -> list[Group]:
     """Ranked groups that could lower the live bytes at the peak step.
 
@@ -431,7 +432,7 @@ def candidates(graph: Graph, lv: Liveness, min_fraction: float = 1e-4,
     return groups
 
 
-def _close_fused(graph: Graph, lv: Liveness, chain: dict[int, None], at: int,
+def _close_fused(graph: Graph, lv: XlaProfile, chain: dict[int, None], at: int,
                  consumers: dict[int, list[int]]) -> dict[int, None] | None:
     """Add the fused consumers of the chain's values that still feed uses at or after `at`.
 
@@ -465,7 +466,7 @@ def _close_fused(graph: Graph, lv: Liveness, chain: dict[int, None], at: int,
     return dict.fromkeys(sorted(chain))
 
 
-def _has_external_input(graph: Graph, lv: Liveness, chain: dict[int, None], at: int) -> bool:
+def _has_external_input(graph: Graph, lv: XlaProfile, chain: dict[int, None], at: int) -> bool:
     inside = {out for p in chain for out in graph.ops[p].outputs}
     return any(w not in inside
                for p in chain for w in graph.ops[p].inputs)
@@ -501,7 +502,7 @@ def _tail(graph: Graph, chain: list[int]) -> set[int]:
     return tail if len(tail) < len(chain) else set()
 
 
-def apply(graph: Graph, lv: Liveness, group: Group, guard: str = "cond") -> Graph:
+def apply(graph: Graph, lv: XlaProfile, group: Group, guard: str = "cond") -> Graph:
     """The graph with `group.chain` recomputed by one group node inserted before node `group.at`.
 
     The group reads the chain's operands that are not themselves recomputed, plus an anchor
@@ -588,7 +589,7 @@ _PLAIN_DTYPES = frozenset({
 })
 
 
-def _pinned(graph: Graph, lv: Liveness, group: Group) -> list[Group]:
+def _pinned(graph: Graph, lv: XlaProfile, group: Group) -> list[Group]:
     """`group` with the largest product among the nodes after it pinned behind it: that node
     reads one of its operands as handed back by the group. [] where there is none.
 

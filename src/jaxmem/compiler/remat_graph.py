@@ -145,7 +145,7 @@ def _run_ops(ops: Any, env: dict[int, Any]) -> None:
                 env[vid] = val
 
 
-def _run_group(node: Op, invals: list[Any], env: dict[int, Any]) -> list[Any]:
+def _run_group(group: Op, invals: list[Any], env: dict[int, Any]) -> list[Any]:
     """Run a recompute group so that XLA keeps it a separate computation.
 
     "barrier": the operands pass through `optimization_barrier`, as `jax.checkpoint` does.
@@ -156,20 +156,20 @@ def _run_group(node: Op, invals: list[Any], env: dict[int, Any]) -> list[Any]:
     anchor exists. (Identical branches do not work: XLA hoists code common to all branches
     out of the cond, and CSE merges it back.)
     """
-    # Later rewrites may rename the group's operands (`ins`); its body keeps reading the ids it
+    # Later rewrites may rename the group's operands; its body keeps reading the ids it
     # was built with, bound here by position. Anything else it reads comes from the caller's env.
-    ids = node.body_ins
-    made = {vid for n in node.body for vid in n.outputs}
-    consts = {vid: env[vid] for n in node.body for vid in n.inputs if vid not in ids and vid not in made}
+    ids = group.body_ins
+    made = {vid for n in group.body for vid in n.outputs}
+    consts = {vid: env[vid] for n in group.body for vid in n.inputs if vid not in ids and vid not in made}
 
     def body(*operands: Any) -> list[Any]:
         inner = dict(consts)
         inner.update(zip(ids, operands))
-        _run_ops(node.body, inner)
-        inner.update((out, inner[src]) for out, src in node.through)
-        return [inner[v] if v is not None else None for v in node.outputs]
+        _run_ops(group.body, inner)
+        inner.update((out, inner[src]) for out, src in group.through)
+        return [inner[v] if v is not None else None for v in group.outputs]
 
-    if node.guard == "barrier":
+    if group.guard == "barrier":
         return body(*jax.lax.optimization_barrier(tuple(invals)))
     # The predicate is always true, but XLA cannot prove it: the population count of any
     # 32-bit word is at most 32. The other branch returns zeros, so the branches differ and

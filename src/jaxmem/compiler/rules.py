@@ -142,6 +142,27 @@ def is_view(primitive: str, params: dict | None = None, in_dtype: str | None = N
     return False
 
 
+def fusible_producer(primitive: str, params: dict | None = None, *, every_cheap_op: bool = False) -> bool:
+    """Whether a value this primitive makes may be computed inside its readers instead of stored.
+
+    The planner's fusion model fuses the table's "producer" and "transpose" roles (a transpose
+    only into dot-like readers), but not a reshape that transposes, which moves data.
+    `every_cheap_op=True` is remat's model of XLA:CPU's loop fusion, which fuses slices, pads,
+    concatenates and copies as well: every `cheap` primitive.
+
+        >>> fusible_producer("add"), fusible_producer("slice"), fusible_producer("slice", every_cheap_op=True)
+        (True, False, True)
+    """
+    if every_cheap_op:
+        return primitive in CHEAP
+    fusion = RULES.get(primitive, UNKNOWN).fusion
+    if fusion == "transpose":
+        return True
+    if fusion != "producer":
+        return False
+    return not (primitive == "reshape" and params and params.get("dimensions") is not None)
+
+
 def inplace_candidates(primitive: str, params: dict, operands: list, num_outputs: int) -> list[list[int]]:
     """For each output, the operand positions whose buffer it may overwrite (if they die here).
 

@@ -363,16 +363,10 @@ def plan_per_device(fn: Callable[..., Any], args: Sequence[Any], out_specs: Sequ
 def _plan_top(plan: Any, top: int) -> list[dict[str, Any]]:
     """The largest buffers live at the plan's peak step: bytes, shape, kind, label, source line
     (the all-gather results and reduce-scatter inputs among them)."""
-    n = len(plan.schedule)
-    diff = [0] * (n + 3)
-    for buf in plan.buffers:
-        diff[buf.start + 1] += buf.size
-        diff[buf.end + 2] -= buf.size
-    running, best, peak_step = 0, -1, -1
-    for i in range(n + 2):
-        running += diff[i]
-        if running > best:
-            best, peak_step = running, i - 1
+    from jaxmem.compiler.stages import live_profile
+
+    profile = live_profile(((b.start, b.end, b.size) for b in plan.buffers), len(plan.schedule))
+    peak_step = int(profile.argmax()) - 1  # the first position at the peak (index p+1)
     live = sorted((b for b in plan.buffers if b.start <= peak_step <= b.end), key=lambda b: -b.size)
     return [{"size_bytes": int(b.size), "shape": list(b.shape), "dtype": str(b.dtype), "kind": str(b.kind),
              "label": str(b.label), "source": str(b.source) if b.source is not None else ""} for b in live[:top]]

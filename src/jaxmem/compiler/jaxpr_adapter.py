@@ -470,8 +470,8 @@ def user_frames(eqn: Any, limit: int = 64) -> tuple[tuple[str, int, str], ...]:
     function): from the frame `source_line` takes outwards, for pprof profiles, which want the
     whole stack (library frames between the user's are kept: they are the path of the call).
 
-    >>> user_frames(closed.jaxpr.eqns[0])[0]
-    ('/home/me/train.py', 42, 'loss_fn')
+    For an equation made in `loss_fn` at line 42 of train.py, the first frame is
+    `('/home/me/train.py', 42, 'loss_fn')`.
     """
     frames = [f for f in itertools.islice(_frames(eqn), 4 * limit)]
     first_user = next((i for i, f in enumerate(frames) if f[0] == _USER), 0)
@@ -491,6 +491,7 @@ def inline_calls(closed_jaxpr: Any) -> Any:
     primitives with nested jaxprs stay one equation. An inlined equation with no user frame of
     its own takes its caller's source information.
 
+    >>> import jax.numpy as jnp
     >>> flat = inline_calls(jax.make_jaxpr(lambda x: jax.jit(jnp.sin)(x) * 2)(1.0))
     >>> [eqn_name(e) for e in flat.jaxpr.eqns]
     ['sin', 'mul']
@@ -572,3 +573,56 @@ def with_avals(closed_jaxpr: Any, shapes: dict[Any, tuple[int, ...]],
     new = jcore.Jaxpr([var(v) for v in jaxpr.constvars], [var(v) for v in jaxpr.invars],
                       [var(a) for a in jaxpr.outvars], eqns, jaxpr.effects, jaxpr.debug_info)
     return jcore.ClosedJaxpr(new, consts)
+
+
+def flat_structure(closed_jaxpr: Any) -> tuple[list[Any], list[tuple[list[Any], list[Any]]], dict[Any, tuple[int, ...]]]:
+    """A flat ClosedJaxpr's data flow with its variables as opaque keys: the inputs, each
+    equation's operands and outputs (literals and dropped outputs left out), and every
+    variable's shape. For passes outside the compiler that only need who reads what.
+
+    >>> import jax.numpy as jnp
+    >>> ins, eqns, shapes = flat_structure(jax.make_jaxpr(lambda x: jnp.sin(x) + 1)(jnp.ones(3)))
+    >>> len(ins), len(eqns), shapes[ins[0]]
+    (1, 2, (3,))
+    """
+    jaxpr, _ = split_closed(closed_jaxpr)
+    shapes: dict[Any, tuple[int, ...]] = {v: tuple(int(d) for d in v.aval.shape) for v in jaxpr.invars}
+    eqns = []
+    for eqn in jaxpr.eqns:
+        operands = [a for a in eqn.invars if not is_literal(a)]
+        outputs = [v for v in eqn.outvars if not is_dropvar(v)]
+        shapes.update((v, tuple(int(d) for d in v.aval.shape)) for v in outputs)
+        eqns.append((operands, outputs))
+    return list(jaxpr.invars), eqns, shapes
+
+
+def run_with_scopes(closed_jaxpr: Any, prefix: str) -> Callable[..., list[Any]]:
+    """A function of the flat arguments that runs a flat ClosedJaxpr (`inline_calls`) with
+    equation i bound under `jax.named_scope(f"{prefix}{i}")`: the same program for XLA (names
+    are metadata), with every HLO instruction traceable to its equation."""
+    jaxpr, consts = split_closed(closed_jaxpr)
+
+    def run(*args: Any) -> list[Any]:
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+
+        def read(atom: Any) -> Any:
+            return literal_value(atom) if is_literal(atom) else env[atom]
+
+        for i, eqn in enumerate(jaxpr.eqns):
+            with jax.named_scope(f"{prefix}{i}"):
+                outs = bind(eqn, [read(a) for a in eqn.invars], subfuns_ok=True)
+            for var, out in zip(eqn.outvars, outs):
+                if not is_dropvar(var):
+                    env[var] = out
+        return [read(a) for a in jaxpr.outvars]
+
+    return run
+
+
+def single_shard_map_body(closed_jaxpr: Any) -> Any | None:
+    """The body (a ClosedJaxpr, per-device shapes) of a program that is one `shard_map`, else None."""
+    eqns = closed_jaxpr.jaxpr.eqns
+    if len(eqns) != 1 or eqns[0].primitive.name != "shard_map":
+        return None
+    return as_closed(eqns[0].params["jaxpr"])

@@ -227,18 +227,6 @@ def replicated(args: Sequence[Any], sizes: dict[str, int], min_bytes: int = REPL
 
 # -- jaxmem's own per-device program ---------------------------------------------------------------
 
-def _shard_map_body(closed: Any) -> Any | None:
-    """The body jaxpr of a program that is one `shard_map` (per-device shapes), else None."""
-    from jax.extend.core import ClosedJaxpr
-
-    eqns = closed.jaxpr.eqns
-    maps = [e for e in eqns if e.primitive.name == "shard_map"]
-    if len(maps) != 1 or len(eqns) > 1:
-        return None
-    body = maps[0].params["jaxpr"]
-    return body if isinstance(body, ClosedJaxpr) else ClosedJaxpr(body, ())
-
-
 def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Sequence[tuple[Any, ...]] | None,
                      sizes: dict[str, int]) -> tuple[Any, str]:
     """jaxmem's own model of the per-device program, as a ClosedJaxpr with per-device shapes, and
@@ -260,12 +248,14 @@ def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Seq
     """
     import jax
 
+    from jaxmem.compiler import jaxpr_adapter as ja
+
     leaves, tree = jax.tree.flatten(tuple(args))
     try:
         closed = jax.make_jaxpr(fn)(*args)
     except Exception as err:
         raise _trace_error(err, sizes) from None
-    body = _shard_map_body(closed)
+    body = ja.single_shard_map_body(closed)
     if body is not None:
         return body, "shard_map"
     n_batch = len(jax.tree.leaves(args[-1])) if args else 0
@@ -391,27 +381,9 @@ def tagged_program(flat: Any) -> Callable[..., list[Any]]:
     """A function of the flat arguments that runs a flat ClosedJaxpr (`inline_calls`) with
     equation i bound under `jax.named_scope("jaxmem_eqn<i>")`: the same program for XLA (names
     are metadata), with every HLO instruction traceable to its equation."""
-    import jax
-
     from jaxmem.compiler import jaxpr_adapter as ja
 
-    jaxpr, consts = ja.split_closed(flat)
-
-    def run(*args: Any) -> list[Any]:
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
-
-        def read(atom: Any) -> Any:
-            return ja.literal_value(atom) if ja.is_literal(atom) else env[atom]
-
-        for i, eqn in enumerate(jaxpr.eqns):
-            with jax.named_scope(f"{SCOPE}{i}"):
-                outs = ja.bind(eqn, [read(a) for a in eqn.invars], subfuns_ok=True)
-            for var, out in zip(eqn.outvars, outs):
-                if not ja.is_dropvar(var):
-                    env[var] = out
-        return [read(a) for a in jaxpr.outvars]
-
+    run = ja.run_with_scopes(flat, SCOPE)
     run.__name__ = "jaxmem_per_device"
     return run
 
@@ -524,17 +496,15 @@ def per_device_shapes(flat: Any, local_inputs: Sequence[tuple[int, ...]],
     """
     from jaxmem.compiler import jaxpr_adapter as ja
 
-    jaxpr, _ = ja.split_closed(flat)
-    shapes: dict[Any, tuple[int, ...]] = dict(zip(jaxpr.invars, (tuple(s) for s in local_inputs)))
-    parts: dict[Any, int] = {v: max(1, math.prod(v.aval.shape) // max(1, math.prod(s)))
-                             for v, s in zip(jaxpr.invars, shapes.values())}
-    pending: list[tuple[Any, Any]] = []
-    for i, eqn in enumerate(jaxpr.eqns):
+    invars, eqns, full = ja.flat_structure(flat)
+    shapes: dict[Any, tuple[int, ...]] = dict(zip(invars, (tuple(s) for s in local_inputs)))
+    parts: dict[Any, int] = {v: max(1, math.prod(full[v]) // max(1, math.prod(s)))
+                             for v, s in zip(invars, shapes.values())}
+    pending: list[tuple[int, Any]] = []
+    for i, (_, outputs) in enumerate(eqns):
         rows = found.get(i, [])
-        for var in eqn.outvars:
-            if ja.is_dropvar(var):
-                continue
-            dims = tuple(int(d) for d in var.aval.shape)
+        for var in outputs:
+            dims = full[var]
             split = next((t for d, t in reversed(rows) if d == dims), None)
             if split is not None:
                 shapes[var] = tuple(-(-d // n) for d, n in zip(dims, split))
@@ -545,32 +515,30 @@ def per_device_shapes(flat: Any, local_inputs: Sequence[tuple[int, ...]],
             if split is not None:
                 parts[var] = math.prod(split)
             else:
-                pending.append((eqn, var))
-    readers: dict[Any, list[Any]] = {}
-    for eqn in jaxpr.eqns:
-        for a in eqn.invars:
-            if not ja.is_literal(a):
-                readers.setdefault(a, []).append(eqn)
+                pending.append((i, var))
+    readers: dict[Any, list[int]] = {}
+    for i, (operands, _) in enumerate(eqns):
+        for a in operands:
+            readers.setdefault(a, []).append(i)
     changed = True
     while changed and pending:
         changed, left = False, []
-        for eqn, var in pending:
-            size = math.prod(var.aval.shape)
-            near = [a for a in eqn.invars if not ja.is_literal(a) and a in parts and math.prod(a.aval.shape) == size]
-            near += [o for r in readers.get(var, ()) for o in r.outvars
-                     if o in parts and math.prod(o.aval.shape) == size]
+        for i, var in pending:
+            size = math.prod(full[var])
+            near = [a for a in eqns[i][0] if a in parts and math.prod(full[a]) == size]
+            near += [o for r in readers.get(var, ()) for o in eqns[r][1]
+                     if o in parts and math.prod(full[o]) == size]
             if near and size > 1:
                 parts[var] = max(parts[a] for a in near)
                 changed = True
             else:
-                left.append((eqn, var))
+                left.append((i, var))
         pending = left
-    for eqn in jaxpr.eqns:
-        for var in eqn.outvars:
-            if not ja.is_dropvar(var) and var not in shapes:
-                dims = tuple(int(d) for d in var.aval.shape)
-                shapes[var] = _split_shape(dims, parts.get(var, 1))
-    return shapes, sum(1 for _, var in pending if var.aval.shape)
+    for _, outputs in eqns:
+        for var in outputs:
+            if var not in shapes:
+                shapes[var] = _split_shape(full[var], parts.get(var, 1))
+    return shapes, sum(1 for _, var in pending if full[var])
 
 
 def plan_from_hlo(flat: Any, local_inputs: Sequence[tuple[int, ...]], propagated: str, partitioned: str,
@@ -738,12 +706,12 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
            "alias_bytes": int(stats.alias_size_in_bytes), "compile_seconds": round(seconds, 3)}
     per["total_bytes"] = per["argument_bytes"] + per["output_bytes"] + per["temp_bytes"] - per["alias_bytes"]
     dumps = partitioning_dumps(dump_dir)
-    if _shard_map_body(closed) is None and dumps is not None:
+    if ja.single_shard_map_body(closed) is None and dumps is not None:
         plan = plan_from_hlo(flat_closed, [local_shape(leaf.shape, _spec_of(leaf), sizes) for leaf in flat],
                              dumps[0], dumps[1], donated)
     else:
         plan = plan_per_device(fn, structs, out_specs, sizes, donate_argnums)
-    names = [f"{ja.eqn_name_stack(e) or ''}" for e in flat_closed.jaxpr.eqns]
+    names = [f"{ja.eqn_name_stack(e) or ''}" for e in ja.jaxpr_eqns(flat_closed)]
     own = f"jit({getattr(fn, '__name__', 'fn')})"
     for row in peak:  # the user's function and name stack in place of jaxmem's scope
         text = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)

@@ -304,7 +304,7 @@ def inline(closed_jaxpr: Any) -> Program:
         env[var] = vid
         p.var_ids[var] = vid
         p.invars.append(vid)
-    _inline_into(p, jaxpr, env, None)
+    _inline_into(p, jaxpr, env)
     p.outvars = [_resolve(env, atom) for atom in jaxpr.outvars]
     p.outvar_bytes = [aval_shape_dtype(atom)[2] for atom in jaxpr.outvars]
     p.num_eqns = count_eqns(jaxpr)
@@ -317,30 +317,51 @@ def _resolve(env: dict[Any, int | Const], atom: Any) -> int | Const:
     return env[atom]
 
 
-def _inline_into(p: Program, jaxpr: Any, env: dict[Any, int | Const], outer: SourceLine | None) -> None:
-    """Add the equations of `jaxpr` to `p`. `outer` is the source line of the call being inlined:
-    JAX records only the innermost frames of a traceback, so an equation deep inside a library
-    call (jax.nn.relu's body) may have no user frame of its own; it gets its caller's."""
+def _walk_calls(jaxpr: Any, env: dict[Any, Any], outer: Any, constant: Callable[[Any, Any], Any],
+                resolve: Callable[[dict[Any, Any], Any], Any],
+                on_call_output: Callable[[Any, Any], None] | None = None
+                ) -> Iterator[tuple[Any, list[Any], Any, dict[Any, Any]]]:
+    """The one inliner: yields `(eqn, operands, outer, env)` for every equation of `jaxpr` that
+    is not call-like, with call bodies walked in their place. `env` maps variables to the caller's
+    handles (value ids, fresh variables); the caller must put each yielded equation's outputs into
+    the `env` yielded with it (the scope of the body it is in) before taking the next. `outer` is the innermost enclosing call equation that has a user
+    frame: JAX records only the innermost frames of a traceback, so an equation deep inside a
+    library call (jax.nn.relu's body) may have no user frame of its own and takes its caller's.
+    `constant(var, value)` makes the handle of a body's closed-over constant."""
     for eqn in jaxpr.eqns:
-        operands = [_resolve(env, a) for a in eqn.invars]
+        operands = [resolve(env, a) for a in eqn.invars]
         body = call_body(eqn)
-        if body is not None:
-            inner, consts = body
-            inner_env: dict[Any, int | Const] = {}
-            for var, const in zip(inner.constvars, consts):
-                inner_env[var] = Const(const, var.aval)
-            for var, operand in zip(inner.invars, operands):
-                inner_env[var] = operand
-            _inline_into(p, inner, inner_env, source_line(eqn) or outer)
-            for var, atom in zip(eqn.outvars, inner.outvars):
-                if isinstance(var, jcore.DropVar):
-                    continue
-                env[var] = _resolve(inner_env, atom)
-                if not isinstance(env[var], Const):
-                    p.var_ids[var] = env[var]
+        if body is None:
+            yield eqn, operands, outer, env
             continue
+        inner, consts = body
+        inner_env = {var: constant(var, const) for var, const in zip(inner.constvars, consts)}
+        inner_env.update(zip(inner.invars, operands))
+        yield from _walk_calls(inner, inner_env, eqn if source_line(eqn) is not None else outer,
+                               constant, resolve, on_call_output)
+        for var, atom in zip(eqn.outvars, inner.outvars):
+            if not isinstance(var, jcore.DropVar):
+                env[var] = resolve(inner_env, atom)
+                if on_call_output is not None:
+                    on_call_output(var, env[var])
+
+
+def _inline_into(p: Program, jaxpr: Any, env: dict[Any, int | Const]) -> None:
+    """Add the equations of `jaxpr`, calls inlined, to `p` as ops."""
+    outer_lines: dict[int, SourceLine | None] = {}
+
+    def call_output(var: Any, handle: int | Const) -> None:
+        if not isinstance(handle, Const):
+            p.var_ids[var] = handle
+
+    for eqn, operands, outer, scope in _walk_calls(jaxpr, env, None, lambda var, c: Const(c, var.aval), _resolve,
+                                                   call_output):
         index = len(p.ops)
-        source = source_line(eqn) or outer
+        source = source_line(eqn)
+        if source is None and outer is not None:
+            if id(outer) not in outer_lines:
+                outer_lines[id(outer)] = source_line(outer)
+            source = outer_lines[id(outer)]
         outputs: list[int | None] = []
         for var in eqn.outvars:
             if isinstance(var, jcore.DropVar):
@@ -348,7 +369,7 @@ def _inline_into(p: Program, jaxpr: Any, env: dict[Any, int | Const], outer: Sou
                 continue
             aval = var.aval
             vid = p.new_value(*_shape_dtype_bytes(aval), aval, index, source)
-            env[var] = vid
+            scope[var] = vid
             p.var_ids[var] = vid
             outputs.append(vid)
         p.add_op(eqn, eqn.primitive.name, operands, outputs, source, bool(getattr(eqn, "effects", None)))
@@ -502,35 +523,22 @@ def inline_calls(closed_jaxpr: Any) -> Any:
     def resolve(env: dict[Any, Any], atom: Any) -> Any:
         return atom if isinstance(atom, jcore.Literal) else env.get(atom, atom)
 
-    def walk(inner: Any, env: dict[Any, Any], outer: Any) -> None:
-        for eqn in inner.eqns:
-            operands = [resolve(env, a) for a in eqn.invars]
-            body = call_body(eqn)
-            if body is not None:
-                sub, sub_consts = body
-                sub_env: dict[Any, Any] = {}
-                for var, const in zip(sub.constvars, sub_consts):
-                    sub_env[var] = jcore.Var(var.aval)
-                    constvars.append(sub_env[var])
-                    constvals.append(const)
-                sub_env.update(zip(sub.invars, operands))
-                walk(sub, sub_env, eqn if source_line(eqn) is not None else outer)
-                for var, atom in zip(eqn.outvars, sub.outvars):
-                    if not isinstance(var, jcore.DropVar):
-                        env[var] = resolve(sub_env, atom)
-                continue
-            outs = []
-            for var in eqn.outvars:
-                if isinstance(var, jcore.DropVar):
-                    outs.append(var)
-                else:
-                    env[var] = jcore.Var(var.aval)
-                    outs.append(env[var])
-            info = outer.source_info if outer is not None and source_line(eqn) is None else eqn.source_info
-            eqns.append(eqn.replace(invars=operands, outvars=outs, source_info=info))
+    def constant(var: Any, value: Any) -> Any:
+        constvars.append(jcore.Var(var.aval))
+        constvals.append(value)
+        return constvars[-1]
 
     env: dict[Any, Any] = {}
-    walk(jaxpr, env, None)
+    for eqn, operands, outer, scope in _walk_calls(jaxpr, env, None, constant, resolve):
+        outs = []
+        for var in eqn.outvars:
+            if isinstance(var, jcore.DropVar):
+                outs.append(var)
+            else:
+                scope[var] = jcore.Var(var.aval)
+                outs.append(scope[var])
+        info = outer.source_info if outer is not None and source_line(eqn) is None else eqn.source_info
+        eqns.append(eqn.replace(invars=operands, outvars=outs, source_info=info))
     flat = jcore.Jaxpr(constvars, list(jaxpr.invars), [resolve(env, a) for a in jaxpr.outvars], eqns,
                        jaxpr.effects, jaxpr.debug_info)
     return jcore.ClosedJaxpr(flat, constvals)

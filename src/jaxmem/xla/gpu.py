@@ -120,7 +120,7 @@ def target_config(spec: str) -> str:
 
 
 def with_memory(text: str, capacity: int) -> str:
-    """A target description with `device_memory_size` set to `capacity` bytes: XLA:GPU's
+    r"""A target description with `device_memory_size` set to `capacity` bytes: XLA:GPU's
     scheduler and rematerialization read it (they try to keep the program within the device),
     so the preset's capacity, not the description's, must be what XLA sees.
 

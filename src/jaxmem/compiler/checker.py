@@ -7,6 +7,8 @@ is, no other value was written into its buffer between its definition and that r
 survive to the end; offsets and sizes are 256-aligned; the arena covers every buffer; the
 schedule is topological; loop scratch exists; the peak and lower bound add up.
 
+    >>> import jax.numpy as jnp, jaxmem
+    >>> plan = jaxmem.plan(lambda x: jnp.sin(x) * 2, jnp.ones(4))
     >>> problems = check_plan(plan)
     >>> problems == []      # valid
     True

@@ -6,6 +6,7 @@ groups and intervals, with the storage `rules`) -> `placement` (offsets) -> `che
 verdict). Every candidate
 schedule is scored by its live bytes; the best one is placed.
 
+    >>> import jax.numpy as jnp
     >>> p = plan(lambda x, w: jnp.tanh(x @ w).sum(), jnp.ones((64, 64)), jnp.ones((64, 64)))
     >>> p.valid, p.peak_bytes >= p.lower_bound_bytes
     (True, True)
@@ -48,8 +49,13 @@ def plan(
 ) -> Plan:
     """Trace `fn(*args, **kwargs)` and plan its memory.
 
+    >>> import jax, jax.numpy as jnp
+    >>> def step(w, x):
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> params, batch = jnp.ones((64, 64)), jnp.ones((8, 64))
     >>> p = plan(step, params, batch, donate_argnums=(0,))
     >>> p.peak_bytes, p.lower_bound_bytes, p.xla.total_bytes
+    (36864, 36864, 36864)
 
     **Arguments:** `fn` and its example `args` (pytrees of arrays); `donate_argnums`, positional
     arguments whose buffers outputs may take over; `xla`, also compile with XLA here and record
@@ -94,7 +100,12 @@ def plan_jaxpr(
 ) -> Plan:
     """Plan a ClosedJaxpr (as `jax.make_jaxpr` makes it).
 
+    >>> import jax, jax.numpy as jnp
+    >>> f = lambda x, y: jnp.sin(x) + y
+    >>> x = y = jnp.ones(1024)
     >>> p = plan_jaxpr(jax.make_jaxpr(f)(x, y), donated=[True, False])
+    >>> p.valid, p.peak_bytes, p.arena_bytes   # the output takes over donated x's buffer
+    (True, 8192, 4096)
 
     **Arguments:** `closed_jaxpr`; `donated`, one flag per flat input (missing: not donated);
     `fusion`/`inplace` switch those models off (for comparison); `schedulers`, which orders to

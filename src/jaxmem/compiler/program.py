@@ -6,6 +6,8 @@ inlined, so one `Op` is one equation that really runs; scan/while/cond stay one 
 Literals and closed-over constants are `Const` operands, not values. The jaxpr is never
 modified; what a stage learns is kept in side tables indexed by `ValueId` and op index.
 
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler.jaxpr_adapter import inline
     >>> p = inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4)))
     >>> [op.primitive for op in p.ops], p.nbytes
     (['sin', 'mul'], [16, 16, 16])

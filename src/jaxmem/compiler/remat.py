@@ -11,9 +11,20 @@ earlier ones that already run their nodes (`remat_search.economize`, fewer FLOPs
 searched where XLA finds the merged one over the budget.
 
 >>> import jax, jax.numpy as jnp
->>> result = fit(step, params, batch, budget="2GiB")        # doctest: +SKIP
->>> result.fits, result.xla_total_bytes, result.recompute_flops_ratio  # doctest: +SKIP
->>> new_params = jax.jit(result.fn)(params, batch)         # doctest: +SKIP
+>>> def step(w, x):   # four tanh layers sharing w; one SGD step
+...     def loss(w):
+...         h = x
+...         for _ in range(4):
+...             h = jnp.tanh(h @ w)
+...         return h.sum()
+...     return w - 0.1 * jax.grad(loss)(w)
+>>> params, batch = jnp.ones((256, 256)), jnp.ones((512, 256))
+>>> result = fit(step, params, batch, budget="3.6MiB")     # XLA's total is 3.75 MiB as written
+>>> result.fits, result.xla_total_bytes_before, result.xla_total_bytes
+(True, 3932160, 3670144)
+>>> [(v.primitive, v.shape) for v in result.recomputed]   # one layer's tanh is recomputed
+[('tanh', (512, 256))]
+>>> new_params = jax.jit(result.fn)(params, batch)
 """
 
 from __future__ import annotations
@@ -152,8 +163,15 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         guard: str = "auto") -> FitResult:
     """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
 
-    >>> result = fit(train_step, params, batch, budget="2GiB")   # doctest: +SKIP
-    >>> jax.jit(result.fn)(params, batch)                          # doctest: +SKIP
+    >>> import jax.numpy as jnp
+    >>> def train_step(w, x):   # two tanh layers sharing w; one SGD step
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(jnp.tanh(x @ w) @ w).sum())(w)
+    >>> params, batch = jnp.ones((256, 256)), jnp.ones((512, 256))
+    >>> result = fit(train_step, params, batch, budget="2GiB")   # fits as written: nothing recomputed
+    >>> result.fits, result.recomputed
+    (True, [])
+    >>> jax.jit(result.fn)(params, batch).shape
+    (256, 256)
 
     Args:
         fn: a JAX-traceable function (typically a training step: forward and backward).

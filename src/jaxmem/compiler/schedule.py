@@ -8,6 +8,18 @@ bytes net of what it allocates; and a depth-first post-order from the outputs th
 operand with more extra users / larger subgraph first. The planner scores each by its live
 bytes and keeps the best.
 
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler.jaxpr_adapter import inline
+    >>> from jaxmem.compiler.schedule import program_order
+    >>> from jaxmem.compiler.stages import Roles
+    >>> program = inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4)))
+    >>> n = program.num_values   # values 0 (x), 1 (sin x), 2 (the output); x is external
+    >>> roles = Roles([v in program.invars for v in range(n)], [v in program.outvars for v in range(n)], [False] * n, {})
+    >>> order = program_order(program)
+    >>> from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
+    >>> from jaxmem.compiler.stages import Analysis
+    >>> fused = choose_fusion(program, order, roles, forced_fusion(program, roles))
+    >>> analysis = Analysis(roles, fusion_of(program, fused), {})
     >>> order = list_schedule(program, analysis)
     >>> sorted(order) == list(range(len(program.ops)))
     True
@@ -176,7 +188,13 @@ def topological_orders(g: Program, limit: int) -> list[list[int]] | None:
 
     For tiny programs this lets the planner prove its schedule optimal by trying them all.
 
-    >>> orders = topological_orders(graph, 1000)   # None: too many to enumerate
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler.jaxpr_adapter import inline
+    >>> topological_orders(inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4))), 1000)
+    [[0, 1]]
+    >>> wide = inline(jax.make_jaxpr(lambda x: [jnp.sin(x) + i for i in range(12)])(jnp.ones(4)))
+    >>> topological_orders(wide, 1000) is None   # too many to enumerate
+    True
     """
     nops = len(g.ops)
     preds = [set(_producers(g, oi)) for oi in range(nops)]

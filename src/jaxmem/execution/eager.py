@@ -6,9 +6,13 @@ also holds its body's temporaries (XLA's temp buffer for that one executable) wh
 Every allocation and free is recorded as a `jaxmem.trace_schema.Trace` (format "jaxmem"), so
 the run can be replayed, reported, or compared with the planned peak.
 
+    >>> import jax.numpy as jnp, numpy as np, jaxmem
+    >>> loss_fn = lambda w, x: jnp.tanh(x @ w).sum()
+    >>> params, batch = np.ones((64, 64), np.float32), np.ones((8, 64), np.float32)
     >>> device = jaxmem.Device("1GiB", backend="host", allocator="bfc", preallocate=False)
     >>> run = jaxmem.eager(loss_fn, device)(params, batch)
     >>> run.outputs, run.peak_bytes_in_use, run.stats["fragmentation"], len(run.trace.events)
+    (array(512., dtype=float32), 22528, 0.0, 10)
 
 With a "host" device each result is computed straight into the numpy view of its buffer; with
 a "simulated" device (addresses only) results live in ordinary numpy memory and only the
@@ -236,8 +240,11 @@ def _compute(op: Op, values: list[Any], slot: Callable[[int], "np.ndarray | None
 def eager(fn: Callable[..., Any], device: Any, *, compute: bool = True) -> Callable[..., EagerRun]:
     """Wrap `fn` to run op by op on `device`, allocating every result from its allocator.
 
+    >>> import jax.numpy as jnp, numpy as np, jaxmem
+    >>> f, x = lambda x: jnp.sin(x) * 2, np.ones(1024, np.float32)
     >>> run = jaxmem.eager(f, jaxmem.Device("1GiB", allocator="bfc-growth"))(x)
     >>> run.outputs, run.stats["peak_bytes_in_use"], run.trace.events[0].label
+    (array([1.682942, 1.682942, ..., dtype=float32), 12288, 'argument')
 
     **Arguments:** `fn`, a function of arrays; `device`, a `jaxmem.Device` (host or simulated);
     `compute`, False to simulate only the allocations (no arithmetic, no outputs).

@@ -1,9 +1,11 @@
 """`jaxmem.jit`: run a JAX function planned, inside one host arena of exactly the plan's size.
 
+    >>> import jax.numpy as jnp, numpy as np, jaxmem
     >>> f = jaxmem.jit(lambda x, y: jnp.tanh(x @ y).sum(0))
-    >>> out = f(np.ones((4, 3), np.float32), np.ones((3, 2), np.float32))   # numpy array
+    >>> f(np.ones((4, 3), np.float32), np.ones((3, 2), np.float32))   # a numpy array
+    array([3.980..., 3.980...], dtype=float32)
     >>> f.lower(np.ones((4, 3), np.float32), np.ones((3, 2), np.float32)).plan.arena_bytes
-    1024
+    512
 
 The first call with new argument shapes, dtypes or pytree structure traces the function, plans
 it (`jaxmem.compiler.planner.plan_jaxpr`) and compiles the plan into one generated function over
@@ -176,8 +178,16 @@ def jit(fn: Callable[..., Any] | None = None, *, device: Any = None,
         donate_argnums: int | Sequence[int] = ()) -> Any:
     """Run `fn` planned: every step writes into views of one host arena of the plan's size.
 
+    >>> import jax, jax.numpy as jnp, numpy as np, jaxmem
+    >>> def train_step(params, opt_state, batch):   # SGD with momentum
+    ...     grad = jax.grad(lambda w: jnp.tanh(batch @ w).sum())(params)
+    ...     opt_state = 0.9 * opt_state + grad
+    ...     return params - 0.1 * opt_state, opt_state, jnp.tanh(batch @ params).sum()
+    >>> params, opt_state = np.ones((64, 64), np.float32), np.zeros((64, 64), np.float32)
     >>> step = jaxmem.jit(train_step, donate_argnums=(0, 1))
-    >>> params, opt_state, loss = step(params, opt_state, batch)
+    >>> params, opt_state, loss = step(params, opt_state, np.ones((8, 64), np.float32))
+    >>> loss
+    array(512., dtype=float32)
 
     **Arguments:** `fn`, a function of arrays (pytrees) that `jax.jit` could compile; `device`,
     a `jaxmem.Device(backend="host")` to take the arena from (default: a private buffer);

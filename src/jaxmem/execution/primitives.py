@@ -7,7 +7,7 @@ is slower, never wrong and never a crash.
 
     >>> closed = jax.make_jaxpr(lambda a, b: a * b)(np.ones(3, np.float32), np.ones(3, np.float32))
     >>> kernel = kernel_for(closed.jaxpr.eqns[0])
-    >>> out = np.empty(3, np.float32); kernel.into(out, np.ones(3, np.float32), np.full(3, 2, np.float32))
+    >>> out = np.empty(3, np.float32); _ = kernel.into(out, np.ones(3, np.float32), np.full(3, 2, np.float32))
     >>> out
     array([2., 2., 2.], dtype=float32)
 

@@ -6,9 +6,13 @@ one line per step (`np.add(V3, V7, out=V9)`, `copyto(V12, K4(V9))`, `t15 = K5(V1
 is one tight loop with no per-step dispatch in Python beyond the kernel call itself. Fused
 transients are local variables of that function, dropped after their last use.
 
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler.planner import plan_jaxpr
+    >>> f, x = lambda x: jnp.sin(x) * 2, np.ones(4, np.float32)
     >>> p = plan_jaxpr(jax.make_jaxpr(f)(x))
     >>> program = compile_plan(p, np.empty(p.arena_bytes, np.uint8))
-    >>> outputs = program.run([x])
+    >>> program.run([x])
+    (array([1.682942, 1.682942, 1.682942, 1.682942], dtype=float32),)
 
 What the compiler decides statically, from the plan's offsets:
 - A step whose output overlaps one of its inputs' bytes (in place, or a view of one) writes

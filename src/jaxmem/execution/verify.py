@@ -2,7 +2,10 @@
 
 `jaxmem analyze --execute` prints what these two return.
 
-    >>> fn, args = jaxmem.examples.suite.PROGRAMS["mlp_train"].factory()
+    >>> import jax, jax.numpy as jnp, numpy as np, jaxmem
+    >>> def fn(w, x):   # one SGD step
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> args = (np.ones((64, 64), np.float32), np.ones((8, 64), np.float32))
     >>> p = jaxmem.plan(fn, *args)
     >>> compare_with_jit(fn, args, p)["ok"]
     True

@@ -56,8 +56,12 @@ _OPTIMIZER_PATH = re.compile(
 def is_backward(step: Step) -> bool:
     """True when JAX's transpose (the backward pass of autodiff) emitted this step.
 
-    >>> is_backward(step)   # a step whose eqn.source_info.name_stack is "transpose(jvp(f))"
-    True
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> [(s.primitive, is_backward(s)) for s in plan.schedule[2:5]]   # the backward part starts at 3
+    [('sub', False), ('broadcast_in_dim', True), ('mul', True)]
     """
     if step.primitive == "add_any":
         return True  # JAX emits add_any only to sum cotangents, whatever the name stack says
@@ -79,8 +83,12 @@ def backward_steps(plan: Plan) -> set[int]:
     backward part reads lies inside the backward part too. The update steps after it (an
     optimizer's) read gradients but feed no backward step, so they stay out.
 
-    >>> sorted(backward_steps(plan))[:3]
-    [235, 236, 237]
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> sorted(backward_steps(plan))
+    [3, 4, 5, 6, 7, 8]
     """
     marked = {s.index for s in plan.schedule if is_backward(s)}
     if not marked:
@@ -172,6 +180,12 @@ def argument_roles(plan: Plan, backward: set[int], gradients: set[ValueId],
                    arg_paths: Sequence[str] | None = None) -> dict[ValueId, tuple[str, str]]:
     """The category of each top-level argument and the rule that decided it (module docstring).
 
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> backward = backward_steps(plan)
+    >>> gradients = _gradients(plan, backward, _reads(plan, backward))   # as argument_reasons does
     >>> argument_roles(plan, backward, gradients)[plan.invars[-1]]
     ('inputs', 'only read: the step returns no updated value of it')
     """
@@ -211,8 +225,12 @@ def argument_roles(plan: Plan, backward: set[int], gradients: set[ValueId],
 def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict[ValueId, str]:
     """The report category of every value of a plan.
 
-    >>> value_categories(plan)[plan.invars[0]]
-    'parameters'
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> value_categories(plan)[plan.invars[0]], value_categories(plan)[plan.invars[1]]
+    ('parameters', 'inputs')
 
     Args:
         plan: a `Plan` (schedule, values, invars, outvars).
@@ -262,6 +280,10 @@ def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict
 def argument_reasons(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict[ValueId, str]:
     """How each top-level argument's category was decided, in words, for reports.
 
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
     >>> argument_reasons(plan)[plan.invars[0]]
     'its updated value is returned'
     """

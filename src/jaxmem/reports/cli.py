@@ -47,7 +47,12 @@ def _write(what: str, path: str, writer: Callable[[], Any]) -> None:
 def write_reports(args: argparse.Namespace, data: ReportData) -> None:
     """Write every report the flags ask for from one `ReportData`.
 
-    >>> write_reports(argparse.Namespace(html="r.html", pprof=None, png=None, chrome_trace=None, step=None), data)
+    >>> import tempfile, jax.numpy as jnp, jaxmem
+    >>> data = from_plan(jaxmem.plan(lambda x: jnp.sin(x) * 2, jnp.ones(4)))
+    >>> path = os.path.join(tempfile.mkdtemp(), "r.html")
+    >>> write_reports(argparse.Namespace(html=path, pprof=None, png=None, chrome_trace=None, step=None), data)
+    >>> os.path.getsize(path) > 0   # "wrote HTML report: ..." went to stderr
+    True
     """
     step = getattr(args, "step", None)
     if step is not None and not data.x_min <= step <= data.x_max:

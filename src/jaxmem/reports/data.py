@@ -85,8 +85,14 @@ class ReportData:
     """Everything a report shows, as plain data: the x range, bytes per category at each x,
     the blocks (placement map, tables, pprof), replayed allocators' lines and a summary.
 
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.data import from_plan
+    >>> data = from_plan(plan)
     >>> data.categories, data.peak_x, data.peak_bytes
-    (['parameters', 'residuals', 'temporaries', 'outputs'], 236, 3108864)
+    (['parameters', 'inputs', 'residuals', 'gradients', 'temporaries', 'outputs'], 7, 36864)
     """
 
     kind: str                      # "plan" | "replay"
@@ -270,7 +276,8 @@ def plan_blocks(plan: Plan, cats: dict[int, str] | None = None, arg_paths: list[
 def from_plan(plan: Plan, title: str = "", arg_paths: list[str] | None = None) -> ReportData:
     """Report data for a memory plan.
 
-    >>> data = from_plan(jaxmem.plan(fn, *args))
+    >>> import jax.numpy as jnp, jaxmem
+    >>> data = from_plan(jaxmem.plan(lambda x, w: jnp.tanh(x @ w).sum(), jnp.ones((8, 64)), jnp.ones((64, 64))))
     >>> data.peak_bytes == sum(b.size for b in data.live_at(data.peak_x))
     True
 
@@ -381,7 +388,12 @@ def from_replay(report: Any, trace: Any = None, title: str = "") -> ReportData:
     """Report data for a replay: in use and reserved per allocator (and the recorded allocator's
     own, for snapshots), and, given the trace, its blocks at their recorded addresses.
 
-    >>> data = from_replay(replay(trace, ["caching", "bfc"], capacity=80 << 30), trace)
+    >>> from jaxmem.traces.model import Event, Trace
+    >>> from jaxmem.traces.replay import replay
+    >>> trace = Trace([Event("alloc", 1, 1024, requested=1000), Event("free", 1, 1024)])
+    >>> data = from_replay(replay(trace, ["caching", "bfc"], capacity=80 << 30, progress=False), trace)
+    >>> data.kind, data.x_min, data.x_max, data.peak_x, data.peak_bytes
+    ('replay', 0, 1, 0, 1024)
 
     Args:
         report: a `jaxmem.traces.replay.ReplayReport`.

@@ -202,6 +202,11 @@ def render_table(heading: str, columns: list[str], rows: list[list[str]]) -> str
 def render_html(data: ReportData) -> str:
     """The report page as one string: styles, data and script inline.
 
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.data import from_plan
     >>> page = render_html(from_plan(plan))
     >>> "http" in page.split("<body")[1]
     False

@@ -39,6 +39,13 @@ def make_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[objec
     text, not markup: names from user code and trace files are shown as they are.
 
     >>> console().print(make_table("peaks", ["allocator", "peak"], [["bfc", "1.00 GiB"]], numeric=["peak"]))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    peaks
+    ┏━━━━━━━━━━━┳━━━━━━━━━━┓
+    ┃ allocator ┃     peak ┃
+    ┡━━━━━━━━━━━╇━━━━━━━━━━┩
+    │ bfc       │ 1.00 GiB │
+    └───────────┴──────────┘
     """
     table = Table(title=markup(title), title_justify="left", header_style="bold")
     for name in columns:

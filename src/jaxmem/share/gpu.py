@@ -1,6 +1,6 @@
 """A GPU's memory total from `nvidia-smi`, the number the reservation fractions are taken of.
 
-    >>> query_capacity(0)          # on a machine with an H100 80GB: 81559 MiB in bytes
+    >>> query_capacity(0)   # on an H100 80GB, 81559 MiB in bytes (needs nvidia-smi)  # doctest: +SKIP
     85520809984
 
 `nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i N` prints MiB. Where

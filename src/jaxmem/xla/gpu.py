@@ -120,7 +120,7 @@ def target_config(spec: str) -> str:
 
 
 def with_memory(text: str, capacity: int) -> str:
-    """A target description with `device_memory_size` set to `capacity` bytes: XLA:GPU's
+    r"""A target description with `device_memory_size` set to `capacity` bytes: XLA:GPU's
     scheduler and rematerialization read it (they try to keep the program within the device),
     so the preset's capacity, not the description's, must be what XLA sees.
 
@@ -239,8 +239,8 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
     """XLA:GPU's memory analysis of a TARGET for a GPU preset, compiled deviceless in a fresh
     Python (cached by lowered program, target and JAX version).
 
-    >>> ref = xla_gpu_reference("jaxmem.examples.suite:mlp_train", device="a100-40gb")
-    >>> ref.spec, ref.total_bytes > 0
+    >>> ref = xla_gpu_reference("jaxmem.examples.suite:mlp_train", device="a100-40gb")  # doctest: +SKIP
+    >>> ref.spec, ref.total_bytes > 0  # doctest: +SKIP
     ('a100_sxm_40', True)
 
     Args:

@@ -1,0 +1,303 @@
+"""A model of XLA:GPU's memory: its fusion decisions, its buffer assignment, its total.
+
+XLA:GPU fuses far more than XLA:CPU: elementwise chains become loop fusions; broadcasts,
+gathers, dynamic slices, slices, transposes and reshapes are computed inside their consumers
+(loop, reduction and GEMM fusions: a Triton GEMM reads `w1[idx]` through its operand fusion, so
+the gathered weights are never stored); reductions and dots are fusion roots whose results are
+stored; cuBLAS GEMMs take a workspace. Buffer assignment then gives arguments and outputs their
+own allocations and packs every temporary into one block, placed by a heap simulation over the
+memory scheduler's order (the best of list, DFS and post order).
+
+This module states those rules on jaxmem's own program representation (`compiler.program`,
+through the one front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and
+liveness, so no second front end or liveness model appears:
+
+    >>> pred = predict(jax.make_jaxpr(step)(params, batch), donated=[True] * n + [False] * m,
+    ...                device="h100-80gb")
+    >>> pred.total_bytes   # argument + output + temp - alias, as XLA:GPU's memory_analysis()
+
+`gpu_fusion` is also the planner's fusion base on GPU targets (`plan_jaxpr(base_fusion=...)`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.compiler.fusion import fusion_of, forced_fusion
+from jaxmem.compiler.liveness import assign_buffers
+from jaxmem.compiler.plan_types import Const
+from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
+from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
+
+# -- the fusion rules ----------------------------------------------------------------------------
+
+ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") | {"convert_element_type"}
+# Data movement XLA:GPU computes inside its consumer (gpu_fusible.cc: IsFusible; the producer
+# side of instruction_fusion.cc / priority_fusion.cc).
+MOVEMENT = frozenset({"broadcast_in_dim", "iota", "reshape", "squeeze", "expand_dims", "transpose",
+                      "gather", "dynamic_slice", "slice", "pad", "concatenate", "rev"})
+FUSIBLE_PRODUCERS = ELEMENTWISE | MOVEMENT
+# Consumers that are loop, input (reduction) or scatter/in-place fusions: they absorb any
+# fusible producer.
+LOOP_CONSUMERS = (ELEMENTWISE | MOVEMENT | {"dynamic_update_slice", "select_and_scatter_add"}
+                  | frozenset(n for n, r in RULES.items() if r.cost == "reduction"))
+# GEMMs: Triton GEMM fusions (gemm_fusion.cc) read their operands through bitcasts,
+# transposes, broadcasts, converts, slices and gathered rows; a cuBLAS call needs a stored
+# operand for anything else (an elementwise producer is materialised before the dot).
+DOT_OPERAND_PRODUCERS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "broadcast_in_dim",
+                                   "convert_element_type", "gather", "dynamic_slice", "slice", "iota"})
+# cuBLAS's workspace (gemm_rewriter.cc: kHopperWorkspace / kDefaultWorkspace), a temporary
+# beside each GEMM. Per compute capability major version.
+CUBLAS_WORKSPACE = {9: 0, 8: 0, 7: 0}
+DEVICE_SM = {"h100-80gb": 9, "h100-94gb": 9, "h200-141gb": 9, "a100-40gb": 8, "a100-80gb": 8,
+             "v100-16gb": 7, "v100-32gb": 7, "t4-16gb": 7, "l4-24gb": 8, "a10g-24gb": 8,
+             "rtx3090-24gb": 8, "rtx4090-24gb": 8}
+
+
+def _absorbs(producer: str, consumer: str, operand_index: int) -> bool:
+    if consumer in ("dot_general", "conv_general_dilated"):
+        if consumer == "conv_general_dilated":
+            return producer in ("reshape", "squeeze", "expand_dims", "transpose")
+        return producer in DOT_OPERAND_PRODUCERS
+    if consumer == "dynamic_update_slice" and operand_index == 0:
+        return False  # updated in place: the buffer itself is the operand
+    if consumer in ("scatter", "scatter-add", "scatter_add") and operand_index == 0:
+        return False
+    return consumer in LOOP_CONSUMERS or consumer.startswith("scatter")
+
+
+def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
+    """Per value, True when XLA:GPU never stores it: computed inside each of its consumers.
+
+    >>> fused = gpu_fusion(program, roles, forced_fusion(program, roles))
+
+    **Arguments:** the program, the values' roles, the fusion already forced (views of
+    arguments; `fusion.forced_fusion`).
+
+    **Returns:** per value, the fused flag (outputs and loop-body results are never fused).
+    """
+    fused = list(forced) if forced is not None else forced_fusion(g, roles)
+    for op in g.ops:
+        if op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful:
+            continue
+        v = op.outputs[0]
+        if v is None or fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+            continue
+        if len(g.users[v]) > MAX_FUSED_READERS:
+            continue
+        ok = True
+        for c in g.users[v]:
+            cop = g.ops[c]
+            for k, u in enumerate(cop.operands):
+                if u == v and not _absorbs(op.primitive, cop.primitive, k):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            fused[v] = True
+    for v in softmax_outputs(g):
+        if not roles.external[v]:
+            fused[v] = False
+    return fused
+
+
+def _no_inplace(g: Program, values: Sequence[int]) -> Program:
+    """The program with the ops making `values` as opaque fusions: a Triton softmax fusion
+    reads each row several times, so its output never takes over an operand's buffer."""
+    ops = list(g.ops)
+    for v in values:
+        oi = g.producer[v]
+        if oi >= 0:
+            ops[oi] = replace(ops[oi], primitive="gpu_row_fusion")
+    return replace(g, ops=ops)
+
+
+REDUCTIONS = frozenset(n for n, r in RULES.items() if r.cost == "reduction")
+
+
+def softmax_outputs(g: Program) -> list[int]:
+    """Values XLA:GPU stores as the output of a softmax-like fusion (softmax_rewriter_triton.cc:
+    a reduction over the minor dimension broadcast back into elementwise ops on the same rows,
+    a normalisation as in softmax, log-softmax and layer norm). The diamond's ops form one
+    Triton fusion; its result is stored unless every reader is another such op or a reduction.
+
+    **Returns:** the value ids stored.
+    """
+    nv = g.num_values
+    reduced = [False] * nv      # a (small) value computed from a row reduction
+    diamond = [False] * nv
+    for op in g.ops:
+        if len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        prim = op.primitive
+        if prim in REDUCTIONS and op.inputs:
+            axes = op.params.get("axes") or ()
+            rank = len(g.shapes[op.inputs[0]])
+            reduced[v] = rank > 0 and (rank - 1) in tuple(axes)
+        elif prim in ELEMENTWISE or prim in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim"):
+            ins = [u for u in op.inputs]
+            if prim == "broadcast_in_dim":
+                reduced[v] = any(reduced[u] for u in ins)
+                continue
+            if prim in ELEMENTWISE and len(g.shapes[v]) > 0:
+                full = [u for u in ins if g.shapes[u] == g.shapes[v]]
+                bc = [u for u in ins if reduced[u] and len(g.shapes[u]) == len(g.shapes[v])]
+                if bc and any(u not in bc for u in full):
+                    diamond[v] = True
+                    continue
+                if full and all(diamond[u] for u in full) and not reduced[v]:
+                    diamond[v] = True
+                    continue
+            if all(reduced[u] for u in ins) and ins:
+                reduced[v] = True
+    out = []
+    for v in range(nv):
+        if not diamond[v] or g.producer[v] < 0:
+            continue
+        for c in g.users[v]:
+            cop = g.ops[c]
+            if cop.primitive in REDUCTIONS:
+                continue
+            if any(w is not None and diamond[w] for w in cop.outputs):
+                continue
+            out.append(v)
+            break
+    return out
+
+
+# -- the prediction ------------------------------------------------------------------------------
+
+@dataclass
+class Prediction:
+    """XLA:GPU's figures as the model predicts them (the `memory_analysis()` fields)."""
+
+    device: str
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    seconds: float
+    scheduler: str = ""
+    fused_values: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON `predicted_xla` object."""
+        return {"device": self.device, "argument_bytes": self.argument_bytes, "output_bytes": self.output_bytes,
+                "temp_bytes": self.temp_bytes, "alias_bytes": self.alias_bytes,
+                "total_bytes": self.total_bytes, "seconds": round(self.seconds, 3),
+                "scheduler": self.scheduler}
+
+
+def output_aliases(g: Program, donated: Sequence[bool]) -> dict[int, int]:
+    """Output position -> flat argument position whose buffer it takes, as JAX pairs donated
+    arguments with outputs of the same shape and dtype (in order) when it lowers."""
+    free: dict[tuple, list[int]] = {}
+    for k, v in enumerate(g.invars):
+        if k < len(donated) and donated[k]:
+            free.setdefault((g.shapes[v], g.dtypes[v]), []).append(k)
+    out: dict[int, int] = {}
+    for j, v in enumerate(g.outvars):
+        if isinstance(v, Const):
+            continue
+        slot = free.get((g.shapes[v], g.dtypes[v]))
+        if slot:
+            out[j] = slot.pop(0)
+    return out
+
+
+def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h100-80gb") -> Prediction:
+    """Predict XLA:GPU's `memory_analysis()` for a ClosedJaxpr on a GPU preset.
+
+    >>> predict(jax.make_jaxpr(f)(x), device="a100-40gb").total_bytes
+
+    **Arguments:** `closed_jaxpr`; `donated`, one flag per flat input; `device`, a GPU preset.
+
+    **Returns:** a `Prediction` (argument, output, temp, alias bytes; total as XLA's).
+    """
+    from jaxmem.compiler import planner  # the planner's roles, schedulers and loop scratch
+
+    start = time.perf_counter()
+    g = drop_dead(ja.inline(closed_jaxpr))
+    flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
+    aliases = output_aliases(g, flags)
+    # XLA holds every argument and output in its own allocation: none of them is in the temp
+    # block, so the liveness below treats them all as external.
+    roles = planner._roles(g, [False] * len(g.invars), (), ())
+    fused = gpu_fusion(g, roles, forced_fusion(g, roles))
+    g = _no_inplace(g, softmax_outputs(g))
+    unknown: set[str] = set()
+    scratch = planner._loop_scratch(g, unknown, gpu_fusion)
+    workspace = CUBLAS_WORKSPACE.get(DEVICE_SM.get(device, 9), 4 * 2 ** 20)
+    for op in g.ops:
+        if op.primitive == "dot_general":
+            scratch[op.index] = scratch.get(op.index, 0) + workspace
+    analysis = Analysis(roles, fusion_of(g, fused), scratch)
+    best, best_name = None, ""
+    orders = {"program": planner.program_order(g)}
+    for name in ("list", "dfs"):
+        orders[name] = planner.SCHEDULERS[name](g, analysis)
+    aliased_values = {g.outvars[j] for j in aliases}
+    for name, order in orders.items():
+        temp = _temp_peak(g, order, analysis, aliased_values)
+        if best is None or temp < best:
+            best, best_name = temp, name
+    argument_bytes = sum(g.nbytes[v] for v in g.invars)
+    output_bytes = sum(g.outvar_bytes)
+    alias_bytes = sum(g.outvar_bytes[j] for j in aliases)
+    return Prediction(device, argument_bytes, output_bytes, int(best or 0), alias_bytes,
+                      time.perf_counter() - start, best_name, sum(fused))
+
+
+def _temp_peak(g: Program, order: list[int], analysis: Analysis, aliased_values: set[int] = frozenset()) -> int:
+    """Bytes of the temp block along `order` after XLA's buffer assignment: temporaries (and
+    loop bodies' and GEMMs' scratch) first reuse output allocations they do not overlap in
+    time; the rest are packed by the heap simulator."""
+    live = assign_buffers(g, order, analysis, True)
+    aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
+    return assign_temps(live.intervals, aliased)
+
+
+def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> int:
+    """XLA's buffer assignment of temporaries (buffer_assignment.cc, AssignBuffersForComputations):
+    buffers in decreasing size; each first tries an existing allocation (the smallest first)
+    that is large enough and holds nothing live at the same time: the output allocations,
+    which live only from their value's definition to the end. What is left goes to the heap
+    simulator (global decreasing-size best fit); the heap's size is the temp figure.
+
+    **Arguments:** liveness intervals (`liveness.Interval`); `aliased`, interval ids of outputs
+    that live in a donated argument's allocation (not reusable).
+
+    **Returns:** temp bytes.
+    """
+    from jaxmem.compiler.placement import place
+
+    allocs: list[tuple[int, list[tuple[int, int]]]] = []   # (size, busy spans)
+    for iv in intervals:
+        if iv.kind == "output" and iv.id not in aliased:
+            allocs.append((iv.size, [(iv.start, iv.end)]))
+    allocs.sort(key=lambda a: -a[0])
+    heap: list[tuple[int, int, int]] = []
+    temps = sorted((iv for iv in intervals if iv.kind in ("temp", "scratch") and iv.size),
+                   key=lambda iv: (-iv.size, iv.start))
+    for iv in temps:
+        for size, busy in reversed(allocs):
+            if size < iv.size:
+                continue
+            if all(iv.end < s or iv.start > e for s, e in busy):
+                busy.append((iv.start, iv.end))
+                break
+        else:
+            heap.append((iv.start, iv.end, iv.size))
+    if not heap:
+        return 0
+    return place(heap).arena

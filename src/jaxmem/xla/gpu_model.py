@@ -41,13 +41,20 @@ ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") 
 MOVEMENT = frozenset({"broadcast_in_dim", "iota", "reshape", "squeeze", "expand_dims", "transpose",
                       "gather", "dynamic_slice", "slice", "pad", "concatenate", "rev"})
 FUSIBLE_PRODUCERS = ELEMENTWISE | MOVEMENT
+# Transcendentals (HloInstruction::IsExpensive): a chain holding one is not duplicated into
+# several consumers nor into a GEMM prologue; it is stored (mlp_deep_train's silu outputs).
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "erf", "erfc", "erf_inv",
+                       "pow", "sin", "cos", "tan", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+                       "acosh", "atanh", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e",
+                       "cbrt", "polygamma", "zeta", "random_gamma_grad", "regularized_incomplete_beta"})
+DOTS = frozenset({"dot_general", "conv_general_dilated"})
 # Consumers that are loop, input (reduction) or scatter/in-place fusions: they absorb any
 # fusible producer.
 LOOP_CONSUMERS = (ELEMENTWISE | MOVEMENT | {"dynamic_update_slice", "select_and_scatter_add"}
                   | frozenset(n for n, r in RULES.items() if r.cost == "reduction"))
 # GEMMs: Triton GEMM fusions (gemm_fusion.cc) read their operands through bitcasts,
-# transposes, broadcasts, converts, slices and gathered rows; a cuBLAS call needs a stored
-# operand for anything else (an elementwise producer is materialised before the dot).
+# transposes, broadcasts, converts, slices, gathered rows and elementwise ops (a relu before a
+# dot is recomputed in the GEMM's prologue, seen in mlp_train's dump).
 DOT_OPERAND_PRODUCERS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "broadcast_in_dim",
                                    "convert_element_type", "gather", "dynamic_slice", "slice", "iota"})
 # cuBLAS's workspace (gemm_rewriter.cc: kHopperWorkspace / kDefaultWorkspace), a temporary
@@ -62,12 +69,50 @@ def _absorbs(producer: str, consumer: str, operand_index: int) -> bool:
     if consumer in ("dot_general", "conv_general_dilated"):
         if consumer == "conv_general_dilated":
             return producer in ("reshape", "squeeze", "expand_dims", "transpose")
-        return producer in DOT_OPERAND_PRODUCERS
+        return producer in DOT_OPERAND_PRODUCERS or producer in ELEMENTWISE
     if consumer == "dynamic_update_slice" and operand_index == 0:
         return False  # updated in place: the buffer itself is the operand
     if consumer in ("scatter", "scatter-add", "scatter_add") and operand_index == 0:
         return False
     return consumer in LOOP_CONSUMERS or consumer.startswith("scatter")
+
+
+def strength_reduced(g: Program) -> Program:
+    """The program as XLA:GPU's algebraic simplifier leaves its dots: a dot_general with no
+    contracting dimension (an outer product) is a multiply of broadcasts, one where a side has
+    no free dimension (a batched matrix-vector product) a multiply and a reduction
+    (algebraic_simplifier.cc, dot strength reduction). Both then fuse like any elementwise op or
+    reduction: MoE's `einsum("td,tdf->tf", x, w1[idx])` reads the gathered weights inside a
+    reduction and never stores them. Other ops are kept; the program is not copied otherwise."""
+    ops = list(g.ops)
+    changed = False
+    for op in g.ops:
+        if op.primitive != "dot_general" or len(op.inputs) < 1:
+            continue
+        kind = dot_kind(op, g)
+        if kind != "gemm":
+            ops[op.index] = replace(op, primitive="mul" if kind == "outer" else "reduce_sum")
+            changed = True
+    return replace(g, ops=ops) if changed else g
+
+
+def dot_kind(op: Any, g: Program) -> str:
+    """'gemm' (a cuBLAS/Triton GEMM), 'outer' (no contraction) or 'matvec' (a side with no free
+    dimension)."""
+    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+    operands = [u for u in op.operands]
+    if len(operands) < 2:
+        return "gemm"
+    shapes = []
+    for u in operands[:2]:
+        shapes.append(g.shapes[u] if isinstance(u, int) else tuple(getattr(getattr(u, "aval", None), "shape", ())))
+    if not lc:
+        return "outer"
+    lfree = len(shapes[0]) - len(lc) - len(lb)
+    rfree = len(shapes[1]) - len(rc) - len(rb)
+    if lfree == 0 or rfree == 0:
+        return "matvec"
+    return "gemm"
 
 
 def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
@@ -81,7 +126,13 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -
     **Returns:** per value, the fused flag (outputs and loop-body results are never fused).
     """
     fused = list(forced) if forced is not None else forced_fusion(g, roles)
+    g = strength_reduced(g)
+    costly = [False] * g.num_values   # a fused chain with a transcendental op in it
     for op in g.ops:
+        if op.primitive in EXPENSIVE or any(fused[u] and costly[u] for u in op.inputs):
+            for w in op.outputs:
+                if w is not None:
+                    costly[w] = True
         if op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful:
             continue
         v = op.outputs[0]
@@ -98,6 +149,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -
                     break
             if not ok:
                 break
+        if ok and costly[v] and (len(g.users[v]) > 1 or any(g.ops[c].primitive in DOTS for c in g.users[v])):
+            ok = False  # not duplicated into several consumers, nor into a GEMM's prologue
         if ok:
             fused[v] = True
     for v in softmax_outputs(g):
@@ -234,7 +287,7 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     # block, so the liveness below treats them all as external.
     roles = planner._roles(g, [False] * len(g.invars), (), ())
     fused = gpu_fusion(g, roles, forced_fusion(g, roles))
-    g = _no_inplace(g, softmax_outputs(g))
+    g = _no_inplace(strength_reduced(g), softmax_outputs(g))
     unknown: set[str] = set()
     scratch = planner._loop_scratch(g, unknown, gpu_fusion)
     workspace = CUBLAS_WORKSPACE.get(DEVICE_SM.get(device, 9), 4 * 2 ** 20)

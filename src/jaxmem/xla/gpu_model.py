@@ -153,9 +153,13 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -
             ok = False  # not duplicated into several consumers, nor into a GEMM's prologue
         if ok:
             fused[v] = True
-    for v in softmax_outputs(g):
+    stored, inside = softmax_outputs(g, internal=True)
+    for v in stored:
         if not roles.external[v]:
             fused[v] = False
+    for v in inside:
+        if not (roles.outputs[v] or roles.external[v]):
+            fused[v] = True
     return fused
 
 
@@ -173,13 +177,14 @@ def _no_inplace(g: Program, values: Sequence[int]) -> Program:
 REDUCTIONS = frozenset(n for n, r in RULES.items() if r.cost == "reduction")
 
 
-def softmax_outputs(g: Program) -> list[int]:
+def softmax_outputs(g: Program, internal: bool = False) -> Any:
     """Values XLA:GPU stores as the output of a softmax-like fusion (softmax_rewriter_triton.cc:
     a reduction over the minor dimension broadcast back into elementwise ops on the same rows,
     a normalisation as in softmax, log-softmax and layer norm). The diamond's ops form one
     Triton fusion; its result is stored unless every reader is another such op or a reduction.
 
-    **Returns:** the value ids stored.
+    **Returns:** the value ids stored; with `internal`, also those computed only inside the
+    fusion (`(stored, inside)`).
     """
     nv = g.num_values
     reduced = [False] * nv      # a (small) value computed from a row reduction
@@ -204,12 +209,12 @@ def softmax_outputs(g: Program) -> list[int]:
                 if bc and any(u not in bc for u in full):
                     diamond[v] = True
                     continue
-                if full and all(diamond[u] for u in full) and not reduced[v]:
+                if full and any(diamond[u] for u in full) and not reduced[v]:
                     diamond[v] = True
                     continue
             if all(reduced[u] for u in ins) and ins:
                 reduced[v] = True
-    out = []
+    out, inside = [], []
     for v in range(nv):
         if not diamond[v] or g.producer[v] < 0:
             continue
@@ -221,7 +226,9 @@ def softmax_outputs(g: Program) -> list[int]:
                 continue
             out.append(v)
             break
-    return out
+        else:
+            inside.append(v)
+    return (out, inside) if internal else out
 
 
 # -- the prediction ------------------------------------------------------------------------------

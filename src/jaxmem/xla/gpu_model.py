@@ -258,6 +258,23 @@ class Prediction:
                 "scheduler": self.scheduler}
 
 
+def op_scratch(g: Program, op: Any, workspace: int) -> int:
+    """Temporaries XLA:GPU adds around one op, live while it runs: a cuBLAS GEMM's workspace;
+    a max-pool gradient (select_and_scatter_add), which XLA:GPU expands into a variadic
+    reduce_window (the pooled values and four s32 index arrays, each the size of the source)
+    and a scatter into a zero broadcast of the operand, beside which cnn_train's dump holds
+    two more operand-sized buffers (the broadcast fusion's second output and a select fusion's)."""
+    if op.primitive == "dot_general" and dot_kind(op, g) == "gemm":
+        return workspace
+    if op.primitive == "select_and_scatter_add" and len(op.inputs) >= 2:
+        source, operand = op.inputs[0], op.inputs[-1]
+        elems = 1
+        for d in g.shapes[source]:
+            elems *= d
+        return align(g.nbytes[source]) + 4 * align(4 * elems) + 2 * align(g.nbytes[operand])
+    return 0
+
+
 def output_aliases(g: Program, donated: Sequence[bool]) -> dict[int, int]:
     """Output position -> flat argument position whose buffer it takes, as JAX pairs donated
     arguments with outputs of the same shape and dtype (in order) when it lowers."""
@@ -299,8 +316,9 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     scratch = planner._loop_scratch(g, unknown, gpu_fusion)
     workspace = CUBLAS_WORKSPACE.get(DEVICE_SM.get(device, 9), 4 * 2 ** 20)
     for op in g.ops:
-        if op.primitive == "dot_general":
-            scratch[op.index] = scratch.get(op.index, 0) + workspace
+        extra = op_scratch(g, op, workspace)
+        if extra:
+            scratch[op.index] = scratch.get(op.index, 0) + extra
     analysis = Analysis(roles, fusion_of(g, fused), scratch)
     best, best_name = None, ""
     orders = {"program": planner.program_order(g)}

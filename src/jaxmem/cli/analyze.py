@@ -585,6 +585,13 @@ def render(data: dict[str, Any], console: Any) -> None:
                         + ("cached" if gpu.get("cached") else f"compiled deviceless in {gpu['compile_seconds']:.1f} s"))
         if gpu.get("note"):
             summary.add_row("", "", Text(gpu["note"][:160], style="yellow"))
+    predicted = data.get("predicted_xla")
+    if predicted:
+        against = f"; {predicted['total_bytes'] / gpu['total_bytes']:.3f}x of XLA:GPU's" if gpu and gpu["total_bytes"] else ""
+        summary.add_row(f"predicted XLA:GPU {predicted['device']}", _size(predicted["total_bytes"]),
+                        f"arguments {_size(predicted['argument_bytes'])} + outputs {_size(predicted['output_bytes'])} "
+                        f"+ temp {_size(predicted['temp_bytes'])} - aliased {_size(predicted['alias_bytes'])}, "
+                        f"jaxmem's model of XLA:GPU's fusion in {predicted['seconds']:.2f} s{against}")
     pool = data.get("pool")
     if pool:
         on = "XLA:GPU" if pool.get("judged_on") == "xla_gpu" else "XLA:CPU"
@@ -803,6 +810,15 @@ def main(argv: list[str]) -> int:
             worker.join()
         for w in schedulers:
             w.join()
+    predicted = None
+    from jaxmem.xla.gpu import spec_for as _gpu_spec
+
+    if _gpu_spec(device[0].strip().lower()) is not None:
+        # A GPU preset: jaxmem's plan with XLA:GPU's fusion rules, and XLA:GPU's figure predicted.
+        from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
+
+        plan = _guarded(lambda: plan_on_gpu(plan), f"cannot plan {target}")
+        predicted = _guarded(lambda: predict_plan(plan, device[0].strip().lower()), f"cannot plan {target}")
     cpu_totals = None
     if schedulers:
         best, cpu_totals = better_schedule(scheduled)
@@ -845,6 +861,8 @@ def main(argv: list[str]) -> int:
     data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
                      device=device, top=args.top, gpu=gpu, pool=pool,
                      fraction=dev.mem_fraction if dev is not None else PREALLOCATE_FRACTION, note=note)
+    data["predicted_xla_bytes"] = None if predicted is None else predicted.total_bytes
+    data["predicted_xla"] = None if predicted is None else predicted.summary()
     data["xla_cpu_schedulers"] = cpu_totals
     data["total_seconds"] = time.perf_counter() - started
 

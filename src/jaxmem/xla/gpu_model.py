@@ -379,3 +379,35 @@ def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> i
     if not heap:
         return 0
     return place(heap).arena
+
+
+# -- jaxmem's own plan on a GPU target -----------------------------------------------------------
+
+def plan_on_gpu(cpu_plan: Any) -> Any:
+    """jaxmem's plan for a GPU target: the program planned again with XLA:GPU's fusion rules as
+    the fusion base (`gpu_fusion`: gathers, broadcasts, elementwise prologues computed inside
+    their consumers), the lower of that and `cpu_plan` kept. Both are checked plans that run on
+    the host: a fused value is computed as a transient right before each consumer.
+
+    >>> p = plan_on_gpu(plan(step, params, batch, donate_argnums=(0, 1), xla=False))
+
+    **Arguments:** `cpu_plan`, the plan `compiler.planner.plan` made (its jaxpr and donation
+    are reused: nothing is traced again).
+
+    **Returns:** the plan with the lower peak (its `plan_seconds` counts both).
+    """
+    from jaxmem.compiler.planner import plan_jaxpr
+
+    donated = [k in set(cpu_plan.donated) for k in range(len(cpu_plan.invars))]
+    gpu = plan_jaxpr(cpu_plan.closed_jaxpr, donated=donated, base_fusion=gpu_fusion)
+    seconds = cpu_plan.plan_seconds + gpu.plan_seconds
+    if gpu.peak_bytes < cpu_plan.peak_bytes and gpu.valid:
+        return replace(gpu, plan_seconds=seconds, trace_seconds=cpu_plan.trace_seconds, xla=cpu_plan.xla,
+                       scheduler=gpu.scheduler + "+gpu-fusion")
+    return replace(cpu_plan, plan_seconds=seconds)
+
+
+def predict_plan(plan: Any, device: str) -> Prediction:
+    """`predict` for the program a `Plan` was made from (its jaxpr and donation)."""
+    donated = [k in set(plan.donated) for k in range(len(plan.invars))]
+    return predict(plan.closed_jaxpr, donated=donated, device=device)

@@ -262,8 +262,8 @@ def op_scratch(g: Program, op: Any, workspace: int) -> int:
     """Temporaries XLA:GPU adds around one op, live while it runs: a cuBLAS GEMM's workspace;
     a max-pool gradient (select_and_scatter_add), which XLA:GPU expands into a variadic
     reduce_window (the pooled values and four s32 index arrays, each the size of the source)
-    and a scatter into a zero broadcast of the operand, beside which cnn_train's dump holds
-    two more operand-sized buffers (the broadcast fusion's second output and a select fusion's)."""
+    and a scatter into a zero broadcast written in the result's own buffer (the dump of
+    `tests/gpu/fusion_programs.py:max_pool_gradient`)."""
     if op.primitive == "dot_general" and dot_kind(op, g) == "gemm":
         return workspace
     if op.primitive == "select_and_scatter_add" and len(op.inputs) >= 2:
@@ -271,7 +271,7 @@ def op_scratch(g: Program, op: Any, workspace: int) -> int:
         elems = 1
         for d in g.shapes[source]:
             elems *= d
-        return align(g.nbytes[source]) + 4 * align(4 * elems) + 2 * align(g.nbytes[operand])
+        return align(g.nbytes[source]) + 4 * align(4 * elems)
     return 0
 
 

@@ -325,10 +325,17 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     for name in ("list", "dfs"):
         orders[name] = planner.SCHEDULERS[name](g, analysis)
     aliased_values = {g.outvars[j] for j in aliases}
+    # XLA's memory scheduler keeps the order with the least memory; each order is scored by its
+    # heap's lower bound and only the winner is placed (placement is most of the model's time).
+    scored = []
     for name, order in orders.items():
-        temp = _temp_peak(g, order, analysis, aliased_values)
-        if best is None or temp < best:
-            best, best_name = temp, name
+        live = assign_buffers(g, order, analysis, True)
+        aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
+        heap = heap_after_reuse(live.intervals, aliased)
+        bound = int(live_profile(heap, len(order)).max()) if heap else 0
+        scored.append((bound, name, heap))
+    bound, best_name, heap = min(scored, key=lambda t: t[0])
+    best = _place(heap)
     argument_bytes = sum(g.nbytes[v] for v in g.invars)
     output_bytes = sum(g.outvar_bytes)
     alias_bytes = sum(g.outvar_bytes[j] for j in aliases)
@@ -336,16 +343,19 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
                       time.perf_counter() - start, best_name, sum(fused))
 
 
-def _temp_peak(g: Program, order: list[int], analysis: Analysis, aliased_values: set[int] = frozenset()) -> int:
-    """Bytes of the temp block along `order` after XLA's buffer assignment: temporaries (and
-    loop bodies' and GEMMs' scratch) first reuse output allocations they do not overlap in
-    time; the rest are packed by the heap simulator."""
-    live = assign_buffers(g, order, analysis, True)
-    aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
-    return assign_temps(live.intervals, aliased)
-
-
 def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> int:
+    """Temp bytes after XLA's buffer assignment of these liveness intervals (see
+    `heap_after_reuse`; the heap is placed by best fit)."""
+    return _place(heap_after_reuse(intervals, aliased))
+
+
+def _place(heap: list[tuple[int, int, int]]) -> int:
+    from jaxmem.compiler.placement import place
+
+    return place(heap).arena if heap else 0
+
+
+def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> list[tuple[int, int, int]]:
     """XLA's buffer assignment of temporaries (buffer_assignment.cc, AssignBuffersForComputations):
     buffers in decreasing size; each first tries an existing allocation (the smallest first)
     that is large enough and holds nothing live at the same time: the output allocations,
@@ -355,10 +365,8 @@ def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> i
     **Arguments:** liveness intervals (`liveness.Interval`); `aliased`, interval ids of outputs
     that live in a donated argument's allocation (not reusable).
 
-    **Returns:** temp bytes.
+    **Returns:** the (start, end, size) spans left for the heap.
     """
-    from jaxmem.compiler.placement import place
-
     allocs: list[tuple[int, list[tuple[int, int]]]] = []   # (size, busy spans)
     for iv in intervals:
         if iv.kind == "output" and iv.id not in aliased:
@@ -376,9 +384,7 @@ def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> i
                 break
         else:
             heap.append((iv.start, iv.end, iv.size))
-    if not heap:
-        return 0
-    return place(heap).arena
+    return heap
 
 
 # -- jaxmem's own plan on a GPU target -----------------------------------------------------------

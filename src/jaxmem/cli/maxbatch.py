@@ -62,12 +62,13 @@ def planner_guess(target: str, name: str, minimum: int, limit: int, donate: tupl
 def predicted_guess(target: str, name: str, minimum: int, maximum: int, limit: int, donate: tuple[int, ...],
                     device: str) -> tuple[int | None, float, int]:
     """A first guess from jaxmem's model of XLA:GPU (`xla.gpu_model.predict`, no compile): the
-    largest value whose predicted XLA:GPU total is within `limit`, found by the same search on
-    predictions. (None, seconds, predictions) when the model cannot say."""
+    value where the predicted XLA:GPU total reaches `limit`: a line through the predictions at
+    `minimum` and `2 * minimum`, then one secant step through a prediction at that value.
+    (None, seconds, predictions) when the model cannot say."""
     from jaxmem.compiler import jaxpr_adapter as ja
     from jaxmem.xla.gpu import load_abstract
     from jaxmem.xla.gpu_model import predict
-    from jaxmem.xla.maxbatch import Judgement, search
+    from jaxmem.xla.maxbatch import Judgement, line_guess
 
     started = time.perf_counter()
     count = [0]
@@ -83,11 +84,14 @@ def predicted_guess(target: str, name: str, minimum: int, maximum: int, limit: i
     try:
         first = judge(minimum)
         second = judge(2 * minimum)
-        from jaxmem.xla.maxbatch import line_guess
-
-        start = line_guess([(minimum, first.total_bytes), (2 * minimum, second.total_bytes)], limit, minimum)
-        result = search(judge, limit_bytes=limit, guess=start, minimum=minimum, maximum=maximum)
-        return result.value, time.perf_counter() - started, count[0]
+        points = [(minimum, first.total_bytes), (2 * minimum, second.total_bytes)]
+        guess = line_guess(points, limit, minimum)
+        if guess is not None and guess > 2 * minimum:
+            # One secant step on the prediction at the guess (tracing a large model dominates).
+            third = judge(min(guess, maximum))
+            points.append((third.value, third.total_bytes))
+            guess = line_guess(points, limit, minimum) or guess
+        return (None if guess is None else min(guess, maximum)), time.perf_counter() - started, count[0]
     except Exception:  # the guess is only a guess: XLA judges every value anyway
         return None, time.perf_counter() - started, count[0]
 

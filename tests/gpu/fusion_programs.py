@@ -81,6 +81,14 @@ def max_pool_gradient():
     return fn, (jnp.ones((16, 64, 64, 64), jnp.float32),)
 
 
+def merged_dots():
+    """Dot merger: four GEMMs reading the same input are one GEMM whose 16 MiB result lives until
+    its last slice is read, though each tower alone needs 4 MiB."""
+    def fn(x, ws):
+        return sum(jnp.sum(jnp.tanh(x @ w), axis=1) for w in ws)
+    return fn, (jnp.ones((N, 256), jnp.float32), [jnp.ones((256, D // 4), jnp.float32) for _ in range(4)])
+
+
 BIG = N * D * 4
 STORED = {
     "elementwise_chain": False,
@@ -91,4 +99,5 @@ STORED = {
     "log_softmax_rows": True,
     "outer_product_into_scatter": False,
     "max_pool_gradient": True,
+    "merged_dots": True,
 }

@@ -6,7 +6,8 @@ gathers, dynamic slices, slices, transposes and reshapes are computed inside the
 the gathered weights are never stored); reductions and dots are fusion roots whose results are
 stored; cuBLAS GEMMs take a workspace. Buffer assignment then gives arguments and outputs their
 own allocations and packs every temporary into one block, placed by a heap simulation over the
-memory scheduler's order (the best of list, DFS and post order).
+memory scheduler's order (the best of list, DFS and post order). GEMMs that share an operand
+are one GEMM whose result lives until its last slice is read (XLA's dot merger).
 
 This module states those rules on jaxmem's own program representation (`compiler.program`,
 through the one front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and
@@ -329,9 +330,11 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     # heap's lower bound and only the winner is placed (placement is most of the model's time).
     scored = []
     for name, order in orders.items():
+        groups = merged_dots(g, order)
+        order = _merged_order(order, groups)
         live = assign_buffers(g, order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
-        heap = heap_after_reuse(live.intervals, aliased)
+        heap = heap_after_reuse(_merge_intervals(g, live, groups), aliased)
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
@@ -341,6 +344,86 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     alias_bytes = sum(g.outvar_bytes[j] for j in aliases)
     return Prediction(device, argument_bytes, output_bytes, int(best or 0), alias_bytes,
                       time.perf_counter() - start, best_name, sum(fused))
+
+
+# gpu_compiler.cc: DotMerger(max_size_to_merge = 32 MiB): dots sharing an operand are one dot
+# (its operands concatenated) when one of them reads and writes less than this.
+DOT_MERGE_BYTES = 32 << 20
+
+
+def merged_dots(g: Program, order: Sequence[int]) -> list[list[int]]:
+    """Groups of GEMMs XLA:GPU's dot merger makes one dot (dot_merger.cc): same shared operand
+    (first or second), same dimension numbers and shapes, each small enough, every other
+    operand ready when the first of them runs. Returns op indices per group (2 or more)."""
+    pos = {oi: p for p, oi in enumerate(order)}
+    buckets: dict[tuple, list[int]] = {}
+    for oi in order:
+        op = g.ops[oi]
+        if op.primitive != "dot_general" or len(op.operands) != 2 or dot_kind(op, g) != "gemm":
+            continue
+        a, b = op.operands
+        if not (isinstance(a, int) and isinstance(b, int)):
+            continue
+        out = op.outputs[0]
+        if out is None or g.nbytes[a] + g.nbytes[b] + g.nbytes[out] > DOT_MERGE_BYTES:
+            continue
+        dims = repr(op.params["dimension_numbers"])
+        buckets.setdefault((0, a, dims, g.shapes[b], g.dtypes[b]), []).append(oi)
+        buckets.setdefault((1, b, dims, g.shapes[a], g.dtypes[a]), []).append(oi)
+    groups, taken = [], set()
+    for (side, _, _, _, _), members in buckets.items():
+        members = [m for m in members if m not in taken]
+        if len(members) < 2:
+            continue
+        first = pos[members[0]]
+        ready = []
+        for m in members:
+            other = g.ops[m].operands[1 - side]
+            made = g.producer[other]
+            if made < 0 or pos.get(made, first) < first:
+                ready.append(m)
+        outs = {g.ops[m].outputs[0] for m in ready}
+        ready = [m for m in ready if not any(u in outs for u in g.ops[m].inputs)]
+        if len(ready) >= 2:
+            groups.append(ready)
+            taken.update(ready)
+    return groups
+
+
+def _merged_order(order: list[int], groups: list[list[int]]) -> list[int]:
+    """The order with each merged group run together where its first member ran."""
+    if not groups:
+        return order
+    later = {m for grp in groups for m in grp[1:]}
+    lead = {grp[0]: grp for grp in groups}
+    out = []
+    for oi in order:
+        if oi in later:
+            continue
+        out.extend(lead.get(oi, [oi]))
+    return out
+
+
+def _merge_intervals(g: Program, live: Any, groups: list[list[int]]) -> list[Any]:
+    """The liveness intervals with each merged group's results as one buffer: from the merged
+    dot to the last read of any of its slices."""
+    if not groups:
+        return live.intervals
+    from jaxmem.compiler.liveness import Interval
+
+    drop: set[int] = set()
+    extra = []
+    for grp in groups:
+        ids = {live.group[g.ops[m].outputs[0]] for m in grp}
+        ids.discard(-1)
+        members = [iv for iv in live.intervals if iv.id in ids and iv.kind == "temp"]
+        if len(members) < 2:
+            continue
+        drop.update(iv.id for iv in members)
+        extra.append(Interval(-1 - len(extra), [v for iv in members for v in iv.members],
+                              min(iv.start for iv in members), max(iv.end for iv in members),
+                              sum(iv.size for iv in members), "temp"))
+    return [iv for iv in live.intervals if iv.id not in drop] + extra
 
 
 def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> int:

@@ -246,6 +246,8 @@ class Prediction:
     seconds: float
     scheduler: str = ""
     fused_values: int = 0
+    arguments: list = None    # per flat leaf, as `XlaGpuReference.arguments` (the pool's input)
+    outputs: list = None      # per flat output, as `XlaGpuReference.outputs`
 
     @property
     def total_bytes(self) -> int:
@@ -342,8 +344,12 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     argument_bytes = sum(g.nbytes[v] for v in g.invars)
     output_bytes = sum(g.outvar_bytes)
     alias_bytes = sum(g.outvar_bytes[j] for j in aliases)
+    shape = lambda v: f"{g.dtypes[v]}{list(g.shapes[v])}"
+    arguments = [{"bytes": g.nbytes[v], "donated": bool(flags[k]), "shape": shape(v)} for k, v in enumerate(g.invars)]
+    outputs = [{"bytes": g.outvar_bytes[j], "aliases": aliases.get(j),
+                "shape": g.outvar_bytes[j] if isinstance(v, Const) else shape(v)} for j, v in enumerate(g.outvars)]
     return Prediction(device, argument_bytes, output_bytes, int(best or 0), alias_bytes,
-                      time.perf_counter() - start, best_name, sum(fused))
+                      time.perf_counter() - start, best_name, sum(fused), arguments, outputs)
 
 
 # gpu_compiler.cc: DotMerger(max_size_to_merge = 32 MiB): dots sharing an operand are one dot

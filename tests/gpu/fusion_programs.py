@@ -89,6 +89,14 @@ def merged_dots():
     return fn, (jnp.ones((N, 256), jnp.float32), [jnp.ones((256, D // 4), jnp.float32) for _ in range(4)])
 
 
+def bf16_convert_into_gemm():
+    """Mixed precision: a float32 activation cast to bfloat16 for a bfloat16 GEMM is converted
+    inside the GEMM's operand fusion; no bfloat16 copy (16 MiB) is stored."""
+    def fn(x, w):
+        return (x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(jnp.float32)
+    return fn, (jnp.ones((N, 2 * D), jnp.float32), jnp.ones((2 * D, 8), jnp.float32))
+
+
 BIG = N * D * 4
 STORED = {
     "elementwise_chain": False,
@@ -100,4 +108,5 @@ STORED = {
     "outer_product_into_scatter": False,
     "max_pool_gradient": True,
     "merged_dots": True,
+    "bf16_convert_into_gemm": False,
 }

@@ -39,9 +39,9 @@ def test_planner_remat_and_executor_read_one_program():
 
     program = inline(ja.trace(_relu_layer, _ARGS).closed_jaxpr)
     graph = remat_trace(_relu_layer, *_ARGS)
-    assert [n.primitive for n in graph.nodes] == [op.primitive for op in program.ops]
+    assert [op.primitive for op in graph.ops] == [op.primitive for op in program.ops]
     sources = [program.sources[v] for op in program.ops for v in op.outputs if v is not None]
-    assert [graph.values[v].source for n in graph.nodes for v in n.outs if v is not None] == sources
+    assert [graph.program.sources[v] for op in graph.ops for v in op.outputs if v is not None] == sources
     # jax.nn.relu's body (a jitted library call) has no user frame: its caller's line stands in
     assert all(s is not None and s.file == __file__ and s.function == "_relu_layer" for s in sources)
     assert ja.user_frames(program.ops[0].eqn)[0][:1] == (__file__,)

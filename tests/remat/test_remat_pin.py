@@ -36,7 +36,7 @@ def test_remat_pin_groups_hand_back_an_operand_and_keep_values():
     snaps = search(trace(step, *args))
     pinned = [g for g in snaps[-1].groups if g.through is not None]
     assert pinned
-    node_through = [n.through for n in snaps[-1].graph.nodes if n.body and n.through]
+    node_through = [n.through for n in snaps[-1].graph.ops if n.body and n.through]
     assert node_through and all(len(t) == 1 for t in node_through)
     ref = jax.jit(step)(*args)
     for snap in snaps[1:]:

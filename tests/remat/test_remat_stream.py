@@ -37,8 +37,8 @@ def test_remat_stream_sums_are_held_not_fused():
     step, args = _prenorm_step()
     graph = trace(step, *args)
     lv = remat_search.profile(graph)
-    stream = [v for node in graph.nodes if node.primitive == "add"
-              for v in node.outs if v is not None and graph.values[v].shape == args[1].shape]
+    stream = [v for op in graph.ops if op.primitive == "add"
+              for v in op.outputs if v is not None and graph.program.shapes[v] == args[1].shape]
     assert len(stream) == 12
     # Fusing every sum into its readers would re-emit the first sums in the readers of every
     # later one. The model holds every other sum (a held sum's operand is fused again), as

@@ -36,15 +36,15 @@ def test_remat_tail_is_elementwise_and_fed_by_the_group():
     seen = 0
     for group in candidates(graph, lv):
         tail = _tail(graph, group.chain)
-        made = {o for p in group.chain for o in graph.nodes[p].outs if o is not None}
+        made = {o for p in group.chain for o in graph.ops[p].outputs if o is not None}
         body = [p for p in group.chain if p not in tail]
         assert body, "the group keeps at least one node"
         for p in tail:
-            node = graph.nodes[p]
+            node = graph.ops[p]
             assert node.primitive not in ("dot_general", "reduce_sum", "transpose")
             assert any(w in made for w in node.inputs)  # reads a fresh copy, so no CSE
         for p in body:  # the group never reads what runs after it
-            assert not any(w in {o for q in tail for o in graph.nodes[q].outs} for w in graph.nodes[p].inputs)
+            assert not any(w in {o for q in tail for o in graph.ops[q].outputs} for w in graph.ops[p].inputs)
         seen += bool(tail)
     assert seen > 0
 

@@ -35,6 +35,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
+from jaxmem.cli import OneLineParser
 from jaxmem.errors import ConfigError, JaxmemError, PlanError
 from jaxmem.units import PRESETS, format_size, parse_size
 
@@ -48,7 +49,7 @@ TOP_BUFFERS = 10
 def build_parser() -> argparse.ArgumentParser:
     from jaxmem.reports.cli import add_arguments
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="jaxmem analyze",
         description=(__doc__ or "").strip().splitlines()[0],
         epilog="TARGET: 'path/to/file.py:factory' or 'package.module:factory'; factory() returns (fn, args).",

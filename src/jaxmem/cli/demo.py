@@ -19,6 +19,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from jaxmem.cli import OneLineParser
 from jaxmem.errors import ConfigError, OutOfMemory
 from jaxmem.runtime.device import Device
 from jaxmem.runtime.dump import bin_summary, occupancy
@@ -48,9 +49,9 @@ _STAT_ROWS = [
 
 def _parser() -> argparse.ArgumentParser:
     doc = (__doc__ or "").strip().splitlines()
-    parser = argparse.ArgumentParser(prog="jaxmem demo", description=doc[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(doc[1:]))
+    parser = OneLineParser(prog="jaxmem demo", description=doc[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="\n".join(doc[1:]))
     parser.add_argument("--capacity", default="80GiB", help="device size: bytes, '80GiB', or a preset (h100-80gb ...)")
     parser.add_argument("--allocator", default="bfc,bfc-growth,platform",
                         help=f"comma-separated, from: {', '.join(_CHOICES)}")

@@ -15,12 +15,13 @@ import json
 import sys
 from typing import Any
 
+from jaxmem.cli import OneLineParser
 from jaxmem.errors import ConfigError
 from jaxmem.units import format_size, parse_size
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="jaxmem fit",
         description=(__doc__ or "").strip().splitlines()[0],
         epilog="TARGET: 'path/to/file.py:factory' or 'package.module:factory'; factory() returns (fn, args).",

@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     if name in JAX_COMMANDS and not any(a in ("-h", "--help") for a in rest):
         from jaxmem.xla.start import quiet_jax_start
 
-        quiet_jax_start()
+        # analyze: a factory may lay out its arguments on a mesh of this host's devices (one
+        # 8-GPU node's worth), so the CPU backend starts with 8 unless the user chose a number.
+        quiet_jax_start(host_devices=8 if name == "analyze" else None)
     try:
         module = importlib.import_module(f"jaxmem.cli.{SUBCOMMANDS[name]}")
     except ImportError as err:

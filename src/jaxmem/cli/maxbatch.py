@@ -19,15 +19,16 @@ import sys
 import time
 from typing import Any
 
+from jaxmem.cli import OneLineParser
 from jaxmem.cli.analyze import add_pool_arguments, parse_donate, pool_device
 from jaxmem.errors import PlanError
 from jaxmem.units import PRESETS, format_size
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxmem maxbatch", description=(__doc__ or "").strip().splitlines()[0],
-                                     epilog="TARGET: 'path/to/file.py:factory' or 'package.module:factory'; "
-                                            "factory(NAME=value) returns (fn, args).")
+    parser = OneLineParser(prog="jaxmem maxbatch", description=(__doc__ or "").strip().splitlines()[0],
+                           epilog="TARGET: 'path/to/file.py:factory' or 'package.module:factory'; "
+                                  "factory(NAME=value) returns (fn, args).")
     parser.add_argument("target", metavar="TARGET")
     parser.add_argument("--arg", required=True, metavar="NAME", help="the factory's integer keyword argument to maximize")
     parser.add_argument("--device", default="h100-80gb", metavar="PRESET",

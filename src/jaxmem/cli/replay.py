@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 
+from jaxmem.cli import OneLineParser
 from jaxmem.errors import ConfigError
 from jaxmem.units import format_size, parse_size
 
@@ -27,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     from jaxmem.traces.replay import ALLOCATORS
 
     doc = (__doc__ or "").strip()
-    p = argparse.ArgumentParser(prog="jaxmem replay", description=doc.splitlines()[0],
-                                epilog="\n".join(doc.splitlines()[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="jaxmem replay", description=doc.splitlines()[0],
+                      epilog="\n".join(doc.splitlines()[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", metavar="TRACE", help="snapshot .pickle, Chrome trace .json, RMM .csv or jaxmem trace")
     p.add_argument("--allocator", default=",".join(ALLOCATORS),
                    help=f"comma-separated, from: {','.join(ALLOCATORS)} (default: all)")

@@ -49,6 +49,7 @@ import signal
 import sys
 from pathlib import Path
 
+from jaxmem.cli import OneLineParser
 from jaxmem.errors import ConfigError, JaxmemError
 from jaxmem.share import procinfo
 from jaxmem.share.ledger import Reservation, fraction_text, reserve
@@ -70,9 +71,9 @@ class _Signalled(BaseException):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxmem run", description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.strip().splitlines()[2:]))
+    parser = OneLineParser(prog="jaxmem run", description=__doc__.strip().splitlines()[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="\n".join(__doc__.strip().splitlines()[2:]))
     parser.add_argument("--memory", required=True, help="how much: bytes, '12GiB' or a share of the device, '30%%'")
     parser.add_argument("--device", type=int, default=0, help="GPU index as nvidia-smi numbers them (default 0)")
     parser.add_argument("--capacity", help="device memory total where nvidia-smi is missing: '80GiB' or a preset like h100-80gb")

@@ -69,7 +69,8 @@ def summarize(ref: dict[str, Any], pool: Any, *, target: str, device: tuple[str,
     key = "xla_gpu" if ref["xla_kind"] == "gpu" else "xla_cpu"
     return {
         "target": target, "device": device[0], "capacity_bytes": device[1], "devices": ref["devices"],
-        "mesh": ref["mesh"], "layout": ref.get("layout"), key: ref["xla"], "peak_bytes": ref["peak_bytes"],
+        "mesh": ref["mesh"], "layout": ref.get("layout"), "cached": bool(ref.get("cached")),
+        key: ref["xla"], "peak_bytes": ref["peak_bytes"],
         "plan": ref["plan"], "replicated_bytes": ref["replicated_bytes"], "replicated": ref["replicated"],
         f"{key}_peak_buffers": ref["peak_buffers"], f"{key}_peak_live_bytes": ref["peak_live_bytes"],
         "pool": pool.summary() if pool is not None else None,
@@ -162,6 +163,8 @@ def render(data: dict[str, Any], console: Any) -> None:
     plan = data["plan"]
     table.add_row(f"jaxmem plan ({plan['method']})", "", "", "", "", format_size(data["peak_bytes"]))
     console.print(table)
+    if data.get("cached"):
+        console.print("cached: XLA's figures and jaxmem's plan from an earlier compile of this program")
     if data.get("pool_line"):
         console.print(f"pool per device ({data['device']}): {escape(data['pool_line'])}")
     if data["replicated"]:
@@ -210,7 +213,7 @@ def render_compare(data: dict[str, Any], console: Any) -> None:
         verdict = "—" if pool is None else ("[green]fits[/]" if pool["fits"] else "[red]does not fit[/]")
         table.add_row(LAYOUT_NAMES.get(row["layout"], row["layout"]), format_size(xla["total_bytes"]),
                       format_size(row["peak_bytes"]), format_size(row["replicated_bytes"]), verdict,
-                      f"{xla['compile_seconds']:.1f} s")
+                      "cached" if row.get("cached") else f"{xla['compile_seconds']:.1f} s")
     console.print(table)
     fitting = [row["layout"] for row in data["layouts"] if row["pool"] and row["pool"]["fits"]]
     if fitting:

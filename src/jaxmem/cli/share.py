@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from jaxmem.cli import OneLineParser
 from jaxmem.errors import ConfigError
 from jaxmem.reports.escape import markup, plain
 from jaxmem.share import store
@@ -25,9 +26,9 @@ from jaxmem.units import format_size, parse_size
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxmem share", description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.strip().splitlines()[2:]))
+    parser = OneLineParser(prog="jaxmem share", description=__doc__.strip().splitlines()[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="\n".join(__doc__.strip().splitlines()[2:]))
     sub = parser.add_subparsers(dest="action", required=True)
     show = sub.add_parser("status", help="reservations, free and total per device")
     show.add_argument("--json", action="store_true", help="print JSON instead of tables")

@@ -13,9 +13,8 @@ program order, by the effect on the peak of the live-bytes profile under a given
 from __future__ import annotations
 
 from jaxmem.compiler.program import DROPPED, Program
-from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, RULES, UNKNOWN, is_view
+from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, RULES, UNKNOWN, fusible_producer, is_view
 from jaxmem.compiler.stages import Fusion, Roles, align, live_profile
-
 
 
 def forced_fusion(g: Program, roles: Roles) -> list[bool]:
@@ -36,7 +35,7 @@ def forced_fusion(g: Program, roles: Roles) -> list[bool]:
     for op in g.ops:
         for v in op.outputs:
             if v is not None and not g.users[v] and not outputs[v] and not op.effectful:
-                if _fusible_producer(op) and len(op.outputs) == 1:
+                if fusible_producer(op.primitive, op.params) and len(op.outputs) == 1:
                     fused[v] = True
     return fused
 
@@ -45,17 +44,6 @@ def op_is_view(g: Program, op) -> bool:
     """Whether an op only reinterprets its first operand's bytes (`rules.is_view`)."""
     in_dtype = g.dtypes[op.inputs[0]] if op.inputs else None
     return is_view(op.primitive, op.params, in_dtype)
-
-
-def _fusible_producer(op) -> bool:
-    fusion = RULES.get(op.primitive, UNKNOWN).fusion
-    if fusion == "transpose":
-        return True  # folded into dot/conv consumers only (see _absorbs)
-    if fusion != "producer":
-        return False
-    if op.primitive == "reshape" and op.params.get("dimensions") is not None:
-        return False
-    return True
 
 
 def expanded_inputs(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
@@ -150,7 +138,7 @@ def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) 
     memo: dict[int, list[int]] = {}
     for oi in order:
         op = g.ops[oi]
-        if len(op.outputs) != 1 or op.outputs[0] is None or not _fusible_producer(op):
+        if len(op.outputs) != 1 or op.outputs[0] is None or not fusible_producer(op.primitive, op.params):
             continue
         v = op.outputs[0]
         if fused[v] or outputs[v] or len(g.users[v]) > MAX_FUSED_READERS:

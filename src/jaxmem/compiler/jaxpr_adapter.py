@@ -364,17 +364,20 @@ def count_eqns(jaxpr: Any) -> int:
     return total
 
 
-def bind(eqn: Any, args: Sequence[Any]) -> list[Any]:
-    """Run one equation's primitive on `args` (arrays or tracers): its outputs, as a list."""
+def bind(eqn: Any, args: Sequence[Any], subfuns_ok: bool = False) -> list[Any]:
+    """Run one equation's primitive on `args` (arrays or tracers): its outputs, as a list.
+    `subfuns_ok`: also re-bind primitives that take sub-functions (shard_map), as JAX's own
+    evaluator does; only for tracing, where they are traced again."""
     prim = eqn.primitive
     # JAX releases differ: get_bind_params returns params, or (subfuns, params) with subfuns
     # empty for every primitive the front end leaves un-inlined.
     params = prim.get_bind_params(eqn.params)
+    subfuns: Sequence[Any] = ()
     if isinstance(params, tuple):
         subfuns, params = params
-        if subfuns:
+        if subfuns and not subfuns_ok:
             raise PlanError(f"cannot re-run primitive {prim.name}: it binds sub-functions")
-    result = prim.bind(*args, **params)
+    result = prim.bind(*subfuns, *args, **params)
     return list(result) if prim.multiple_results else [result]
 
 
@@ -467,8 +470,8 @@ def user_frames(eqn: Any, limit: int = 64) -> tuple[tuple[str, int, str], ...]:
     function): from the frame `source_line` takes outwards, for pprof profiles, which want the
     whole stack (library frames between the user's are kept: they are the path of the call).
 
-    >>> user_frames(closed.jaxpr.eqns[0])[0]
-    ('/home/me/train.py', 42, 'loss_fn')
+    For an equation made in `loss_fn` at line 42 of train.py, the first frame is
+    `('/home/me/train.py', 42, 'loss_fn')`.
     """
     frames = [f for f in itertools.islice(_frames(eqn), 4 * limit)]
     first_user = next((i for i, f in enumerate(frames) if f[0] == _USER), 0)
@@ -480,3 +483,146 @@ def _line(tb: Any, code: Any, lasti: int) -> int:
         return int(tb.code_addr2line(code, lasti))
     except (AttributeError, TypeError, ValueError):
         return code.co_firstlineno
+
+
+def inline_calls(closed_jaxpr: Any) -> Any:
+    """A flat copy of a ClosedJaxpr: call-like equations replaced by their bodies (with fresh
+    variables per call, so one body inlined twice stays two sets of values). Loops and other
+    primitives with nested jaxprs stay one equation. An inlined equation with no user frame of
+    its own takes its caller's source information.
+
+    >>> import jax.numpy as jnp
+    >>> flat = inline_calls(jax.make_jaxpr(lambda x: jax.jit(jnp.sin)(x) * 2)(1.0))
+    >>> [eqn_name(e) for e in flat.jaxpr.eqns]
+    ['sin', 'mul']
+    """
+    jaxpr, consts = split_closed(closed_jaxpr)
+    constvars, constvals, eqns = list(jaxpr.constvars), list(consts), []
+
+    def resolve(env: dict[Any, Any], atom: Any) -> Any:
+        return atom if isinstance(atom, jcore.Literal) else env.get(atom, atom)
+
+    def walk(inner: Any, env: dict[Any, Any], outer: Any) -> None:
+        for eqn in inner.eqns:
+            operands = [resolve(env, a) for a in eqn.invars]
+            body = call_body(eqn)
+            if body is not None:
+                sub, sub_consts = body
+                sub_env: dict[Any, Any] = {}
+                for var, const in zip(sub.constvars, sub_consts):
+                    sub_env[var] = jcore.Var(var.aval)
+                    constvars.append(sub_env[var])
+                    constvals.append(const)
+                sub_env.update(zip(sub.invars, operands))
+                walk(sub, sub_env, eqn if source_line(eqn) is not None else outer)
+                for var, atom in zip(eqn.outvars, sub.outvars):
+                    if not isinstance(var, jcore.DropVar):
+                        env[var] = resolve(sub_env, atom)
+                continue
+            outs = []
+            for var in eqn.outvars:
+                if isinstance(var, jcore.DropVar):
+                    outs.append(var)
+                else:
+                    env[var] = jcore.Var(var.aval)
+                    outs.append(env[var])
+            info = outer.source_info if outer is not None and source_line(eqn) is None else eqn.source_info
+            eqns.append(eqn.replace(invars=operands, outvars=outs, source_info=info))
+
+    env: dict[Any, Any] = {}
+    walk(jaxpr, env, None)
+    flat = jcore.Jaxpr(constvars, list(jaxpr.invars), [resolve(env, a) for a in jaxpr.outvars], eqns,
+                       jaxpr.effects, jaxpr.debug_info)
+    return jcore.ClosedJaxpr(flat, constvals)
+
+
+def with_avals(closed_jaxpr: Any, shapes: dict[Any, tuple[int, ...]],
+               extra: dict[int, list[tuple[str, int]]] | None = None) -> Any:
+    """A copy of a flat ClosedJaxpr (see `inline_calls`) whose variables have the shapes in
+    `shapes` (others keep theirs), for planning a per-device program. `extra[i]` lists buffers
+    `(primitive name, bytes)` that equation i reads besides its operands (collectives' buffers):
+    each becomes an equation of that name, after equation i's operands, and an operand of i.
+    The copy is for planning only: parameters still describe the original shapes.
+    """
+    jaxpr, consts = split_closed(closed_jaxpr)
+    extra = extra or {}
+    env: dict[Any, Any] = {}
+    prims: dict[str, Any] = {}
+
+    def var(old: Any) -> Any:
+        if isinstance(old, (jcore.Literal, jcore.DropVar)):
+            return old
+        if old not in env:
+            aval = old.aval
+            shape = shapes.get(old)
+            if shape is not None and tuple(shape) != tuple(aval.shape):
+                aval = jax.core.ShapedArray(tuple(shape), aval.dtype, weak_type=getattr(aval, "weak_type", False))
+            env[old] = jcore.Var(aval)
+        return env[old]
+
+    eqns = []
+    for i, eqn in enumerate(jaxpr.eqns):
+        operands = [var(a) for a in eqn.invars]
+        for name, nbytes in extra.get(i, ()):
+            prim = prims.setdefault(name, jcore.Primitive(name))
+            buf = jcore.Var(jax.core.ShapedArray((int(nbytes),), np.uint8))
+            sources = [a for a in operands if not isinstance(a, jcore.Literal)]
+            eqns.append(jcore.new_jaxpr_eqn(sources, [buf], prim, {}, frozenset(), eqn.source_info))
+            operands.append(buf)
+        eqns.append(eqn.replace(invars=operands, outvars=[var(v) for v in eqn.outvars]))
+    new = jcore.Jaxpr([var(v) for v in jaxpr.constvars], [var(v) for v in jaxpr.invars],
+                      [var(a) for a in jaxpr.outvars], eqns, jaxpr.effects, jaxpr.debug_info)
+    return jcore.ClosedJaxpr(new, consts)
+
+
+def flat_structure(closed_jaxpr: Any) -> tuple[list[Any], list[tuple[list[Any], list[Any]]], dict[Any, tuple[int, ...]]]:
+    """A flat ClosedJaxpr's data flow with its variables as opaque keys: the inputs, each
+    equation's operands and outputs (literals and dropped outputs left out), and every
+    variable's shape. For passes outside the compiler that only need who reads what.
+
+    >>> import jax.numpy as jnp
+    >>> ins, eqns, shapes = flat_structure(jax.make_jaxpr(lambda x: jnp.sin(x) + 1)(jnp.ones(3)))
+    >>> len(ins), len(eqns), shapes[ins[0]]
+    (1, 2, (3,))
+    """
+    jaxpr, _ = split_closed(closed_jaxpr)
+    shapes: dict[Any, tuple[int, ...]] = {v: tuple(int(d) for d in v.aval.shape) for v in jaxpr.invars}
+    eqns = []
+    for eqn in jaxpr.eqns:
+        operands = [a for a in eqn.invars if not is_literal(a)]
+        outputs = [v for v in eqn.outvars if not is_dropvar(v)]
+        shapes.update((v, tuple(int(d) for d in v.aval.shape)) for v in outputs)
+        eqns.append((operands, outputs))
+    return list(jaxpr.invars), eqns, shapes
+
+
+def run_with_scopes(closed_jaxpr: Any, prefix: str) -> Callable[..., list[Any]]:
+    """A function of the flat arguments that runs a flat ClosedJaxpr (`inline_calls`) with
+    equation i bound under `jax.named_scope(f"{prefix}{i}")`: the same program for XLA (names
+    are metadata), with every HLO instruction traceable to its equation."""
+    jaxpr, consts = split_closed(closed_jaxpr)
+
+    def run(*args: Any) -> list[Any]:
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+
+        def read(atom: Any) -> Any:
+            return literal_value(atom) if is_literal(atom) else env[atom]
+
+        for i, eqn in enumerate(jaxpr.eqns):
+            with jax.named_scope(f"{prefix}{i}"):
+                outs = bind(eqn, [read(a) for a in eqn.invars], subfuns_ok=True)
+            for var, out in zip(eqn.outvars, outs):
+                if not is_dropvar(var):
+                    env[var] = out
+        return [read(a) for a in jaxpr.outvars]
+
+    return run
+
+
+def single_shard_map_body(closed_jaxpr: Any) -> Any | None:
+    """The body (a ClosedJaxpr, per-device shapes) of a program that is one `shard_map`, else None."""
+    eqns = closed_jaxpr.jaxpr.eqns
+    if len(eqns) != 1 or eqns[0].primitive.name != "shard_map":
+        return None
+    return as_closed(eqns[0].params["jaxpr"])

@@ -13,18 +13,24 @@ modified; what a stage learns is kept in side tables indexed by `ValueId` and op
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jaxmem.compiler.plan_types import Const, SourceLine, ValueId
 
-INPUT = -1    # `Program.producer` of a program input
-DROPPED = -2  # `Program.producer` of a value whose op was dropped as dead code
+INPUT = -1       # `Program.producer` of a program input
+DROPPED = -2     # `Program.producer` of a value whose op was dropped as dead code
+RECOMPUTED = -3  # `Program.producer` of a copy remat made: its op is in a rewrite, not in `ops`
 
 
 @dataclass
 class Op:
-    """One equation that runs: operands and outputs renamed to program values."""
+    """One equation that runs: operands and outputs renamed to program values.
+
+    Rematerialization rewrites a program by building new op lists, never by changing an op: a
+    copy (`renamed`) keeps its original's `index`. A recompute group is an op with no `eqn`
+    whose `body` holds the recomputed ops (see `remat_graph`).
+    """
 
     index: int
     eqn: Any                       # the jaxpr equation (read-only), for the executor
@@ -34,10 +40,24 @@ class Op:
     inputs: list[ValueId]          # distinct value operands, in first-use order
     source: SourceLine | None
     effectful: bool = False        # has effects: never dropped, never recomputed
+    # remat's rewrites only
+    recompute: bool = False        # a recomputed copy (or a recompute group)
+    body: tuple["Op", ...] = ()    # a group's recomputed ops
+    guard: str = ""                # how XLA is kept from merging a group back: "cond", "barrier"
+    body_ins: tuple[ValueId, ...] = ()  # the ids `body` reads, bound positionally to `operands`
+    through: tuple[tuple[ValueId, ValueId], ...] = ()  # (output, body_ins id): operands a
+                                   # group hands back unchanged, so their later readers wait for it
 
     @property
     def params(self) -> dict[str, Any]:
         return self.eqn.params
+
+    def renamed(self, operands: list[ValueId | Const], outputs: list[ValueId | None] | None = None,
+                **changes: Any) -> "Op":
+        """A copy reading `operands` (and making `outputs`); this op is left as it is."""
+        inputs = list(dict.fromkeys(v for v in operands if not isinstance(v, Const)))
+        return replace(self, operands=list(operands), outputs=list(self.outputs if outputs is None else outputs),
+                       inputs=inputs, **changes)
 
 
 @dataclass

@@ -120,8 +120,8 @@ def _recomputed(graph: Graph, snap: Snapshot) -> list[RecomputedValue]:
     found = []
     for group in snap.groups:
         for vid, maker in zip(group.values, group.makers):
-            meta = graph.values[vid]
-            found.append(RecomputedValue(meta.shape, meta.dtype, meta.nbytes, maker, meta.source,
+            p = graph.program
+            found.append(RecomputedValue(p.shapes[vid], p.dtypes[vid], p.nbytes[vid], maker, p.sources[vid],
                                          tuple(group.primitives), group.flops))
     return found
 

@@ -1,14 +1,16 @@
-"""A flat, rewritable copy of a traced function: the graph the rematerialization pass edits.
+"""The rewritable view of a traced function that the rematerialization pass edits.
 
-`trace(fn, *args)` takes the front end's program of `fn` (`jaxpr_adapter.trace` and `inline`:
-call-like primitives inlined, every variable renamed to an int), one node per op. The jaxpr itself is never mutated: a `Node` keeps the
-equation it came from and the operands it reads after renaming, and a rewrite builds new node
-lists. `as_function(graph)` turns a graph back into a plain function of the same pytree
-arguments, one `Primitive.bind` per node, that `jax.jit` and `jax.make_jaxpr` accept.
+`trace(fn, *args)` takes the front end's `Program` of `fn` (`jaxpr_adapter.trace` and
+`inline`: call-like primitives inlined, every variable renamed to an int). A `Graph` is that
+program's ops in the order remat runs them, with the program's value tables: a rewrite builds a
+new op list (`Op.renamed` copies, recompute groups), and a recomputed copy of a value is one
+more value of the program (producer `RECOMPUTED`). `as_function(graph)` turns a graph back
+into a plain function of the same pytree arguments, one `Primitive.bind` per op, that
+`jax.jit` and `jax.make_jaxpr` accept.
 
 >>> import jax.numpy as jnp
 >>> g = trace(lambda x: jnp.sin(x) * 2, jnp.ones(3))
->>> [n.primitive for n in g.nodes]
+>>> [op.primitive for op in g.ops]
 ['sin', 'mul']
 >>> float(as_function(g)(jnp.zeros(3))[0])
 0.0
@@ -23,81 +25,49 @@ from typing import Any, Callable
 import jax
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.compiler.plan_types import Const, SourceLine
+from jaxmem.compiler.plan_types import Const, ValueId
+from jaxmem.compiler.program import RECOMPUTED, Op, Program
 from jaxmem.errors import PlanError
 
 
-@dataclass(frozen=True)
-class Node:
-    """One equation of the flat program.
-
-    `eqn` is the original jaxpr equation (read-only), or None for a recompute group that remat
-    inserted: then `body` holds the recomputed nodes, `ins` their operands (the last one an
-    anchor that only orders the group), `outs` the copies later nodes read, and `guard` how the
-    group is kept from being merged back into the original by XLA ("cond" or "barrier").
-    `ins` are value ids or `Const` literals; `outs` are value ids, None for a dropped output.
-    `origin` is the index in the original program of the node this one recomputes (or is).
-    """
-
-    eqn: Any
-    ins: tuple[int | Const, ...]
-    outs: tuple[int | None, ...]
-    origin: int
-    recompute: bool = False
-    body: tuple["Node", ...] = ()
-    guard: str = ""
-    body_ins: tuple[int, ...] = ()   # the ids `body` reads, bound positionally to `ins`
-    through: tuple[tuple[int, int], ...] = ()  # (out id, body_ins id): operands handed back
-                                               # unchanged, so their later readers wait for it
-
-    @property
-    def primitive(self) -> str:
-        return f"remat[{self.guard}]" if self.eqn is None else ja.eqn_name(self.eqn)
-
-    @property
-    def inputs(self) -> list[int]:
-        return [v for v in self.ins if not isinstance(v, Const)]
-
-
-@dataclass(frozen=True)
-class ValueMeta:
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    source: SourceLine | None
-    aval: Any = None
+def group_op(operands: list[ValueId], outputs: list[ValueId], body: list[Op], guard: str,
+             through: tuple[tuple[ValueId, ValueId], ...] = ()) -> Op:
+    """A recompute group: `body` runs as one op reading `operands` (the last an anchor that only
+    orders it) and making `outputs`, the copies later ops read (see `_run_group`)."""
+    return Op(-1, None, f"remat[{guard}]", list(operands), list(outputs), list(dict.fromkeys(operands)),
+              None, recompute=True, body=tuple(body), guard=guard, body_ins=tuple(operands), through=through)
 
 
 @dataclass
 class Graph:
-    """A flat program: nodes in order, the ids of its flat inputs and outputs, value metadata.
-    Literals and closed-over constants are `Const` operands, as in `program.Program`."""
+    """A traced program as remat rewrites it: `ops` in the order they run (recompute groups
+    inserted), its outputs, and what `as_function` needs to take and give back pytrees. Value
+    facts (shapes, dtypes, bytes, sources) are read from `program`."""
 
-    nodes: list[Node]
-    invars: list[int]
-    outvars: list[int | Const]
-    values: dict[int, ValueMeta]
+    program: Program
+    ops: list[Op]
+    outvars: list[ValueId | Const]
     in_tree: Any
     out_tree: Any
     donated: frozenset[int] = frozenset()  # flat input positions donated
-    next_id: int = 0
 
-    def new_id(self, like: int) -> int:
-        """A fresh value id with the same metadata as `like`."""
-        vid = self.next_id
-        self.next_id += 1
-        self.values[vid] = self.values[like]
-        return vid
+    @property
+    def invars(self) -> list[ValueId]:
+        return self.program.invars
 
-    def with_nodes(self, nodes: list[Node], outvars: list[int | Const]) -> "Graph":
-        """A graph sharing this one's metadata, with other nodes and outputs."""
-        return Graph(nodes, self.invars, outvars, self.values, self.in_tree, self.out_tree, self.donated,
-                     self.next_id)
+    def new_id(self, like: ValueId) -> ValueId:
+        """A fresh value with the same shape, dtype, bytes and source as `like`."""
+        p = self.program
+        return p.new_value(p.shapes[like], p.dtypes[like], p.nbytes[like], p.avals[like], RECOMPUTED, p.sources[like])
+
+    def with_ops(self, ops: list[Op], outvars: list[ValueId | Const]) -> "Graph":
+        """A graph of the same program with other ops and outputs."""
+        return Graph(self.program, ops, outvars, self.in_tree, self.out_tree, self.donated)
 
 
 def trace(fn: Callable, *args: Any, donate_argnums: int | tuple[int, ...] = ()) -> Graph:
-    """Trace `fn(*args)` into a flat `Graph`: the front end's program (`jaxpr_adapter.inline`),
-    one node per op, ready to be rewritten.
+    """Trace `fn(*args)` into a `Graph`: the front end's program (`jaxpr_adapter.inline`),
+    ready to be rewritten.
 
     Args:
         fn: a JAX-traceable function.
@@ -105,15 +75,11 @@ def trace(fn: Callable, *args: Any, donate_argnums: int | tuple[int, ...] = ()) 
         donate_argnums: positional arguments whose buffers the caller donates.
 
     Returns:
-        The flat graph, with call-like primitives inlined.
+        The graph, with call-like primitives inlined.
     """
     traced = ja.trace(fn, args, donate_argnums=donate_argnums)
     p = ja.inline(traced.closed_jaxpr)
-    values = {v: ValueMeta(p.shapes[v], p.dtypes[v], p.nbytes[v], p.sources[v], p.avals[v])
-              for v in range(p.num_values)}
-    nodes = [Node(op.eqn, tuple(op.operands), tuple(op.outputs), k) for k, op in enumerate(p.ops)]
-    return Graph(nodes, list(p.invars), list(p.outvars), values, traced.in_tree, traced.out_tree,
-                 frozenset(traced.donated), p.num_values)
+    return Graph(p, list(p.ops), list(p.outvars), traced.in_tree, traced.out_tree, frozenset(traced.donated))
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -143,43 +109,43 @@ def check_arguments(graph: Graph, args: tuple[Any, ...]) -> list[Any]:
             raise PlanError("arguments have the traced leaves but other static fields (a pytree's "
                             "non-array attributes differ from those fit traced)")
     leaves = [leaf for _, leaf in with_paths]
+    p = graph.program
     for (path, leaf), vid in zip(with_paths, graph.invars):
-        meta = graph.values[vid]
         shape = tuple(getattr(leaf, "shape", ()))
         dtype = getattr(leaf, "dtype", None)
-        if shape != tuple(meta.shape) or (dtype is not None and str(dtype) != meta.dtype):
+        if shape != tuple(p.shapes[vid]) or (dtype is not None and str(dtype) != p.dtypes[vid]):
             raise PlanError(f"argument args{jax.tree_util.keystr(path)[:120]} is "
-                            f"{dtype or type(leaf).__name__}{list(shape)} where fit traced {meta.dtype}{list(meta.shape)}")
+                            f"{dtype or type(leaf).__name__}{list(shape)} where fit traced {p.dtypes[vid]}{list(p.shapes[vid])}")
     return leaves
 
 
 def run(graph: Graph, flat_args: list[Any]) -> list[Any]:
-    """Evaluate the graph on flat arguments, one `bind` per node; works under tracing too."""
+    """Evaluate the graph on flat arguments, one `bind` per op; works under tracing too."""
     env: dict[int, Any] = dict(zip(graph.invars, flat_args))
 
     def read(v: int | Const) -> Any:
         return v.value if isinstance(v, Const) else env[v]
 
-    _run_nodes(graph.nodes, env)
+    _run_ops(graph.ops, env)
     return [read(v) for v in graph.outvars]
 
 
-def _run_nodes(nodes: Any, env: dict[int, Any]) -> None:
+def _run_ops(ops: Any, env: dict[int, Any]) -> None:
     def read(v: int | Const) -> Any:
         return v.value if isinstance(v, Const) else env[v]
 
-    for node in nodes:
-        invals = [read(v) for v in node.ins]
-        if node.eqn is None:
-            outvals = _run_group(node, invals, env)
+    for op in ops:
+        invals = [read(v) for v in op.operands]
+        if op.eqn is None:
+            outvals = _run_group(op, invals, env)
         else:
-            outvals = ja.bind(node.eqn, invals)
-        for vid, val in zip(node.outs, outvals):
+            outvals = ja.bind(op.eqn, invals)
+        for vid, val in zip(op.outputs, outvals):
             if vid is not None:
                 env[vid] = val
 
 
-def _run_group(node: Node, invals: list[Any], env: dict[int, Any]) -> list[Any]:
+def _run_group(group: Op, invals: list[Any], env: dict[int, Any]) -> list[Any]:
     """Run a recompute group so that XLA keeps it a separate computation.
 
     "barrier": the operands pass through `optimization_barrier`, as `jax.checkpoint` does.
@@ -190,20 +156,20 @@ def _run_group(node: Node, invals: list[Any], env: dict[int, Any]) -> list[Any]:
     anchor exists. (Identical branches do not work: XLA hoists code common to all branches
     out of the cond, and CSE merges it back.)
     """
-    # Later rewrites may rename the group's operands (`ins`); its body keeps reading the ids it
+    # Later rewrites may rename the group's operands; its body keeps reading the ids it
     # was built with, bound here by position. Anything else it reads comes from the caller's env.
-    ids = node.body_ins
-    made = {vid for n in node.body for vid in n.outs}
-    consts = {vid: env[vid] for n in node.body for vid in n.inputs if vid not in ids and vid not in made}
+    ids = group.body_ins
+    made = {vid for n in group.body for vid in n.outputs}
+    consts = {vid: env[vid] for n in group.body for vid in n.inputs if vid not in ids and vid not in made}
 
     def body(*operands: Any) -> list[Any]:
         inner = dict(consts)
         inner.update(zip(ids, operands))
-        _run_nodes(node.body, inner)
-        inner.update((out, inner[src]) for out, src in node.through)
-        return [inner[v] if v is not None else None for v in node.outs]
+        _run_ops(group.body, inner)
+        inner.update((out, inner[src]) for out, src in group.through)
+        return [inner[v] if v is not None else None for v in group.outputs]
 
-    if node.guard == "barrier":
+    if group.guard == "barrier":
         return body(*jax.lax.optimization_barrier(tuple(invals)))
     # The predicate is always true, but XLA cannot prove it: the population count of any
     # 32-bit word is at most 32. The other branch returns zeros, so the branches differ and

@@ -74,10 +74,13 @@ RULES: dict[str, Rule] = {
     **_rows("optimization_barrier", Rule("elementwise", recomputable=False)),
     **_rows("reshape squeeze expand_dims", Rule("view", "producer", True, "movement")),
     **_rows("bitcast_convert_type", Rule("view", cost="movement")),
+    # sharding annotations: the value itself, on each device (any resharding they cause is a
+    # collective XLA inserts, planned from its partitioned module where jaxmem has one)
+    **_rows("pvary reshard sharding_constraint", Rule("view", cost="movement")),
     **_rows("broadcast_in_dim iota", Rule("fresh", "producer", True, "movement")),
     **_rows("transpose", Rule("fresh", "transpose", True, "movement")),
     **_rows("concatenate dynamic_slice pad rev slice", Rule("fresh", absorbs=True, cost="movement")),
-    **_rows("device_put gather pvary select_and_gather_add sharding_constraint split", Rule("fresh", cost="movement")),
+    **_rows("device_put gather select_and_gather_add split", Rule("fresh", cost="movement")),
     **_rows("dynamic_update_slice", Rule("update", absorbs=True, cost="movement")),
     **_rows("""scatter scatter-add scatter_add scatter-mul scatter_mul scatter-min scatter_min scatter-max
                scatter_max scatter-sub scatter_sub""", Rule("update", cost="reduction")),
@@ -101,7 +104,8 @@ RULES: dict[str, Rule] = {
                threefry2x32 tie_in top_k triangular_solve tridiagonal tridiagonal_solve""", Rule("fresh")),
     # effects, collectives, and randomness that draws fresh state
     **_rows("""all_gather all_to_all debug_callback debug_print infeed io_callback outfeed ppermute psum
-               pure_callback random_seed random_unwrap random_wrap rng_bit_generator rng_uniform""",
+               psum_invariant pure_callback random_seed random_unwrap random_wrap reduce_scatter
+               rng_bit_generator rng_uniform""",
             Rule("fresh", recomputable=False)),
 }
 
@@ -136,6 +140,27 @@ def is_view(primitive: str, params: dict | None = None, in_dtype: str | None = N
             return False  # a reshape with a transposition moves data
         return True
     return False
+
+
+def fusible_producer(primitive: str, params: dict | None = None, *, every_cheap_op: bool = False) -> bool:
+    """Whether a value this primitive makes may be computed inside its readers instead of stored.
+
+    The planner's fusion model fuses the table's "producer" and "transpose" roles (a transpose
+    only into dot-like readers), but not a reshape that transposes, which moves data.
+    `every_cheap_op=True` is remat's model of XLA:CPU's loop fusion, which fuses slices, pads,
+    concatenates and copies as well: every `cheap` primitive.
+
+        >>> fusible_producer("add"), fusible_producer("slice"), fusible_producer("slice", every_cheap_op=True)
+        (True, False, True)
+    """
+    if every_cheap_op:
+        return primitive in CHEAP
+    fusion = RULES.get(primitive, UNKNOWN).fusion
+    if fusion == "transpose":
+        return True
+    if fusion != "producer":
+        return False
+    return not (primitive == "reshape" and params and params.get("dimensions") is not None)
 
 
 def inplace_candidates(primitive: str, params: dict, operands: list, num_outputs: int) -> list[list[int]]:

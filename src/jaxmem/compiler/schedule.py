@@ -238,41 +238,37 @@ def sink_schedule(g: Program, analysis: Analysis, order: list[int]) -> list[int]
     for p, oi in enumerate(order):
         for u in reads[oi]:
             last[u] = p
-    consumers: list[list[int]] = [[] for _ in range(nops)]
-    for oi in range(nops):
-        for p in _producers(g, oi):
-            consumers[p].append(oi)
-    sink = [False] * nops
+    sunk = [False] * nops
     for oi in order:
-        if not consumers[oi]:
-            continue  # results only leave the program: nothing to wait for
         grow = _alloc_bytes(g, oi, fused, external)
         frees = sum(align(g.nbytes[u]) for u in reads[oi]
                     if last[u] == pos[oi] and not external[u] and not outputs[u])
-        sink[oi] = grow > frees
-    emitted = [False] * nops
-    result: list[int] = []
+        sunk[oi] = grow > frees
+    return sink(order, [_producers(g, oi) for oi in range(nops)], sunk)
 
-    def emit(oi: int) -> None:
-        # Iterative: emit the pending producers of `oi` (and theirs) first, in original order.
-        stack = [(oi, False)]
-        while stack:
-            node, ready = stack.pop()
-            if emitted[node]:
-                continue
-            if ready:
-                emitted[node] = True
-                result.append(node)
-                continue
-            stack.append((node, True))
-            waiting = [p for p in _producers(g, node) if not emitted[p]]
-            for p in sorted(waiting, key=lambda q: -pos[q]):
-                stack.append((p, False))
 
-    for oi in order:
-        if sink[oi]:
-            continue  # emitted when its first consumer needs it
-        emit(oi)
-    for oi in order:  # anything still pending (consumers all sunk too) keeps its place at the end
-        emit(oi)
-    return result
+def sink(order: list[int], producers: list[list[int]], sunk: list[bool]) -> list[int]:
+    """`order` with every op flagged in `sunk` delayed to just before its first consumer (ops
+    delayed to the same consumer keep their relative order). An op nothing reads keeps its
+    place: its results only leave the program. Shared by the planner's local search and
+    remat's model of XLA's fusion (`remat_search.sink_fused`).
+
+        >>> sink([0, 1, 2], [[], [], [0]], [True, False, False])
+        [1, 0, 2]
+
+    **Arguments:** an order of op indices; per op, the ops it reads from; per op, whether to delay it.
+
+    **Returns:** a new topological order.
+    """
+    consumers: list[list[int]] = [[] for _ in producers]
+    for oi, prods in enumerate(producers):
+        for p in prods:
+            consumers[p].append(oi)
+    # An op's key is the position it runs before (its own, unless delayed), then its position.
+    key = [(0, 0)] * len(producers)
+    for p in range(len(order) - 1, -1, -1):
+        oi = order[p]
+        key[oi] = (p, p)
+        if sunk[oi] and consumers[oi]:
+            key[oi] = (min(key[c][0] for c in consumers[oi]), p)
+    return sorted(order, key=key.__getitem__)

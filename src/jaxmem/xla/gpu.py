@@ -202,6 +202,19 @@ def cache_write(directory: str, key: str, data: dict[str, Any]) -> None:
         pass
 
 
+def dump_dir_from_flags(flags: str | None = None) -> str | None:
+    """Where XLA writes its dumps: the last `--xla_dump_to=` in `flags` (default: $XLA_FLAGS).
+
+    >>> dump_dir_from_flags("--xla_foo=1 --xla_dump_to=/a --xla_dump_to=/b"), dump_dir_from_flags("")
+    ('/b', None)
+    """
+    found = None
+    for token in (os.environ.get("XLA_FLAGS", "") if flags is None else flags).split():
+        if token.startswith("--xla_dump_to="):
+            found = token.split("=", 1)[1]
+    return found
+
+
 # -- the parent side -------------------------------------------------------------------------
 
 def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -705,10 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=TOP_BUFFERS)
     parser.add_argument("--no-cache", action="store_true")
     args = parser.parse_args(argv)
-    dump_dir = None
-    for token in os.environ.get("XLA_FLAGS", "").split():
-        if token.startswith("--xla_dump_to="):
-            dump_dir = token.split("=", 1)[1]
+    dump_dir = dump_dir_from_flags()
     try:
         quiet_jax_start()
         kwargs = _parse_kwargs(args.kwarg)

@@ -5,7 +5,8 @@ mesh of this host's devices). jaxmem maps that mesh onto as many compile-only GP
 (`topology="1x1xN"`, deviceless) or onto N host devices
 (`--xla_force_host_platform_device_count`), compiles the partitioned program in a subprocess, and
 reads XLA's per-device `memory_analysis()`. Next to it, jaxmem plans the per-device program
-itself (see `per_device_jaxpr`) and lists what is replicated.
+itself, each value at the per-device shape XLA's sharding propagation gave it and each collective
+XLA inserted as a buffer (see `plan_from_hlo`), and lists what is replicated.
 
     ref = sharded_reference("my_model.py:make_step", device="h100-80gb")
     ref["devices"], ref["xla"]["total_bytes"], ref["peak_bytes"], ref["replicated_bytes"]
@@ -21,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -225,22 +227,11 @@ def replicated(args: Sequence[Any], sizes: dict[str, int], min_bytes: int = REPL
 
 # -- jaxmem's own per-device program ---------------------------------------------------------------
 
-def _shard_map_body(closed: Any) -> Any | None:
-    """The body jaxpr of a program that is one `shard_map` (per-device shapes), else None."""
-    from jax.extend.core import ClosedJaxpr
-
-    eqns = closed.jaxpr.eqns
-    maps = [e for e in eqns if e.primitive.name == "shard_map"]
-    if len(maps) != 1 or len(eqns) > 1:
-        return None
-    body = maps[0].params["jaxpr"]
-    return body if isinstance(body, ClosedJaxpr) else ClosedJaxpr(body, ())
-
-
 def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Sequence[tuple[Any, ...]] | None,
                      sizes: dict[str, int]) -> tuple[Any, str]:
-    """jaxmem's model of the per-device program, as a ClosedJaxpr with per-device shapes, and the
-    method used:
+    """jaxmem's own model of the per-device program, as a ClosedJaxpr with per-device shapes, and
+    the method used. For a function that is one `shard_map`, and where XLA's partitioning dumps
+    are missing (otherwise `plan_from_hlo` reads the per-device program off XLA's partitioning):
 
     - "shard_map": the function is one `shard_map`; its body is the per-device program.
     - "shard-local": the function traced on each device's shards (`jax.make_jaxpr` with the mesh
@@ -257,12 +248,14 @@ def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Seq
     """
     import jax
 
+    from jaxmem.compiler import jaxpr_adapter as ja
+
     leaves, tree = jax.tree.flatten(tuple(args))
     try:
         closed = jax.make_jaxpr(fn)(*args)
     except Exception as err:
         raise _trace_error(err, sizes) from None
-    body = _shard_map_body(closed)
+    body = ja.single_shard_map_body(closed)
     if body is not None:
         return body, "shard_map"
     n_batch = len(jax.tree.leaves(args[-1])) if args else 0
@@ -360,24 +353,236 @@ def plan_per_device(fn: Callable[..., Any], args: Sequence[Any], out_specs: Sequ
 def _plan_top(plan: Any, top: int) -> list[dict[str, Any]]:
     """The largest buffers live at the plan's peak step: bytes, shape, kind, label, source line
     (the all-gather results and reduce-scatter inputs among them)."""
-    n = len(plan.schedule)
-    diff = [0] * (n + 3)
-    for buf in plan.buffers:
-        diff[buf.start + 1] += buf.size
-        diff[buf.end + 2] -= buf.size
-    running, best, peak_step = 0, -1, -1
-    for i in range(n + 2):
-        running += diff[i]
-        if running > best:
-            best, peak_step = running, i - 1
+    from jaxmem.compiler.stages import live_profile
+
+    profile = live_profile(((b.start, b.end, b.size) for b in plan.buffers), len(plan.schedule))
+    peak_step = int(profile.argmax()) - 1  # the first position at the peak (index p+1)
     live = sorted((b for b in plan.buffers if b.start <= peak_step <= b.end), key=lambda b: -b.size)
     return [{"size_bytes": int(b.size), "shape": list(b.shape), "dtype": str(b.dtype), "kind": str(b.kind),
              "label": str(b.label), "source": str(b.source) if b.source is not None else ""} for b in live[:top]]
 
 
+# -- XLA's own shardings: jaxmem's per-device program from the partitioned HLO ----------------------
+
+# Each equation of the flat program is bound under this name scope, so every HLO instruction it
+# lowers to carries `jaxmem_eqn<i>/` in its op_name, through sharding propagation and the SPMD
+# partitioner (which name the collectives they insert after the instruction they serve).
+SCOPE = "jaxmem_eqn"
+_TAG_RE = re.compile(SCOPE + r"(\d+)/")
+_LINE_RE = re.compile(r"^\s*(?:ROOT )?%(\S+) = ([a-z]\w*)\[([\d,]*)\]\S* ([\w-]+)\(%?([^,)\s]*)")
+# HLO collective -> the JAX primitive jaxmem plans its buffer as.
+COLLECTIVES = {"all-gather": "all_gather", "all-reduce": "psum", "reduce-scatter": "reduce_scatter",
+               "all-to-all": "all_to_all", "collective-permute": "ppermute"}
+_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s4": 1, "u4": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+              "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def tagged_program(flat: Any) -> Callable[..., list[Any]]:
+    """A function of the flat arguments that runs a flat ClosedJaxpr (`inline_calls`) with
+    equation i bound under `jax.named_scope("jaxmem_eqn<i>")`: the same program for XLA (names
+    are metadata), with every HLO instruction traceable to its equation."""
+    from jaxmem.compiler import jaxpr_adapter as ja
+
+    run = ja.run_with_scopes(flat, SCOPE)
+    run.__name__ = "jaxmem_per_device"
+    return run
+
+
+def _hlo_sharding(line: str) -> str | None:
+    """The text inside `sharding={...}` on an HLO line (braces balanced), or None."""
+    at = line.find("sharding={")
+    if at < 0:
+        return None
+    start, depth = at + len("sharding="), 0
+    for k in range(start, len(line)):
+        depth += {"{": 1, "}": -1}.get(line[k], 0)
+        if depth == 0:
+            return line[start + 1:k]
+    return None
+
+
+def tiles(sharding: str | None, rank: int) -> tuple[int, ...] | None:
+    """How many ways each of `rank` dims is split under an HLO sharding; None when it says
+    nothing usable (a tuple, manual).
+
+    >>> tiles("devices=[4,1,2]<=[8]", 3), tiles("devices=[2,1,4]<=[8] last_tile_dim_replicate", 2)
+    ((4, 1, 2), (2, 1))
+    >>> tiles("replicated", 2), tiles("{replicated}, {manual}", 1)
+    ((1, 1), None)
+    """
+    if sharding is None or sharding.startswith("{") or "manual" in sharding:
+        return None
+    if sharding.startswith(("replicated", "maximal")):
+        return (1,) * rank
+    m = re.search(r"devices=\[([\d,]+)\]", sharding)
+    if m is None:
+        return None
+    counts = [int(t) for t in m.group(1).split(",")][:rank]
+    return tuple(counts + [1] * (rank - len(counts)))
+
+
+def _entry_lines(text: str) -> list[str]:
+    """The lines of an HLO module's ENTRY computation."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("ENTRY "):
+            inside = True
+        elif inside and line.startswith("}"):
+            break
+        elif inside:
+            lines.append(line)
+    return lines
+
+
+def hlo_shardings(text: str) -> dict[int, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """Per equation tag, in program order, `(dims, tiles)` of each ENTRY instruction it lowered
+    to that has a usable sharding, from a module after sharding propagation."""
+    out: dict[int, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+    for line in _entry_lines(text):
+        m, tag = _LINE_RE.match(line), _TAG_RE.search(line)
+        if m is None or tag is None:
+            continue
+        dims = tuple(int(d) for d in m.group(3).split(",") if d)
+        split = tiles(_hlo_sharding(line), len(dims))
+        if split is not None:
+            out.setdefault(int(tag.group(1)), []).append((dims, split))
+    return out
+
+
+def hlo_collectives(text: str) -> dict[int, list[tuple[str, int]]]:
+    """Per equation tag, the collectives the SPMD partitioner inserted for it, as `(primitive,
+    bytes)` in a partitioned module: the buffer each needs, the result of an all-gather, the
+    (larger) operand of a reduce-scatter."""
+    sizes: dict[str, int] = {}
+    out: dict[int, list[tuple[str, int]]] = {}
+    for line in _entry_lines(text):
+        m = _LINE_RE.match(line)
+        if m is None:
+            continue
+        name, dtype, dims, opcode, first = m.groups()
+        nbytes = math.prod(int(d) for d in dims.split(",") if d) * _HLO_BYTES.get(dtype, 4)
+        sizes[name] = nbytes
+        tag = _TAG_RE.search(line)
+        if opcode in COLLECTIVES and tag is not None:
+            if opcode == "reduce-scatter":
+                nbytes = max(nbytes, sizes.get(first, 0))
+            out.setdefault(int(tag.group(1)), []).append((COLLECTIVES[opcode], nbytes))
+    return out
+
+
+def _split_shape(dims: tuple[int, ...], parts: int) -> tuple[int, ...]:
+    """`dims` with `parts` divided out, from the first dim on (a shape of the per-device size
+    when only the number of parts is known).
+
+    >>> _split_shape((16, 128, 1), 8), _split_shape((6, 4), 4)
+    ((2, 128, 1), (3, 2))
+    """
+    out = []
+    for d in dims:
+        g = math.gcd(d, parts)
+        out.append(d // g)
+        parts //= g
+    return tuple(out)
+
+
+def per_device_shapes(flat: Any, local_inputs: Sequence[tuple[int, ...]],
+                      found: dict[int, list[tuple[tuple[int, ...], tuple[int, ...]]]]) -> tuple[dict[Any, tuple[int, ...]], int]:
+    """Each value of a flat program at its per-device shape: inputs as given; an equation's
+    output split as XLA's propagation sharded the last instruction of that equation with the
+    output's shape (or, XLA having simplified it, its number of elements). A value XLA folded
+    away takes the split of an operand, else of a consumer's output, of as many elements
+    (elementwise ops, reshapes, broadcasts folded into their users); one with neither stays
+    whole. Returns the shapes and how many outputs stayed whole.
+    """
+    from jaxmem.compiler import jaxpr_adapter as ja
+
+    invars, eqns, full = ja.flat_structure(flat)
+    shapes: dict[Any, tuple[int, ...]] = dict(zip(invars, (tuple(s) for s in local_inputs)))
+    parts: dict[Any, int] = {v: max(1, math.prod(full[v]) // max(1, math.prod(s)))
+                             for v, s in zip(invars, shapes.values())}
+    pending: list[tuple[int, Any]] = []
+    for i, (_, outputs) in enumerate(eqns):
+        rows = found.get(i, [])
+        for var in outputs:
+            dims = full[var]
+            split = next((t for d, t in reversed(rows) if d == dims), None)
+            if split is not None:
+                shapes[var] = tuple(-(-d // n) for d, n in zip(dims, split))
+                parts[var] = math.prod(split)
+                continue
+            size = math.prod(dims)
+            split = next((t for d, t in reversed(rows) if math.prod(d) == size and size > 1), None)
+            if split is not None:
+                parts[var] = math.prod(split)
+            else:
+                pending.append((i, var))
+    readers: dict[Any, list[int]] = {}
+    for i, (operands, _) in enumerate(eqns):
+        for a in operands:
+            readers.setdefault(a, []).append(i)
+    changed = True
+    while changed and pending:
+        changed, left = False, []
+        for i, var in pending:
+            size = math.prod(full[var])
+            near = [a for a in eqns[i][0] if a in parts and math.prod(full[a]) == size]
+            near += [o for r in readers.get(var, ()) for o in eqns[r][1]
+                     if o in parts and math.prod(full[o]) == size]
+            if near and size > 1:
+                parts[var] = max(parts[a] for a in near)
+                changed = True
+            else:
+                left.append((i, var))
+        pending = left
+    for _, outputs in eqns:
+        for var in outputs:
+            if var not in shapes:
+                shapes[var] = _split_shape(full[var], parts.get(var, 1))
+    return shapes, sum(1 for _, var in pending if full[var])
+
+
+def plan_from_hlo(flat: Any, local_inputs: Sequence[tuple[int, ...]], propagated: str, partitioned: str,
+                  donated: Sequence[bool]) -> dict[str, Any]:
+    """jaxmem's checked plan of the per-device program read off XLA's partitioning: every value
+    at the per-device shape XLA's sharding propagation gave it, and each collective the SPMD
+    partitioner inserted as a buffer read by the equation it serves (all-gathered weights,
+    reduce-scatter inputs, all-reduced partial sums)."""
+    from jaxmem.compiler import jaxpr_adapter as ja
+    from jaxmem.compiler.planner import plan_jaxpr
+
+    started = time.perf_counter()
+    shapes, unmatched = per_device_shapes(flat, local_inputs, hlo_shardings(propagated))
+    collectives = hlo_collectives(partitioned)
+    plan = plan_jaxpr(ja.with_avals(flat, shapes, collectives), donated=list(donated))
+    return {"peak_bytes": int(plan.peak_bytes), "lower_bound_bytes": int(plan.lower_bound_bytes),
+            "valid": bool(plan.valid), "method": "xla-shardings", "plan_seconds": time.perf_counter() - started,
+            "unsharded_values": unmatched, "collectives": sum(len(v) for v in collectives.values()),
+            "top": _plan_top(plan, 10)}
+
+
+def partitioning_dumps(dump_dir: str | None) -> tuple[str, str] | None:
+    """(HLO after sharding propagation, HLO after SPMD partitioning) of jaxmem's tagged program
+    in an XLA dump directory, or None when either is missing."""
+    if not dump_dir or not os.path.isdir(dump_dir):
+        return None
+    names = sorted(n for n in os.listdir(dump_dir) if "jaxmem_per_device" in n)
+    propagated = [n for n in names if "after_shardy-xla." in n or "after_sharding-propagation." in n]
+    partitioned = ([n for n in names if "after_spmd-partitioning." in n]
+                   or [n for n in names if n.endswith("after_spmd_partitioner.txt")])
+    if not propagated or not partitioned:
+        return None
+    texts = []
+    for name in (propagated[-1], partitioned[-1]):
+        with open(os.path.join(dump_dir, name), encoding="utf-8", errors="replace") as f:
+            texts.append(f.read())
+    return texts[0], texts[1]
+
+
 # -- the child side: compile on N devices --------------------------------------------------------
 
-def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, device: str) -> Any:
+def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, device: str) -> tuple[Any, str]:
+    """The mesh to compile on (compile-only GPUs of `device`, or host devices) and the target's
+    description (XLA's GpuTargetConfig text with the preset's memory, or "cpu")."""
     import jax
 
     n = math.prod(sizes)
@@ -399,7 +604,7 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
         except Exception as err:
             raise GpuUnavailable(f"the CUDA plugin could not make {n} compile-only {device}: "
                                  f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
-        return topologies.make_mesh(topo, sizes, names)
+        return topologies.make_mesh(topo, sizes, names), text
     devices = jax.devices("cpu")
     if n > len(devices):
         raise ShardingError(f"the mesh has {n} devices and this process {len(devices)} host devices")
@@ -407,12 +612,12 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
 
     # jax.make_mesh's axes are Explicit by default; the factory's program is written for Auto
     # axes (XLA's sharding propagation), as the GPU topology's mesh has them.
-    return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes), devices=devices[:n])
+    return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes), devices=devices[:n]), "cpu"
 
 
 def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, device: str,
                     donate_argnums: Sequence[int] = (), top: int = 10, dump_dir: str | None = None,
-                    mesh_text: str | None = None, layout: str | None = None) -> dict[str, Any]:
+                    mesh_text: str | None = None, layout: str | None = None, use_cache: bool = True) -> dict[str, Any]:
     """Compile `fn(*args)` partitioned over the arguments' mesh and plan its per-device program;
     the JSON object the child prints (see `sharded_reference`)."""
     import jax
@@ -433,22 +638,44 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     sizes_t, names_t = found
     sizes = dict(zip(names_t, sizes_t))
     check_shardings(args, sizes)
-    cmesh = _compile_mesh(sizes_t, names_t, xla, device)
+    cmesh, target_text = _compile_mesh(sizes_t, names_t, xla, device)
     structs = with_specs(args, [_spec_of(leaf) for leaf in jax.tree.leaves(tuple(args))], cmesh)
-    started = time.perf_counter()
-    jitted = jax.jit(fn, donate_argnums=tuple(donate_argnums))
-    try:
+    flat = jax.tree.leaves(structs)
+    donated: list[bool] = []
+    for position, arg in enumerate(structs):
+        donated += [position in set(donate_argnums)] * len(jax.tree.leaves(arg))
+
+    def in_context(step: Callable[[], Any]) -> Any:
+        # A function that names the factory's AbstractMesh (shard_map(mesh=...)) traces with no
+        # context mesh; one that relies on the context (shard_map without a mesh, constraints
+        # with bare PartitionSpecs) needs the compile mesh set.
         try:
-            # A function that names the factory's AbstractMesh (shard_map(mesh=...)) lowers with
-            # no context mesh; one that relies on the context (shard_map without a mesh,
-            # constraints with bare PartitionSpecs) needs the compile mesh set.
-            lowered = jitted.trace(*structs).lower()
+            return step()
+        except JaxmemError:
+            raise
         except Exception as first:
             try:
                 with jax.set_mesh(cmesh):
-                    lowered = jitted.trace(*structs).lower()
+                    return step()
             except Exception:
                 raise _trace_error(first, sizes) from None
+
+    # jaxmem compiles its flat copy of the program with each equation under a name scope (the
+    # same HLO but for metadata), so XLA's shardings and collectives can be read per equation.
+    closed = in_context(lambda: jax.make_jaxpr(fn)(*structs))
+    from jaxmem.compiler import jaxpr_adapter as ja
+
+    flat_closed = ja.inline_calls(closed)
+    program = tagged_program(flat_closed)
+    started = time.perf_counter()
+    jitted = jax.jit(program, donate_argnums=tuple(i for i, d in enumerate(donated) if d))
+    try:
+        lowered = in_context(lambda: jitted.trace(*flat).lower())
+        key = sharded_cache_key(lowered.as_text(debug_info=True), f"{device} {layout}\n{target_text}", sizes, top)
+        if use_cache:
+            hit = sharded_cache_read(key)
+            if hit is not None:
+                return hit
         compiled = lowered.compile()
     except JaxmemError:
         raise
@@ -459,10 +686,6 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     out_specs = [tuple(getattr(s, "spec", ()) or ()) for s in jax.tree.leaves(
         compiled.output_shardings, is_leaf=lambda x: hasattr(x, "spec"))]
     outs = jax.tree.leaves(lowered.out_info)
-    flat = jax.tree.leaves(structs)
-    donated: list[bool] = []
-    for position, arg in enumerate(structs):
-        donated += [position in set(donate_argnums)] * len(jax.tree.leaves(arg))
     kept = _kept_arguments(lowered, len(flat))
     aliases = {o: kept[p] for o, p in output_aliases(compiled.as_text() or "").items() if p < len(kept)}
 
@@ -482,9 +705,21 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
            "output_bytes": int(stats.output_size_in_bytes), "temp_bytes": int(stats.temp_size_in_bytes),
            "alias_bytes": int(stats.alias_size_in_bytes), "compile_seconds": round(seconds, 3)}
     per["total_bytes"] = per["argument_bytes"] + per["output_bytes"] + per["temp_bytes"] - per["alias_bytes"]
-    plan = plan_per_device(fn, structs, out_specs, sizes, donate_argnums)
+    dumps = partitioning_dumps(dump_dir)
+    if ja.single_shard_map_body(closed) is None and dumps is not None:
+        plan = plan_from_hlo(flat_closed, [local_shape(leaf.shape, _spec_of(leaf), sizes) for leaf in flat],
+                             dumps[0], dumps[1], donated)
+    else:
+        plan = plan_per_device(fn, structs, out_specs, sizes, donate_argnums)
+    names = [f"{ja.eqn_name_stack(e) or ''}" for e in ja.jaxpr_eqns(flat_closed)]
+    own = f"jit({getattr(fn, '__name__', 'fn')})"
+    for row in peak:  # the user's function and name stack in place of jaxmem's scope
+        text = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)
+                           and names[int(m.group(1))] else "", row.get("op_name", ""))
+        row["op_name"] = text.replace("jit(jaxmem_per_device)", own)
     rows = replicated(structs, sizes)
-    return {
+    data = {
+        "key": key, "cached": False,
         "devices": math.prod(sizes_t), "mesh": sizes, "layout": layout, "xla_kind": xla,
         "xla": per, "arguments": arguments, "outputs": outputs, "peak_buffers": peak, "peak_live_bytes": live,
         "peak_bytes": plan["peak_bytes"], "plan": plan,
@@ -492,6 +727,59 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
         "replicated": rows,
         "in_specs": [[_entry_text(e) for e in _spec_of(leaf)] for leaf in flat],
     }
+    if use_cache:
+        from jaxmem.xla.gpu import cache_dir, cache_write
+
+        cache_write(cache_dir(), key, data)
+    return data
+
+
+# The per-device plan is cached with XLA's figures: a new model of it is a new version.
+SHARDED_CACHE_VERSION = 1
+
+
+def sharded_cache_key(lowered_text: str, target_text: str, mesh: dict[str, int], top: int) -> str:
+    """The cache key of a sharded compile, with `xla.gpu`'s discipline: the lowered program (its
+    shardings, donation and jaxmem's per-equation names in it), the target (with the mesh), JAX's
+    versions and XLA_FLAGS (less the dump and host-device flags jaxmem sets itself).
+
+    >>> sharded_cache_key("m", "cpu", {"data": 8}, 10) != sharded_cache_key("m", "cpu", {"data": 4, "model": 2}, 10)
+    True
+    """
+    import jax
+    import jaxlib
+
+    from jaxmem.xla.gpu import cache_key
+
+    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} sharded v{SHARDED_CACHE_VERSION}"
+    flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split()
+                     if not t.startswith(("--xla_dump", "--xla_force_host_platform_device_count=")))
+    target = f"{target_text}\nmesh {sorted(mesh.items())} top {int(top)}"
+    return cache_key(lowered_text, target, versions, flags)
+
+
+def sharded_cache_read(key: str) -> dict[str, Any] | None:
+    """A cached sharded result for `key` (marked `cached`), or None when absent, unreadable or
+    not a whole result (a corrupt entry is ignored and compiled again)."""
+    from jaxmem.xla.gpu import cache_dir
+
+    try:
+        with open(os.path.join(cache_dir(), f"{key}.json"), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    xla, plan = data.get("xla"), data.get("plan")
+    numbers = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
+    if not isinstance(xla, dict) or not all(isinstance(xla.get(k), int) and not isinstance(xla.get(k), bool)
+                                            for k in numbers):
+        return None
+    if not isinstance(plan, dict) or not isinstance(data.get("peak_bytes"), int) or not all(
+            k in data for k in ("devices", "mesh", "arguments", "outputs", "replicated", "replicated_bytes")):
+        return None
+    data["cached"] = True
+    return data
 
 
 def _entry_text(entry: Any) -> Any:
@@ -505,25 +793,27 @@ def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None
     """The child's environment: CPU JAX's only platform, N host devices (a factory may build a
     mesh of this host's devices; XLA reads the flag once per process), XLA dumps in `dump_dir`.
 
-    >>> child_env("gpu", 8, "/d", {"XLA_FLAGS": ""})["XLA_FLAGS"]
-    '--xla_force_host_platform_device_count=8 --xla_dump_to=/d'
+    >>> child_env("gpu", 8, "/d", {"XLA_FLAGS": ""})["XLA_FLAGS"].split()[:2]
+    ['--xla_force_host_platform_device_count=8', '--xla_dump_to=/d']
     """
     env = dict(os.environ if base is None else base)
     env["JAX_PLATFORMS"] = "cpu"
     # JAX's filtered tracebacks drop the frames that name an unknown mesh axis (see _unknown_axis).
     env["JAX_TRACEBACK_FILTERING"] = "off"
     flags = [t for t in env.get("XLA_FLAGS", "").split()
-             if not t.startswith(("--xla_dump_to=", "--xla_force_host_platform_device_count="))]
+             if not t.startswith(("--xla_dump_to=", "--xla_dump_hlo_pass_re=", "--xla_force_host_platform_device_count="))]
     flags.append(f"--xla_force_host_platform_device_count={int(devices)}")
-    if xla == "gpu":
-        flags.append(f"--xla_dump_to={dump_dir}")
+    # The module after sharding propagation (Shardy's or GSPMD's pass) for jaxmem's per-device
+    # plan; the GPU compile's buffer dumps for what XLA holds at its peak.
+    flags.append(f"--xla_dump_to={dump_dir}")
+    flags.append("--xla_dump_hlo_pass_re=shardy-xla|sharding-propagation|spmd-partitioning")
     env["XLA_FLAGS"] = " ".join(flags)
     return env
 
 
 def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu", mesh: str | None = None,
                       layout: str | None = None, donate_argnums: Sequence[int] = (), top: int = 10,
-                      timeout: float = 1800.0) -> dict[str, Any]:
+                      timeout: float = 1800.0, use_cache: bool = True) -> dict[str, Any]:
     """Per-device figures of a sharded TARGET, from a fresh Python: XLA's (`xla`: "gpu" for a
     deviceless compile for the GPU preset `device`, "cpu" for host devices), jaxmem's per-device
     plan, and what is replicated.
@@ -537,6 +827,8 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
             `mesh` and `layout` given.
         mesh: axis sizes such as "8" or "4x2" (axes "data", "model"), for `layout`.
         layout: "dp", "fsdp" or "fsdp_tp" (see `layout_specs`); None keeps the factory's shardings.
+        use_cache: read and write the cache of `xla.gpu.cache_dir` (keyed as `sharded_cache_key`);
+            a hit is marked `cached` and skips XLA's compile and jaxmem's plan.
 
     Raises:
         GpuUnavailable: the CUDA plugin is not available here.
@@ -559,6 +851,8 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
         cmd += ["--layout", layout]
     if donate_argnums:
         cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
+    if not use_cache:
+        cmd.append("--no-cache")
     dump_dir = tempfile.mkdtemp(prefix="jaxmem-sharded-")
     try:
         try:
@@ -586,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     3 when the CUDA plugin is unavailable, 4 for a sharding error, 2 for any other user error."""
     from jaxmem.xla.start import quiet_jax_start
     from jaxmem.xla.cpu import _parse_donate
-    from jaxmem.xla.gpu import GpuUnavailable, load_with_kwargs
+    from jaxmem.xla.gpu import GpuUnavailable, dump_dir_from_flags, load_with_kwargs
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.sharding")
     parser.add_argument("target")
@@ -596,16 +890,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", default=None)
     parser.add_argument("--donate", default="")
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--no-cache", action="store_true")
     args = parser.parse_args(argv)
-    dump_dir = None
-    for token in os.environ.get("XLA_FLAGS", "").split():
-        if token.startswith("--xla_dump_to="):
-            dump_dir = token.split("=", 1)[1]
+    dump_dir = dump_dir_from_flags()
     try:
         quiet_jax_start()
         fn, fn_args = load_with_kwargs(args.target, {})
         data = compile_sharded(fn, fn_args, xla=args.xla, device=args.device, donate_argnums=_parse_donate(args.donate),
-                               top=args.top, dump_dir=dump_dir, mesh_text=args.mesh, layout=args.layout)
+                               top=args.top, dump_dir=dump_dir, mesh_text=args.mesh, layout=args.layout,
+                               use_cache=not args.no_cache)
     except GpuUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 3

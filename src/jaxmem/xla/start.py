@@ -67,9 +67,13 @@ def filter_noise(text: str) -> str:
     return "".join(kept)
 
 
-def quiet_jax_start() -> None:
+def quiet_jax_start(host_devices: int | None = None) -> None:
     """Import JAX and start its backends, with the CUDA plugin's start-up lines filtered from
-    stderr. Does nothing after the first call, or when JAX's backends already started."""
+    stderr. Does nothing after the first call, or when JAX's backends already started.
+
+    `host_devices`: give JAX's CPU backend that many devices (a factory may build a mesh of
+    this host's devices), unless the user chose a number (`--xla_force_host_platform_device_count`
+    in XLA_FLAGS, `JAX_NUM_CPU_DEVICES`)."""
     global _started
     if _started:
         return
@@ -78,12 +82,12 @@ def quiet_jax_start() -> None:
         sys.stderr.flush()
         saved = os.dup(2)
     except (OSError, AttributeError, ValueError):  # no real stderr (embedded interpreters)
-        _start()
+        _start(host_devices)
         return
     with tempfile.TemporaryFile(mode="w+b") as sink:
         os.dup2(sink.fileno(), 2)
         try:
-            _start()
+            _start(host_devices)
         finally:
             try:
                 sys.stderr.flush()
@@ -98,11 +102,18 @@ def quiet_jax_start() -> None:
         sys.stderr.flush()
 
 
-def _start() -> None:
+def _start(host_devices: int | None = None) -> None:
     import jax
 
     if not os.environ.get("JAX_PLATFORMS") and not jax.config.jax_platforms and not has_nvidia_device():
         jax.config.update("jax_platforms", "cpu")
+    chosen = ("--xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+              or os.environ.get("JAX_NUM_CPU_DEVICES") or getattr(jax.config, "jax_num_cpu_devices", -1) != -1)
+    if host_devices and not chosen:
+        try:
+            jax.config.update("jax_num_cpu_devices", int(host_devices))
+        except (AttributeError, RuntimeError, ValueError):  # an older JAX, or its backends already started
+            pass
     try:
         jax.devices()
     except RuntimeError:  # a backend the user asked for is missing: JAX says so on first use

@@ -251,7 +251,7 @@ def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any]) -> list[dict[str, An
 
 def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str, int], top: int,
               gpu: Any = None, pool: Any = None, fraction: float = PREALLOCATE_FRACTION,
-              note: str | None = None) -> dict[str, Any]:
+              note: str | None = None, predicted: Any = None) -> dict[str, Any]:
     """The analysis as one plain dict: what `--json` prints and what the tables render.
 
     Args:
@@ -301,7 +301,8 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "xla_gpu": None if gpu is None else gpu.summary(),
         "xla_gpu_peak_buffers": [] if gpu is None else gpu_peak_rows(gpu, plan, args),
         "xla_gpu_peak_live_bytes": None if gpu is None else gpu.peak_live_bytes,
-        "pool": None if pool is None else {**pool.summary(), "judged_on": "xla_gpu" if gpu is not None else "xla_cpu"},
+        "pool": None if pool is None else {**pool.summary(), "judged_on": "xla_gpu" if gpu is not None else
+                                           "predicted_xla_gpu" if predicted is not None else "xla_cpu"},
         "xla_note": note,
     }
 
@@ -586,9 +587,16 @@ def render(data: dict[str, Any], console: Any) -> None:
                         + ("cached" if gpu.get("cached") else f"compiled deviceless in {gpu['compile_seconds']:.1f} s"))
         if gpu.get("note"):
             summary.add_row("", "", Text(gpu["note"][:160], style="yellow"))
+    predicted = data.get("predicted_xla")
+    if predicted:
+        against = f"; {predicted['total_bytes'] / gpu['total_bytes']:.3f}x of XLA:GPU's" if gpu and gpu["total_bytes"] else ""
+        summary.add_row(f"predicted XLA:GPU {predicted['device']}", _size(predicted["total_bytes"]),
+                        f"arguments {_size(predicted['argument_bytes'])} + outputs {_size(predicted['output_bytes'])} "
+                        f"+ temp {_size(predicted['temp_bytes'])} - aliased {_size(predicted['alias_bytes'])}, "
+                        f"jaxmem's model of XLA:GPU's fusion in {predicted['seconds']:.2f} s{against}")
     pool = data.get("pool")
     if pool:
-        on = "XLA:GPU" if pool.get("judged_on") == "xla_gpu" else "XLA:CPU"
+        on = {"xla_gpu": "XLA:GPU", "predicted_xla_gpu": "the predicted XLA:GPU"}.get(pool.get("judged_on"), "XLA:CPU")
         mode = (f"{pool['allocator']}, preallocate {str(pool['preallocate']).lower()}, "
                 f"fraction {pool['mem_fraction']:g}")
         if pool["fits"]:
@@ -804,6 +812,15 @@ def main(argv: list[str]) -> int:
             worker.join()
         for w in schedulers:
             w.join()
+    predicted = None
+    from jaxmem.xla.gpu import spec_for as _gpu_spec
+
+    if _gpu_spec(device[0].strip().lower()) is not None:
+        # A GPU preset: jaxmem's plan with XLA:GPU's fusion rules, and XLA:GPU's figure predicted.
+        from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
+
+        plan = _guarded(lambda: plan_on_gpu(plan), f"cannot plan {target}")
+        predicted = _guarded(lambda: predict_plan(plan, device[0].strip().lower()), f"cannot plan {target}")
     cpu_totals = None
     if schedulers:
         best, cpu_totals = better_schedule(scheduled)
@@ -838,6 +855,11 @@ def main(argv: list[str]) -> int:
         from jaxmem.runtime.steps import program_from_reference, simulate_steps
 
         pool = simulate_steps(program_from_reference(gpu), dev, args.steps)
+    elif predicted is not None:
+        # A GPU preset with no XLA:GPU compile here: the pool over the predicted XLA:GPU figures.
+        from jaxmem.runtime.steps import program_from_reference, simulate_steps
+
+        pool = simulate_steps(program_from_reference(predicted), dev, args.steps)
     elif plan.xla is not None:
         from jaxmem.runtime.steps import simulate_steps
 
@@ -845,7 +867,10 @@ def main(argv: list[str]) -> int:
         pool = simulate_steps(program, dev, args.steps)
     data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
                      device=device, top=args.top, gpu=gpu, pool=pool,
-                     fraction=dev.mem_fraction if dev is not None else PREALLOCATE_FRACTION, note=note)
+                     fraction=dev.mem_fraction if dev is not None else PREALLOCATE_FRACTION, note=note,
+                     predicted=predicted)
+    data["predicted_xla_bytes"] = None if predicted is None else predicted.total_bytes
+    data["predicted_xla"] = None if predicted is None else predicted.summary()
     data["xla_cpu_schedulers"] = cpu_totals
     data["total_seconds"] = time.perf_counter() - started
 

@@ -3,7 +3,9 @@
 TARGET's factory takes the keyword argument NAME (`batch_size`, a sequence length, ...) and
 returns `(fn, args)`. The answer is judged by XLA:GPU, compiled deviceless for the device, and
 the pool over N training steps as `jaxmem analyze` runs it: `value` fits and `value + 1` does
-not. jaxmem's planner at two small values makes the first guess; XLA:GPU compiles confirm.
+not. jaxmem's model of XLA:GPU (`xla.gpu_model.predict`: no compile) finds the largest value
+whose predicted total fits, the first guess; XLA:GPU compiles confirm it (and its neighbour).
+Where the model cannot say, jaxmem's planner at two small values makes the guess.
 
     jaxmem maxbatch jaxmem.examples.gpt:batch_example --arg batch_size --device h100-80gb
     jaxmem maxbatch my_model.py:make_step --arg seq_len --device a100-40gb --donate 0,1 --json
@@ -58,6 +60,43 @@ def planner_guess(target: str, name: str, minimum: int, limit: int, donate: tupl
     return line_guess(points, limit, minimum), time.perf_counter() - started
 
 
+def predicted_guess(target: str, name: str, minimum: int, maximum: int, limit: int, donate: tuple[int, ...],
+                    device: str) -> tuple[int | None, float, int]:
+    """A first guess from jaxmem's model of XLA:GPU (`xla.gpu_model.predict`, no compile): the
+    value where the predicted XLA:GPU total reaches `limit`: a line through the predictions at
+    `minimum` and `2 * minimum`, then one secant step through a prediction at that value.
+    (None, seconds, predictions) when the model cannot say."""
+    from jaxmem.compiler import jaxpr_adapter as ja
+    from jaxmem.xla.gpu import load_abstract
+    from jaxmem.xla.gpu_model import predict
+    from jaxmem.xla.maxbatch import Judgement, line_guess
+
+    started = time.perf_counter()
+    count = [0]
+
+    def judge(value: int) -> Judgement:
+        fn, args = load_abstract(target, {name: value})
+        traced = ja.trace(fn, args, {}, donate)
+        donated = [k in traced.donated for k in range(len(traced.in_avals))]
+        total = predict(traced.closed_jaxpr, donated=donated, device=device).total_bytes
+        count[0] += 1
+        return Judgement(value, total <= limit, total)
+
+    try:
+        first = judge(minimum)
+        second = judge(2 * minimum)
+        points = [(minimum, first.total_bytes), (2 * minimum, second.total_bytes)]
+        guess = line_guess(points, limit, minimum)
+        if guess is not None and guess > 2 * minimum:
+            # One secant step on the prediction at the guess (tracing a large model dominates).
+            third = judge(min(guess, maximum))
+            points.append((third.value, third.total_bytes))
+            guess = line_guess(points, limit, minimum) or guess
+        return (None if guess is None else min(guess, maximum)), time.perf_counter() - started, count[0]
+    except Exception:  # the guess is only a guess: XLA judges every value anyway
+        return None, time.perf_counter() - started, count[0]
+
+
 class _Bar:
     """A transient progress line on stderr (terminals only): the compiles made so far."""
 
@@ -107,7 +146,12 @@ def main(argv: list[str]) -> int:
     counts = {"compiles": 0, "cached": 0}
     bar = _Bar(f"planning {args.arg}={args.minimum}, {2 * args.minimum}")
     try:
-        guess, plan_seconds = planner_guess(args.target, args.arg, args.minimum, limit, donate)
+        guess, plan_seconds, predictions = predicted_guess(args.target, args.arg, args.minimum, args.maximum,
+                                                           limit, donate, device)
+        guess_from = "predicted_xla"
+        if guess is None:
+            guess, plan_seconds = planner_guess(args.target, args.arg, args.minimum, limit, donate)
+            guess_from = "planner"
 
         bracket: dict[str, int] = {}
 
@@ -134,7 +178,7 @@ def main(argv: list[str]) -> int:
         "next_total_bytes": result.next_total_bytes, "limit_bytes": int(limit), "seconds": round(seconds, 3),
         "compiles": counts["compiles"], "cached_compiles": counts["cached"], "device": device,
         "steps": args.steps, "at_maximum": result.at_maximum, "planner_guess": guess,
-        "planner_seconds": round(plan_seconds, 3),
+        "planner_seconds": round(plan_seconds, 3), "guess_from": guess_from, "predictions": predictions,
         "judged": [{"value": j.value, "fits": j.fits, "total_bytes": j.total_bytes, "cached": j.cached}
                    for j in sorted(result.judged, key=lambda j: j.value)],
     }
@@ -152,7 +196,9 @@ def main(argv: list[str]) -> int:
                       f"{format_size(result.next_total_bytes or 0)}, which the pool cannot hold over {args.steps} steps")
     cached = f" + {counts['cached']} cached" if counts["cached"] else ""
     console.print(f"pool limit {format_size(limit)}; {counts['compiles']} XLA:GPU compiles{cached}, "
-                  f"planner guess {guess if guess is not None else '—'}; {seconds:.1f} s", style="dim")
+                  f"guess {guess if guess is not None else '—'} from "
+                  + ("the predicted XLA:GPU total" if guess_from == "predicted_xla" else "jaxmem's planner")
+                  + f" ({plan_seconds:.1f} s); {seconds:.1f} s", style="dim")
     return 0
 
 

@@ -97,6 +97,7 @@ def plan_jaxpr(
     check: bool = True,
     external_outputs: Sequence[bool] = (),
     carry_inputs: Sequence[int | None] = (),
+    base_fusion: Callable[[Program, Roles, list[bool]], list[bool]] | None = None,
 ) -> Plan:
     """Plan a ClosedJaxpr (as `jax.make_jaxpr` makes it).
 
@@ -112,7 +113,10 @@ def plan_jaxpr(
     try; `check`, run the checker (sets `Plan.valid`); `external_outputs`, per output, True when
     it is written straight into memory outside this plan (a loop body's results written into
     the loop's own output buffers), so it costs this plan nothing; `carry_inputs`, per output,
-    the input it is the new value of (a loop carry, sharing the loop state's buffer).
+    the input it is the new value of (a loop carry, sharing the loop state's buffer);
+    `base_fusion`, the target's fusion rules: `(program, roles, forced) -> fused`, the values
+    always fused before the peak-driven choice (GPU targets: `jaxmem.xla.gpu_model.gpu_fusion`;
+    None: the forced views only, XLA:CPU's model). Loop and cond bodies are planned with it too.
 
     **Returns:** the `Plan` for the schedule with the fewest live bytes.
     """
@@ -123,26 +127,28 @@ def plan_jaxpr(
     gc.disable()
     try:
         return _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check,
-                           external_outputs, carry_inputs)
+                           external_outputs, carry_inputs, base_fusion)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check, external_outputs,
-                carry_inputs) -> Plan:
+                carry_inputs, base_fusion=None) -> Plan:
     g = drop_dead(ja.inline(closed_jaxpr))
     flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
     if len(flags) > len(g.invars):
         raise PlanError(f"{len(donated)} donation flags for {len(g.invars)} inputs")
     roles = _roles(g, flags, external_outputs, carry_inputs)
     unknown: set[str] = set()
-    scratch = _loop_scratch(g, unknown)
+    scratch = _loop_scratch(g, unknown, base_fusion)
     for op in g.ops:
         if storage_rule(op.primitive) == "unknown":
             unknown.add(op.primitive)
 
     base = forced_fusion(g, roles)
+    if base_fusion is not None:
+        base = base_fusion(g, roles, base)
 
     def evaluate(order: list[int], fused: list[bool] | None = None) -> Candidate:
         """Score `order`: fused for this order unless `fused` is given."""
@@ -240,7 +246,7 @@ def _roles(g: Program, flags: list[bool], external_outputs: Sequence[bool],
     return Roles(external, outputs, donated, carry_of)
 
 
-def _loop_scratch(g: Program, unknown: set[str]) -> dict[int, int]:
+def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dict[int, int]:
     """Bytes of each loop/cond body's own temporaries, planned recursively (bodies planned once).
 
     A body's results are written into the loop's own buffers, which the outer plan already
@@ -256,9 +262,10 @@ def _loop_scratch(g: Program, unknown: set[str]) -> dict[int, int]:
         if sub is None:
             jaxpr = ja.as_closed(closed)
             if pairs is None:
-                sub = plan_jaxpr(jaxpr, check=False)
+                sub = plan_jaxpr(jaxpr, check=False, base_fusion=base_fusion)
             else:
-                sub = plan_jaxpr(jaxpr, check=False, external_outputs=[True] * len(pairs), carry_inputs=pairs)
+                sub = plan_jaxpr(jaxpr, check=False, external_outputs=[True] * len(pairs), carry_inputs=pairs,
+                                 base_fusion=base_fusion)
             cache[key] = sub
             unknown.update(sub.unknown_primitives)
         return sub.arena_bytes

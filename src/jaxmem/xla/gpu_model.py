@@ -1,0 +1,508 @@
+"""A model of XLA:GPU's memory: its fusion decisions, its buffer assignment, its total.
+
+XLA:GPU fuses far more than XLA:CPU: elementwise chains become loop fusions; broadcasts,
+gathers, dynamic slices, slices, transposes and reshapes are computed inside their consumers
+(loop, reduction and GEMM fusions: a Triton GEMM reads `w1[idx]` through its operand fusion, so
+the gathered weights are never stored); reductions and dots are fusion roots whose results are
+stored; cuBLAS GEMMs take a workspace. Buffer assignment then gives arguments and outputs their
+own allocations and packs every temporary into one block, placed by a heap simulation over the
+memory scheduler's order (the best of list, DFS and post order). GEMMs that share an operand
+are one GEMM whose result lives until its last slice is read (XLA's dot merger).
+
+This module states those rules on jaxmem's own program representation (`compiler.program`,
+through the one front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and
+liveness, so no second front end or liveness model appears:
+
+    >>> pred = predict(jax.make_jaxpr(step)(params, batch), donated=[True] * n + [False] * m,
+    ...                device="h100-80gb")
+    >>> pred.total_bytes   # argument + output + temp - alias, as XLA:GPU's memory_analysis()
+
+`gpu_fusion` is also the planner's fusion base on GPU targets (`plan_jaxpr(base_fusion=...)`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.compiler.fusion import fusion_of, forced_fusion
+from jaxmem.compiler.liveness import assign_buffers
+from jaxmem.compiler.plan_types import Const
+from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
+from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
+
+# -- the fusion rules ----------------------------------------------------------------------------
+
+ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") | {"convert_element_type"}
+# Data movement XLA:GPU computes inside its consumer (gpu_fusible.cc: IsFusible; the producer
+# side of instruction_fusion.cc / priority_fusion.cc).
+MOVEMENT = frozenset({"broadcast_in_dim", "iota", "reshape", "squeeze", "expand_dims", "transpose",
+                      "gather", "dynamic_slice", "slice", "pad", "concatenate", "rev"})
+FUSIBLE_PRODUCERS = ELEMENTWISE | MOVEMENT
+# Transcendentals (HloInstruction::IsExpensive): a chain holding one is not duplicated into
+# several consumers nor into a GEMM prologue; it is stored (mlp_deep_train's silu outputs).
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "erf", "erfc", "erf_inv",
+                       "pow", "sin", "cos", "tan", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+                       "acosh", "atanh", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e",
+                       "cbrt", "polygamma", "zeta", "random_gamma_grad", "regularized_incomplete_beta"})
+DOTS = frozenset({"dot_general", "conv_general_dilated"})
+# Consumers that are loop, input (reduction) or scatter/in-place fusions: they absorb any
+# fusible producer.
+LOOP_CONSUMERS = (ELEMENTWISE | MOVEMENT | {"dynamic_update_slice", "select_and_scatter_add"}
+                  | frozenset(n for n, r in RULES.items() if r.cost == "reduction"))
+# GEMMs: Triton GEMM fusions (gemm_fusion.cc) read their operands through bitcasts,
+# transposes, broadcasts, converts, slices, gathered rows and elementwise ops (a relu before a
+# dot is recomputed in the GEMM's prologue, seen in mlp_train's dump).
+DOT_OPERAND_PRODUCERS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "broadcast_in_dim",
+                                   "convert_element_type", "gather", "dynamic_slice", "slice", "iota"})
+# cuBLAS's workspace (gemm_rewriter.cc: kHopperWorkspace / kDefaultWorkspace), a temporary
+# beside each GEMM. Per compute capability major version.
+CUBLAS_WORKSPACE = {9: 0, 8: 0, 7: 0}
+DEVICE_SM = {"h100-80gb": 9, "h100-94gb": 9, "h200-141gb": 9, "a100-40gb": 8, "a100-80gb": 8,
+             "v100-16gb": 7, "v100-32gb": 7, "t4-16gb": 7, "l4-24gb": 8, "a10g-24gb": 8,
+             "rtx3090-24gb": 8, "rtx4090-24gb": 8}
+
+
+def _absorbs(producer: str, consumer: str, operand_index: int) -> bool:
+    if consumer in ("dot_general", "conv_general_dilated"):
+        if consumer == "conv_general_dilated":
+            return producer in ("reshape", "squeeze", "expand_dims", "transpose")
+        return producer in DOT_OPERAND_PRODUCERS or producer in ELEMENTWISE
+    if consumer == "dynamic_update_slice" and operand_index == 0:
+        return False  # updated in place: the buffer itself is the operand
+    if consumer in ("scatter", "scatter-add", "scatter_add") and operand_index == 0:
+        return False
+    return consumer in LOOP_CONSUMERS or consumer.startswith("scatter")
+
+
+def strength_reduced(g: Program) -> Program:
+    """The program as XLA:GPU's algebraic simplifier leaves its dots: a dot_general with no
+    contracting dimension (an outer product) is a multiply of broadcasts, one where a side has
+    no free dimension (a batched matrix-vector product) a multiply and a reduction
+    (algebraic_simplifier.cc, dot strength reduction). Both then fuse like any elementwise op or
+    reduction: MoE's `einsum("td,tdf->tf", x, w1[idx])` reads the gathered weights inside a
+    reduction and never stores them. Other ops are kept; the program is not copied otherwise."""
+    ops = list(g.ops)
+    changed = False
+    for op in g.ops:
+        if op.primitive != "dot_general" or len(op.inputs) < 1:
+            continue
+        kind = dot_kind(op, g)
+        if kind != "gemm":
+            ops[op.index] = replace(op, primitive="mul" if kind == "outer" else "reduce_sum")
+            changed = True
+    return replace(g, ops=ops) if changed else g
+
+
+def dot_kind(op: Any, g: Program) -> str:
+    """'gemm' (a cuBLAS/Triton GEMM), 'outer' (no contraction) or 'matvec' (a side with no free
+    dimension)."""
+    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+    operands = [u for u in op.operands]
+    if len(operands) < 2:
+        return "gemm"
+    shapes = []
+    for u in operands[:2]:
+        shapes.append(g.shapes[u] if isinstance(u, int) else tuple(getattr(getattr(u, "aval", None), "shape", ())))
+    if not lc:
+        return "outer"
+    lfree = len(shapes[0]) - len(lc) - len(lb)
+    rfree = len(shapes[1]) - len(rc) - len(rb)
+    if lfree == 0 or rfree == 0:
+        return "matvec"
+    return "gemm"
+
+
+def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
+    """Per value, True when XLA:GPU never stores it: computed inside each of its consumers.
+
+    >>> fused = gpu_fusion(program, roles, forced_fusion(program, roles))
+
+    **Arguments:** the program, the values' roles, the fusion already forced (views of
+    arguments; `fusion.forced_fusion`).
+
+    **Returns:** per value, the fused flag (outputs and loop-body results are never fused).
+    """
+    fused = list(forced) if forced is not None else forced_fusion(g, roles)
+    g = strength_reduced(g)
+    costly = [False] * g.num_values   # a fused chain with a transcendental op in it
+    for op in g.ops:
+        if op.primitive in EXPENSIVE or any(fused[u] and costly[u] for u in op.inputs):
+            for w in op.outputs:
+                if w is not None:
+                    costly[w] = True
+        if op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful:
+            continue
+        v = op.outputs[0]
+        if v is None or fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+            continue
+        if len(g.users[v]) > MAX_FUSED_READERS:
+            continue
+        ok = True
+        for c in g.users[v]:
+            cop = g.ops[c]
+            for k, u in enumerate(cop.operands):
+                if u == v and not _absorbs(op.primitive, cop.primitive, k):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok and costly[v] and (len(g.users[v]) > 1 or any(g.ops[c].primitive in DOTS for c in g.users[v])):
+            ok = False  # not duplicated into several consumers, nor into a GEMM's prologue
+        if ok:
+            fused[v] = True
+    stored, inside = softmax_outputs(g, internal=True)
+    for v in stored:
+        if not roles.external[v]:
+            fused[v] = False
+    for v in inside:
+        if not (roles.outputs[v] or roles.external[v]):
+            fused[v] = True
+    return fused
+
+
+def _no_inplace(g: Program, values: Sequence[int]) -> Program:
+    """The program with the ops making `values` as opaque fusions: a Triton softmax fusion
+    reads each row several times, so its output never takes over an operand's buffer."""
+    ops = list(g.ops)
+    for v in values:
+        oi = g.producer[v]
+        if oi >= 0:
+            ops[oi] = replace(ops[oi], primitive="gpu_row_fusion")
+    return replace(g, ops=ops)
+
+
+REDUCTIONS = frozenset(n for n, r in RULES.items() if r.cost == "reduction")
+
+
+def softmax_outputs(g: Program, internal: bool = False) -> Any:
+    """Values XLA:GPU stores as the output of a softmax-like fusion (softmax_rewriter_triton.cc:
+    a reduction over the minor dimension broadcast back into elementwise ops on the same rows,
+    a normalisation as in softmax, log-softmax and layer norm). The diamond's ops form one
+    Triton fusion; its result is stored unless every reader is another such op or a reduction.
+
+    **Returns:** the value ids stored; with `internal`, also those computed only inside the
+    fusion (`(stored, inside)`).
+    """
+    nv = g.num_values
+    reduced = [False] * nv      # a (small) value computed from a row reduction
+    diamond = [False] * nv
+    for op in g.ops:
+        if len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        prim = op.primitive
+        if prim in REDUCTIONS and op.inputs:
+            axes = op.params.get("axes") or ()
+            rank = len(g.shapes[op.inputs[0]])
+            reduced[v] = rank > 0 and (rank - 1) in tuple(axes)
+        elif prim in ELEMENTWISE or prim in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim"):
+            ins = [u for u in op.inputs]
+            if prim == "broadcast_in_dim":
+                reduced[v] = any(reduced[u] for u in ins)
+                continue
+            if prim in ELEMENTWISE and len(g.shapes[v]) > 0:
+                full = [u for u in ins if g.shapes[u] == g.shapes[v]]
+                bc = [u for u in ins if reduced[u] and len(g.shapes[u]) == len(g.shapes[v])]
+                if bc and any(u not in bc for u in full):
+                    diamond[v] = True
+                    continue
+                if full and any(diamond[u] for u in full) and not reduced[v]:
+                    diamond[v] = True
+                    continue
+            if all(reduced[u] for u in ins) and ins:
+                reduced[v] = True
+    out, inside = [], []
+    for v in range(nv):
+        if not diamond[v] or g.producer[v] < 0:
+            continue
+        for c in g.users[v]:
+            cop = g.ops[c]
+            if cop.primitive in REDUCTIONS:
+                continue
+            if any(w is not None and diamond[w] for w in cop.outputs):
+                continue
+            out.append(v)
+            break
+        else:
+            inside.append(v)
+    return (out, inside) if internal else out
+
+
+# -- the prediction ------------------------------------------------------------------------------
+
+@dataclass
+class Prediction:
+    """XLA:GPU's figures as the model predicts them (the `memory_analysis()` fields)."""
+
+    device: str
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    seconds: float
+    scheduler: str = ""
+    fused_values: int = 0
+    arguments: list = None    # per flat leaf, as `XlaGpuReference.arguments` (the pool's input)
+    outputs: list = None      # per flat output, as `XlaGpuReference.outputs`
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON `predicted_xla` object."""
+        return {"device": self.device, "argument_bytes": self.argument_bytes, "output_bytes": self.output_bytes,
+                "temp_bytes": self.temp_bytes, "alias_bytes": self.alias_bytes,
+                "total_bytes": self.total_bytes, "seconds": round(self.seconds, 3),
+                "scheduler": self.scheduler}
+
+
+def op_scratch(g: Program, op: Any, workspace: int) -> int:
+    """Temporaries XLA:GPU adds around one op, live while it runs: a cuBLAS GEMM's workspace;
+    a max-pool gradient (select_and_scatter_add), which XLA:GPU expands into a variadic
+    reduce_window (the pooled values and four s32 index arrays, each the size of the source)
+    and a scatter into a zero broadcast written in the result's own buffer (the dump of
+    `tests/gpu/fusion_programs.py:max_pool_gradient`)."""
+    if op.primitive == "dot_general" and dot_kind(op, g) == "gemm":
+        return workspace
+    if op.primitive == "select_and_scatter_add" and len(op.inputs) >= 2:
+        source, operand = op.inputs[0], op.inputs[-1]
+        elems = 1
+        for d in g.shapes[source]:
+            elems *= d
+        return align(g.nbytes[source]) + 4 * align(4 * elems)
+    return 0
+
+
+def output_aliases(g: Program, donated: Sequence[bool]) -> dict[int, int]:
+    """Output position -> flat argument position whose buffer it takes, as JAX pairs donated
+    arguments with outputs of the same shape and dtype (in order) when it lowers."""
+    free: dict[tuple, list[int]] = {}
+    for k, v in enumerate(g.invars):
+        if k < len(donated) and donated[k]:
+            free.setdefault((g.shapes[v], g.dtypes[v]), []).append(k)
+    out: dict[int, int] = {}
+    for j, v in enumerate(g.outvars):
+        if isinstance(v, Const):
+            continue
+        slot = free.get((g.shapes[v], g.dtypes[v]))
+        if slot:
+            out[j] = slot.pop(0)
+    return out
+
+
+def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h100-80gb") -> Prediction:
+    """Predict XLA:GPU's `memory_analysis()` for a ClosedJaxpr on a GPU preset.
+
+    >>> predict(jax.make_jaxpr(f)(x), device="a100-40gb").total_bytes
+
+    **Arguments:** `closed_jaxpr`; `donated`, one flag per flat input; `device`, a GPU preset.
+
+    **Returns:** a `Prediction` (argument, output, temp, alias bytes; total as XLA's).
+    """
+    from jaxmem.compiler import planner  # the planner's roles, schedulers and loop scratch
+
+    start = time.perf_counter()
+    g = drop_dead(ja.inline(closed_jaxpr))
+    flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
+    aliases = output_aliases(g, flags)
+    # XLA holds every argument and output in its own allocation: none of them is in the temp
+    # block, so the liveness below treats them all as external.
+    roles = planner._roles(g, [False] * len(g.invars), (), ())
+    fused = gpu_fusion(g, roles, forced_fusion(g, roles))
+    g = _no_inplace(strength_reduced(g), softmax_outputs(g))
+    unknown: set[str] = set()
+    scratch = planner._loop_scratch(g, unknown, gpu_fusion)
+    workspace = CUBLAS_WORKSPACE.get(DEVICE_SM.get(device, 9), 4 * 2 ** 20)
+    for op in g.ops:
+        extra = op_scratch(g, op, workspace)
+        if extra:
+            scratch[op.index] = scratch.get(op.index, 0) + extra
+    analysis = Analysis(roles, fusion_of(g, fused), scratch)
+    best, best_name = None, ""
+    orders = {"program": planner.program_order(g)}
+    for name in ("list", "dfs"):
+        orders[name] = planner.SCHEDULERS[name](g, analysis)
+    aliased_values = {g.outvars[j] for j in aliases}
+    # XLA's memory scheduler keeps the order with the least memory; each order is scored by its
+    # heap's lower bound and only the winner is placed (placement is most of the model's time).
+    scored = []
+    for name, order in orders.items():
+        groups = merged_dots(g, order)
+        order = _merged_order(order, groups)
+        live = assign_buffers(g, order, analysis, True)
+        aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
+        heap = heap_after_reuse(_merge_intervals(g, live, groups), aliased)
+        bound = int(live_profile(heap, len(order)).max()) if heap else 0
+        scored.append((bound, name, heap))
+    bound, best_name, heap = min(scored, key=lambda t: t[0])
+    best = _place(heap)
+    argument_bytes = sum(g.nbytes[v] for v in g.invars)
+    output_bytes = sum(g.outvar_bytes)
+    alias_bytes = sum(g.outvar_bytes[j] for j in aliases)
+    shape = lambda v: f"{g.dtypes[v]}{list(g.shapes[v])}"
+    arguments = [{"bytes": g.nbytes[v], "donated": bool(flags[k]), "shape": shape(v)} for k, v in enumerate(g.invars)]
+    outputs = [{"bytes": g.outvar_bytes[j], "aliases": aliases.get(j),
+                "shape": g.outvar_bytes[j] if isinstance(v, Const) else shape(v)} for j, v in enumerate(g.outvars)]
+    return Prediction(device, argument_bytes, output_bytes, int(best or 0), alias_bytes,
+                      time.perf_counter() - start, best_name, sum(fused), arguments, outputs)
+
+
+# gpu_compiler.cc: DotMerger(max_size_to_merge = 32 MiB): dots sharing an operand are one dot
+# (its operands concatenated) when one of them reads and writes less than this.
+DOT_MERGE_BYTES = 32 << 20
+
+
+def merged_dots(g: Program, order: Sequence[int]) -> list[list[int]]:
+    """Groups of GEMMs XLA:GPU's dot merger makes one dot (dot_merger.cc): same shared operand
+    (first or second), same dimension numbers and shapes, each small enough, every other
+    operand ready when the first of them runs. Returns op indices per group (2 or more)."""
+    pos = {oi: p for p, oi in enumerate(order)}
+    buckets: dict[tuple, list[int]] = {}
+    for oi in order:
+        op = g.ops[oi]
+        if op.primitive != "dot_general" or len(op.operands) != 2 or dot_kind(op, g) != "gemm":
+            continue
+        a, b = op.operands
+        if not (isinstance(a, int) and isinstance(b, int)):
+            continue
+        out = op.outputs[0]
+        if out is None or g.nbytes[a] + g.nbytes[b] + g.nbytes[out] > DOT_MERGE_BYTES:
+            continue
+        dims = repr(op.params["dimension_numbers"])
+        buckets.setdefault((0, a, dims, g.shapes[b], g.dtypes[b]), []).append(oi)
+        buckets.setdefault((1, b, dims, g.shapes[a], g.dtypes[a]), []).append(oi)
+    groups, taken = [], set()
+    for (side, _, _, _, _), members in buckets.items():
+        members = [m for m in members if m not in taken]
+        if len(members) < 2:
+            continue
+        first = pos[members[0]]
+        ready = []
+        for m in members:
+            other = g.ops[m].operands[1 - side]
+            made = g.producer[other]
+            if made < 0 or pos.get(made, first) < first:
+                ready.append(m)
+        outs = {g.ops[m].outputs[0] for m in ready}
+        ready = [m for m in ready if not any(u in outs for u in g.ops[m].inputs)]
+        if len(ready) >= 2:
+            groups.append(ready)
+            taken.update(ready)
+    return groups
+
+
+def _merged_order(order: list[int], groups: list[list[int]]) -> list[int]:
+    """The order with each merged group run together where its first member ran."""
+    if not groups:
+        return order
+    later = {m for grp in groups for m in grp[1:]}
+    lead = {grp[0]: grp for grp in groups}
+    out = []
+    for oi in order:
+        if oi in later:
+            continue
+        out.extend(lead.get(oi, [oi]))
+    return out
+
+
+def _merge_intervals(g: Program, live: Any, groups: list[list[int]]) -> list[Any]:
+    """The liveness intervals with each merged group's results as one buffer: from the merged
+    dot to the last read of any of its slices."""
+    if not groups:
+        return live.intervals
+    from jaxmem.compiler.liveness import Interval
+
+    drop: set[int] = set()
+    extra = []
+    for grp in groups:
+        ids = {live.group[g.ops[m].outputs[0]] for m in grp}
+        ids.discard(-1)
+        members = [iv for iv in live.intervals if iv.id in ids and iv.kind == "temp"]
+        if len(members) < 2:
+            continue
+        drop.update(iv.id for iv in members)
+        extra.append(Interval(-1 - len(extra), [v for iv in members for v in iv.members],
+                              min(iv.start for iv in members), max(iv.end for iv in members),
+                              sum(iv.size for iv in members), "temp"))
+    return [iv for iv in live.intervals if iv.id not in drop] + extra
+
+
+def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> int:
+    """Temp bytes after XLA's buffer assignment of these liveness intervals (see
+    `heap_after_reuse`; the heap is placed by best fit)."""
+    return _place(heap_after_reuse(intervals, aliased))
+
+
+def _place(heap: list[tuple[int, int, int]]) -> int:
+    from jaxmem.compiler.placement import place
+
+    return place(heap).arena if heap else 0
+
+
+def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> list[tuple[int, int, int]]:
+    """XLA's buffer assignment of temporaries (buffer_assignment.cc, AssignBuffersForComputations):
+    buffers in decreasing size; each first tries an existing allocation (the smallest first)
+    that is large enough and holds nothing live at the same time: the output allocations,
+    which live only from their value's definition to the end. What is left goes to the heap
+    simulator (global decreasing-size best fit); the heap's size is the temp figure.
+
+    **Arguments:** liveness intervals (`liveness.Interval`); `aliased`, interval ids of outputs
+    that live in a donated argument's allocation (not reusable).
+
+    **Returns:** the (start, end, size) spans left for the heap.
+    """
+    allocs: list[tuple[int, list[tuple[int, int]]]] = []   # (size, busy spans)
+    for iv in intervals:
+        if iv.kind == "output" and iv.id not in aliased:
+            allocs.append((iv.size, [(iv.start, iv.end)]))
+    allocs.sort(key=lambda a: -a[0])
+    heap: list[tuple[int, int, int]] = []
+    temps = sorted((iv for iv in intervals if iv.kind in ("temp", "scratch") and iv.size),
+                   key=lambda iv: (-iv.size, iv.start))
+    for iv in temps:
+        for size, busy in reversed(allocs):
+            if size < iv.size:
+                continue
+            if all(iv.end < s or iv.start > e for s, e in busy):
+                busy.append((iv.start, iv.end))
+                break
+        else:
+            heap.append((iv.start, iv.end, iv.size))
+    return heap
+
+
+# -- jaxmem's own plan on a GPU target -----------------------------------------------------------
+
+def plan_on_gpu(cpu_plan: Any) -> Any:
+    """jaxmem's plan for a GPU target: the program planned again with XLA:GPU's fusion rules as
+    the fusion base (`gpu_fusion`: gathers, broadcasts, elementwise prologues computed inside
+    their consumers), the lower of that and `cpu_plan` kept. Both are checked plans that run on
+    the host: a fused value is computed as a transient right before each consumer.
+
+    >>> p = plan_on_gpu(plan(step, params, batch, donate_argnums=(0, 1), xla=False))
+
+    **Arguments:** `cpu_plan`, the plan `compiler.planner.plan` made (its jaxpr and donation
+    are reused: nothing is traced again).
+
+    **Returns:** the plan with the lower peak (its `plan_seconds` counts both).
+    """
+    from jaxmem.compiler.planner import plan_jaxpr
+
+    donated = [k in set(cpu_plan.donated) for k in range(len(cpu_plan.invars))]
+    gpu = plan_jaxpr(cpu_plan.closed_jaxpr, donated=donated, base_fusion=gpu_fusion)
+    seconds = cpu_plan.plan_seconds + gpu.plan_seconds
+    if gpu.peak_bytes < cpu_plan.peak_bytes and gpu.valid:
+        return replace(gpu, plan_seconds=seconds, trace_seconds=cpu_plan.trace_seconds, xla=cpu_plan.xla,
+                       scheduler=gpu.scheduler + "+gpu-fusion")
+    return replace(cpu_plan, plan_seconds=seconds)
+
+
+def predict_plan(plan: Any, device: str) -> Prediction:
+    """`predict` for the program a `Plan` was made from (its jaxpr and donation)."""
+    donated = [k in set(plan.donated) for k in range(len(plan.invars))]
+    return predict(plan.closed_jaxpr, donated=donated, device=device)

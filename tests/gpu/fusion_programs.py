@@ -1,0 +1,112 @@
+"""One small program per XLA:GPU fusion rule that `jaxmem.xla.gpu_model` models, loadable as
+`tests/gpu/fusion_programs.py:NAME`. In each, one intermediate (`BIG`, 16 MiB of float32) is
+far larger than everything else, so XLA:GPU's temp figure says whether XLA stored it.
+
+Each factory returns `(fn, args)`; `STORED[name]` is whether the rule stores the large value
+(for the max-pool gradient: its 16 MiB of reduce_window outputs).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+N = 1024          # rows
+D = 4096          # columns: N * D * 4 bytes = 16 MiB
+
+
+def elementwise_chain():
+    """Loop fusion: exp(x) * 2 + 1 summed over rows; no intermediate is stored."""
+    def fn(x):
+        return jnp.sum(jnp.exp(x) * 2.0 + 1.0, axis=1)
+    return fn, (jnp.ones((N, D), jnp.float32),)
+
+
+def broadcast_into_reduction():
+    """A broadcast and an outer sum computed inside the reduction that reads them."""
+    def fn(a, b):
+        return jnp.sum(a[:, None] * b[None, :] + 1.0, axis=1)
+    return fn, (jnp.ones((N,), jnp.float32), jnp.ones((D,), jnp.float32))
+
+
+def gather_into_matvec():
+    """MoE dispatch: each row gathers its expert's matrix (`w[idx]`, 16 MiB) and a batched
+    matrix-vector product reads it; XLA:GPU never stores the gathered weights."""
+    def fn(x, w, idx):
+        return jnp.einsum("td,tdf->tf", x, w[idx])
+    t, d, f, e = 256, 128, 128, 4
+    return fn, (jnp.ones((t, d), jnp.float32), jnp.ones((e, d, f), jnp.float32), jnp.zeros((t,), jnp.int32))
+
+
+def relu_into_gemm():
+    """A GEMM prologue: relu(x) * 2 is read by the GEMM (a Triton fusion) and never stored."""
+    def fn(x, w):
+        return (jnp.maximum(x, 0.0) * 2.0) @ w
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((D, 8), jnp.float32))
+
+
+def tanh_read_twice():
+    """A transcendental chain read by a GEMM and by a transposed GEMM (as a layer's activation is
+    in a training step) is stored once, not recomputed in each."""
+    def fn(x, w2, w3):
+        h = jnp.tanh(x) * 2.0
+        return h @ w2, h.T @ w3
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((D, 8), jnp.float32), jnp.ones((N, 8), jnp.float32))
+
+
+def log_softmax_rows():
+    """A softmax-like row fusion: log_softmax's result is stored for the gather that reads it."""
+    def fn(logits, targets):
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return jnp.take_along_axis(logp, targets[:, None], axis=-1).sum()
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.zeros((N,), jnp.int32))
+
+
+def outer_product_into_scatter():
+    """Dot strength reduction: an outer product (no contraction) scattered into 4 slots is a
+    multiply computed inside the scatter; the (N, 64, 64) product is never stored."""
+    def fn(a, b, idx):
+        outer = jnp.einsum("tf,td->tfd", a, b)
+        return jnp.zeros((4, 64, 64), jnp.float32).at[idx].add(outer)
+    return fn, (jnp.ones((N, 64), jnp.float32), jnp.ones((N, 64), jnp.float32), jnp.zeros((N,), jnp.int32))
+
+
+def max_pool_gradient():
+    """A max-pool gradient (select_and_scatter_add): XLA:GPU expands it into a variadic
+    reduce_window (values and s32 indices) and a scatter into zeros."""
+    def fn(x):
+        def pool(x):
+            return jnp.sum(jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") ** 2)
+        return jax.grad(pool)(x)
+    return fn, (jnp.ones((16, 64, 64, 64), jnp.float32),)
+
+
+def merged_dots():
+    """Dot merger: four GEMMs reading the same input are one GEMM whose 16 MiB result lives until
+    its last slice is read, though each tower alone needs 4 MiB."""
+    def fn(x, ws):
+        return sum(jnp.sum(jnp.tanh(x @ w), axis=1) for w in ws)
+    return fn, (jnp.ones((N, 256), jnp.float32), [jnp.ones((256, D // 4), jnp.float32) for _ in range(4)])
+
+
+def bf16_convert_into_gemm():
+    """Mixed precision: a float32 activation cast to bfloat16 for a bfloat16 GEMM is converted
+    inside the GEMM's operand fusion; no bfloat16 copy (16 MiB) is stored."""
+    def fn(x, w):
+        return (x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(jnp.float32)
+    return fn, (jnp.ones((N, 2 * D), jnp.float32), jnp.ones((2 * D, 8), jnp.float32))
+
+
+BIG = N * D * 4
+STORED = {
+    "elementwise_chain": False,
+    "broadcast_into_reduction": False,
+    "gather_into_matvec": False,
+    "relu_into_gemm": False,
+    "tanh_read_twice": True,
+    "log_softmax_rows": True,
+    "outer_product_into_scatter": False,
+    "max_pool_gradient": True,
+    "merged_dots": True,
+    "bf16_convert_into_gemm": False,
+}

@@ -1,0 +1,144 @@
+"""jaxmem's model of XLA:GPU (`jaxmem.xla.gpu_model`) against XLA:GPU itself, compiled deviceless.
+
+Per fusion rule, a small program (`fusion_programs.py`) whose XLA:GPU buffer assignment shows
+the rule: the number of 16 MiB buffers XLA:GPU's temp block holds is the model's too, and the
+predicted total is XLA's within a few percent. Then the prediction on suite programs, jaxmem's
+GPU-target plan (checked, executed on the host, at or below XLA:GPU), and maxbatch's guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.xla.gpu import unavailable_reason, xla_gpu_reference
+from jaxmem.xla.gpu_model import gpu_fusion, plan_on_gpu, predict
+
+HERE = Path(__file__).resolve().parent
+FUSION = str(HERE / "fusion_programs.py")
+needs_gpu_compiler = pytest.mark.skipif(unavailable_reason() is not None,
+                                        reason=f"deviceless XLA:GPU unavailable: {unavailable_reason()}")
+
+
+def _load(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fusion_programs", FUSION)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, getattr(module, name)
+
+
+def _predict(fn, args, donate=(), device="h100-80gb"):
+    traced = ja.trace(fn, args, {}, donate)
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
+    return predict(traced.closed_jaxpr, donated=donated, device=device)
+
+
+RULES = ["elementwise_chain", "broadcast_into_reduction", "gather_into_matvec", "relu_into_gemm",
+         pytest.param("tanh_read_twice", marks=pytest.mark.xfail(
+             reason="measured: XLA:GPU computes tanh(x) * 2 inside both GEMMs here (temp 0.03 of 16 MiB), "
+                    "while the model stores transcendental chains read twice, as mlp_deep_train's dump "
+                    "shows for its silu outputs; what separates the two cases is not modelled", strict=True)),
+         "log_softmax_rows", "outer_product_into_scatter", "max_pool_gradient", "merged_dots",
+         "bf16_convert_into_gemm"]
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("name", RULES)
+def test_each_fusion_rule_matches_xla_gpu_buffer_assignment(name):
+    module, factory = _load(name)
+    ref = xla_gpu_reference(f"{FUSION}:{name}", device="h100-80gb", top=0)
+    pred = _predict(*factory())
+    big = module.BIG
+    # What XLA stored: how many of the 16 MiB intermediates its temp block holds at once.
+    assert math.floor(pred.temp_bytes / big) == math.floor(ref.temp_bytes / big), (pred.temp_bytes, ref.temp_bytes)
+    assert (ref.temp_bytes >= big) == module.STORED[name]
+    assert (pred.argument_bytes, pred.output_bytes, pred.alias_bytes) == \
+        (ref.argument_bytes, ref.output_bytes, ref.alias_bytes)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.08
+
+
+def test_gather_feeding_a_batched_matvec_is_fused_and_a_log_softmax_result_is_stored():
+    import jax
+
+    from jaxmem.compiler import planner
+    from jaxmem.compiler.fusion import forced_fusion
+    from jaxmem.compiler.program import drop_dead
+
+    def decisions(name, primitive):
+        _, factory = _load(name)
+        fn, args = factory()
+        g = drop_dead(ja.inline(jax.make_jaxpr(fn)(*args)))
+        roles = planner._roles(g, [False] * len(g.invars), (), ())
+        fused = gpu_fusion(g, roles, forced_fusion(g, roles))
+        return [fused[op.outputs[0]] for op in g.ops if op.primitive == primitive]
+
+    assert decisions("gather_into_matvec", "gather") == [True]
+    assert decisions("relu_into_gemm", "max") == [True]
+    assert decisions("log_softmax_rows", "sub")[-1] is False   # logp, read by the gather
+
+
+FAST = [("mlp_forward", ()), ("mlp_train", (0, 1)), ("transformer_forward", ()), ("cnn_forward", ()),
+        ("while_cond", ()), ("rnn_scan_grad", ())]
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", ["h100-80gb", "a100-40gb"])
+@pytest.mark.parametrize("name,donate", FAST)
+def test_prediction_within_5_percent_on_fast_suite_programs(name, donate, device):
+    from jaxmem.examples.suite import ALL_PROGRAMS
+
+    program = ALL_PROGRAMS[name]
+    ref = xla_gpu_reference(program.target, device=device, donate_argnums=donate, top=0)
+    pred = _predict(*program.factory(), donate=donate, device=device)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.05, (pred.total_bytes, ref.total_bytes)
+
+
+# Measured outside 5% (BENCHMARKS.md, "Planning for the GPU"): the rules these miss are listed there.
+OUTSIDE = {"transformer_train", "transformer_train_donated", "parallel_branches", "cnn_train", "convnet_bn_train",
+           "attention_train", "scanned_checkpoint_train", "transformer_train_12", "bf16_train", "moe_train"}
+
+
+@pytest.mark.slow
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", ["h100-80gb", "a100-40gb"])
+def test_prediction_within_5_percent_on_every_suite_program(device):
+    from jaxmem.examples.suite import ALL_PROGRAMS
+
+    outside = {}
+    for name, program in ALL_PROGRAMS.items():
+        ref = xla_gpu_reference(program.target, device=device, donate_argnums=program.donate_argnums, top=0)
+        pred = _predict(*program.factory(), donate=program.donate_argnums, device=device)
+        ratio = pred.total_bytes / ref.total_bytes
+        if abs(ratio - 1) > 0.05:
+            outside[name] = round(ratio, 3)
+    assert set(outside) <= OUTSIDE, outside
+
+
+@needs_gpu_compiler
+def test_gpu_plan_of_moe_is_checked_runs_on_the_host_and_stays_below_xla_gpu(capsys):
+    from jaxmem.cli.main import main as cli_main
+
+    assert cli_main(["analyze", "jaxmem.examples.zoo:moe_train", "--device", "h100-80gb", "--donate", "0,1",
+                     "--execute", "--json", "--xla", "gpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] and data["execute"]["ok"]
+    gpu_total = data["xla_gpu"]["total_bytes"]
+    assert data["peak_bytes"] <= gpu_total            # the CPU model's plan was 7.8x of it
+    assert abs(data["predicted_xla_bytes"] / gpu_total - 1) <= 0.15
+    assert data["predicted_xla"]["total_bytes"] == data["predicted_xla_bytes"]
+
+
+def test_plan_on_gpu_keeps_the_lower_checked_plan():
+    from jaxmem.compiler.planner import plan
+    from jaxmem.examples.suite import ALL_PROGRAMS
+
+    fn, args = ALL_PROGRAMS["moe_train"].factory()
+    cpu = plan(fn, *args, donate_argnums=(0, 1), xla=False)
+    gpu = plan_on_gpu(cpu)
+    assert gpu.valid and gpu.peak_bytes <= cpu.peak_bytes and gpu.peak_bytes < cpu.peak_bytes / 4

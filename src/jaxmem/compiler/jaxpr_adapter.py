@@ -146,10 +146,6 @@ def flat_arg_counts(args: Sequence[Any]) -> list[int]:
     return [len(jax.tree_util.tree_leaves(a)) for a in args]
 
 
-def is_closed_jaxpr(obj: Any) -> bool:
-    return isinstance(obj, jcore.ClosedJaxpr)
-
-
 def is_literal(atom: Any) -> bool:
     return isinstance(atom, jcore.Literal)
 

@@ -13,9 +13,12 @@ This module states those rules on jaxmem's own program representation (`compiler
 through the one front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and
 liveness, so no second front end or liveness model appears:
 
-    >>> pred = predict(jax.make_jaxpr(step)(params, batch), donated=[True] * n + [False] * m,
-    ...                device="h100-80gb")
-    >>> pred.total_bytes   # argument + output + temp - alias, as XLA:GPU's memory_analysis()
+    >>> import jax, jax.numpy as jnp
+    >>> def f(w, idx):   # gathered rows, scaled, squashed, summed: one reduction fusion on XLA:GPU
+    ...     return jnp.tanh(w[idx] * 2.0).sum(axis=1)
+    >>> pred = predict(jax.make_jaxpr(f)(jnp.ones((8, 1024)), jnp.arange(256) % 8), device="h100-80gb")
+    >>> pred.total_bytes, pred.temp_bytes   # argument + output + temp - alias; w[idx] never stored
+    (34816, 0)
 
 `gpu_fusion` is also the planner's fusion base on GPU targets (`plan_jaxpr(base_fusion=...)`).
 """
@@ -119,7 +122,16 @@ def dot_kind(op: Any, g: Program) -> str:
 def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
     """Per value, True when XLA:GPU never stores it: computed inside each of its consumers.
 
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler.stages import Roles
+    >>> program = ja.inline(jax.make_jaxpr(lambda w, i: jnp.tanh(w[i] * 2.0).sum(axis=1))(
+    ...     jnp.ones((8, 1024)), jnp.arange(256) % 8))
+    >>> n = program.num_values
+    >>> roles = Roles([v in program.invars for v in range(n)], [v in program.outvars for v in range(n)],
+    ...               [False] * n, {})
     >>> fused = gpu_fusion(program, roles, forced_fusion(program, roles))
+    >>> [(op.primitive, fused[op.outputs[0]]) for op in program.ops][-4:]
+    [('gather', True), ('mul', True), ('tanh', True), ('reduce_sum', False)]
 
     **Arguments:** the program, the values' roles, the fusion already forced (views of
     arguments; `fusion.forced_fusion`).
@@ -298,7 +310,11 @@ def output_aliases(g: Program, donated: Sequence[bool]) -> dict[int, int]:
 def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h100-80gb") -> Prediction:
     """Predict XLA:GPU's `memory_analysis()` for a ClosedJaxpr on a GPU preset.
 
-    >>> predict(jax.make_jaxpr(f)(x), device="a100-40gb").total_bytes
+    >>> import jax, jax.numpy as jnp
+    >>> def step(w, x):   # one SGD step
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> predict(jax.make_jaxpr(step)(jnp.ones((64, 64)), jnp.ones((8, 64))), device="a100-40gb").total_bytes
+    36864
 
     **Arguments:** `closed_jaxpr`; `donated`, one flag per flat input; `device`, a GPU preset.
 
@@ -484,7 +500,13 @@ def plan_on_gpu(cpu_plan: Any) -> Any:
     their consumers), the lower of that and `cpu_plan` kept. Both are checked plans that run on
     the host: a fused value is computed as a transient right before each consumer.
 
-    >>> p = plan_on_gpu(plan(step, params, batch, donate_argnums=(0, 1), xla=False))
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler.planner import plan
+    >>> def step(w, x):   # one SGD step
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    >>> p = plan_on_gpu(plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)), xla=False))
+    >>> p.peak_bytes, p.valid
+    (36864, True)
 
     **Arguments:** `cpu_plan`, the plan `compiler.planner.plan` made (its jaxpr and donation
     are reused: nothing is traced again).

@@ -1,0 +1,182 @@
+"""A `jax.checkpoint` policy as fit's answer: which function to wrap (a `lax.scan` body, the
+function handed to `jax.value_and_grad`), with which `jax.checkpoint_policies` policy, and the
+XLA total each alternative measured.
+
+Each candidate re-traces the user's function with `jax.checkpoint(body, policy=P)` put around
+the chosen sites (`jaxpr_adapter.checkpoint_sites`): exactly what the printed line asks the user
+to write, so applying it gives the total reported.
+
+>>> found = search_policies(step, args, donate=(0, 1), judge=Judge("h100-80gb"), budget=b)  # doctest: +SKIP
+>>> print(found.best.code)                                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxmem.compiler.jaxpr_adapter import CheckpointSite, checkpoint_policy, checkpoint_sites
+from jaxmem.errors import JaxmemError
+from jaxmem.fit.judge import Judge
+
+# Policies tried, least recompute first (the order ties are broken in).
+POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
+OFFLOAD = "offload_dot_with_no_batch_dims"
+
+
+@dataclass
+class PolicyCandidate:
+    """One alternative: `policy` on every site of `kind`, XLA's total and the extra FLOPs."""
+
+    kind: str                      # "scan" (each lax.scan body) or "grad" (the differentiated function)
+    policy: str                    # a jax.checkpoint_policies name, or "none" (the original)
+    sites: list[CheckpointSite]
+    xla_total_bytes: int
+    flops: int
+    extra_flops: int
+    planned_peak_bytes: int | None = None
+    error: str = ""
+
+    @property
+    def code(self) -> str:
+        """What to write in the user's code, one line per site."""
+        if self.policy == "none":
+            return "no jax.checkpoint needed"
+        pol = policy_expression(self.policy)
+        lines = []
+        for s in self.sites:
+            if s.kind == "scan":
+                lines.append(f"{s}: jax.lax.scan(jax.checkpoint({s.function}, policy={pol}), ...)  "
+                             f"# the scan body defined at {s.defined}")
+            else:
+                lines.append(f"{s}: jax.value_and_grad(jax.checkpoint({s.function}, policy={pol}))  "
+                             f"# (or jax.grad / jax.vjp as written there); {s.function} defined at {s.defined}")
+        return "\n".join(lines)
+
+    @property
+    def extra_flops_ratio(self) -> float:
+        base = self.flops - self.extra_flops
+        return self.extra_flops / max(base, 1)
+
+
+@dataclass
+class PolicySearch:
+    """Every alternative judged, the original first; `best` meets the budget at the least extra
+    FLOPs (else has the smallest total); None where the function has no site."""
+
+    judge: str
+    budget_bytes: int
+    candidates: list[PolicyCandidate] = field(default_factory=list)
+    best: PolicyCandidate | None = None
+    sites: list[CheckpointSite] = field(default_factory=list)
+
+
+def policy_expression(name: str) -> str:
+    """The Python expression for a policy name.
+
+    >>> policy_expression("dots_saveable")
+    'jax.checkpoint_policies.dots_saveable'
+    """
+    if name.startswith(OFFLOAD):
+        return f"jax.checkpoint_policies.{OFFLOAD}('device', 'pinned_host')"
+    return f"jax.checkpoint_policies.{name}"
+
+
+def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
+                keys: Sequence[str] | None = None) -> Callable[..., Any]:
+    """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
+    the sites whose `key` is in `keys`). A fresh function object each call, so no trace cache
+    hands back the unwrapped trace.
+
+    >>> jax.jit(with_policy(step, "nothing_saveable"))(*args)   # doctest: +SKIP
+    """
+    pol = checkpoint_policy(policy)
+
+    def wrap(site: CheckpointSite, body: Callable[..., Any]) -> Callable[..., Any]:
+        if site.kind in kinds and (keys is None or site.key in keys):
+            return jax.checkpoint(body, policy=pol)
+        return body
+
+    def candidate(*args: Any, **kwargs: Any) -> Any:
+        with checkpoint_sites(wrap):
+            return fn(*args, **kwargs)
+
+    candidate.__name__ = getattr(fn, "__name__", "fn")
+    return candidate
+
+
+def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSite]:
+    """The checkpoint sites met while tracing `fn(*args)` (abstractly: nothing runs)."""
+    def fresh(*a: Any) -> Any:  # a new function object: JAX's trace cache is keyed by it
+        return fn(*a)
+
+    with checkpoint_sites(lambda site, body: body) as ctx:
+        jax.eval_shape(fresh, *args)
+    return ctx.found
+
+
+def _flops(fn: Callable[..., Any], args: Sequence[Any]) -> int:
+    from jaxmem.compiler.costs import jaxpr_flops
+
+    return jaxpr_flops(jax.make_jaxpr(lambda *a: fn(*a))(*args).jaxpr)
+
+
+def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequence[int], judge: Judge,
+                    budget: int, original_total: int | None = None, offload: bool | None = None,
+                    progress: Callable[[str], None] | None = None) -> PolicySearch:
+    """Judge every standard policy on the scan bodies and, apart, on the differentiated
+    function, and pick the cheapest in FLOPs that meets `budget`.
+
+    Args:
+        fn, args, donate: the training step, its arguments and donated positions.
+        judge: XLA:GPU or XLA:CPU.
+        budget: bytes.
+        original_total: the judge's total for `fn` itself, when already known.
+        offload: also try offloading dot outputs to `pinned_host` (default: on XLA:GPU).
+        progress: called with a short label before each compile.
+
+    Returns:
+        A `PolicySearch`; `best` is None where `fn` has no site (no scan, no jax.grad call seen).
+    """
+    sites = find_sites(fn, args)
+    result = PolicySearch(judge.name, budget, sites=sites)
+    base_flops = _flops(fn, args)
+    if original_total is None:
+        original_total = judge.total(fn, args, donate)
+    result.candidates.append(PolicyCandidate("none", "none", [], original_total, base_flops, 0))
+    if not sites:
+        return result
+    policies = list(POLICIES)
+    if offload if offload is not None else judge.device is not None:
+        policies.append(OFFLOAD)
+    kinds = [k for k in ("scan", "grad") if any(s.kind == k for s in sites)]
+    for kind in kinds:
+        for name in policies:
+            if progress is not None:
+                progress(f"{name} on {kind}")
+            cand = with_policy(fn, name, (kind,))
+            entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind], 0, 0, 0)
+            try:
+                entry.flops = _flops(cand, args)
+                entry.extra_flops = max(0, entry.flops - base_flops)
+                entry.xla_total_bytes = judge.total(cand, args, donate)
+            except JaxmemError as err:
+                entry.error = str(err)
+                entry.xla_total_bytes = -1
+            except Exception as err:  # a policy JAX refuses for this function (offload on XLA:CPU)
+                entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+                entry.xla_total_bytes = -1
+            result.candidates.append(entry)
+    ok = [c for c in result.candidates if not c.error]
+    fitting = [c for c in ok if c.xla_total_bytes <= budget]
+    if fitting:
+        result.best = min(fitting, key=lambda c: (c.extra_flops, c.xla_total_bytes))
+    else:
+        result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
+    return result
+
+
+__all__ = ["PolicyCandidate", "PolicySearch", "search_policies", "with_policy", "find_sites",
+           "policy_expression", "POLICIES"]

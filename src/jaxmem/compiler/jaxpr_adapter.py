@@ -520,13 +520,15 @@ def _calling_site(kind: str, fun: Callable[..., Any]) -> CheckpointSite:
 
 @functools.lru_cache(maxsize=None)
 def checkpoint_policy(name: str) -> Any:
-    """A `jax.checkpoint_policies` policy by the name jaxmem prints for it; `None` for
-    "nothing_saveable"'s default spelling is not used: every name maps to JAX's own object.
+    """A `jax.checkpoint_policies` policy by the name jaxmem prints for it ("default": None, the
+    policy of a plain `jax.checkpoint(f)`).
 
     >>> checkpoint_policy("dots_saveable") is jax.checkpoint_policies.dots_saveable
     True
     """
     policies = jax.checkpoint_policies
+    if name == "default":
+        return None  # jax.checkpoint(f): saves only the inputs
     if name.startswith("offload_dot_with_no_batch_dims"):
         return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
     if not hasattr(policies, name):

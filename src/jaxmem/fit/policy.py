@@ -79,6 +79,8 @@ def policy_expression(name: str) -> str:
     >>> policy_expression("dots_saveable")
     'jax.checkpoint_policies.dots_saveable'
     """
+    if name == "default":
+        return "None"
     if name.startswith(OFFLOAD):
         return f"jax.checkpoint_policies.{OFFLOAD}('device', 'pinned_host')"
     return f"jax.checkpoint_policies.{name}"

@@ -20,7 +20,7 @@ from jaxmem.examples import zoo
 from jaxmem.examples.adam import adam_update
 from jaxmem.examples.layers import layernorm
 from jaxmem.fit.judge import Figures, Judge, resolve_budget
-from jaxmem.fit.policy import find_sites, with_policy
+from jaxmem.fit.policy import find_sites, policy_expression, with_policy
 from jaxmem.xla.cpu import xla_reference
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, seq=64, batch=2, vocab=256)
@@ -34,7 +34,8 @@ def _by_hand(policy_name: str):
     """The scanned transformer as a user writes it after reading fit's answer: the scan body
     wrapped in jax.checkpoint with the printed policy (a copy of zoo._lm, by hand)."""
     _, args = _scanned()
-    policy = getattr(jax.checkpoint_policies, policy_name)
+    # As printed: `policy_expression` is the text fit shows (offload is a call).
+    policy = eval(policy_expression(policy_name), {"jax": jax})
 
     def layer(x, p):
         return zoo._block(p, x, SMALL["n_heads"], jnp.float32)

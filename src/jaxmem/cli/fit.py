@@ -234,15 +234,14 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.compiler.remat import fit
     from jaxmem.compiler.target import load_target
-    from jaxmem.fit.judge import Judge
+    from jaxmem.fit.judge import Figures, Judge, resolve_budget
 
     if args.device is not None:
         Judge(args.device)  # an unknown preset is one line before anything compiles
     fn, fn_args = load_target(args.target)
     donate = _donate(args.donate, len(fn_args))
-    budget: int | str = args.budget.strip()
-    if not (budget.endswith("%") or budget.lower().replace("_", "-") == "half-temp"):
-        budget = parse_size(budget)
+    budget = args.budget.strip()
+    resolve_budget(budget, Figures(1, 1, 2, 0))  # a budget that cannot be read is one line, before any compile
     # XLA:CPU's schedulers compile in their own processes while the search runs.
     cpu_schedulers = not args.no_schedulers and args.device is None
     workers, box = _scheduler_totals(args.target, donate) if cpu_schedulers else ([], {})

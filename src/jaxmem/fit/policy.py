@@ -174,7 +174,8 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     ok = [c for c in result.candidates if not c.error]
     fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if fitting:
-        result.best = min(fitting, key=lambda c: (c.extra_flops, c.xla_total_bytes))
+        # Equal FLOPs: keep activations on the device (offload costs host transfers FLOPs omit).
+        result.best = min(fitting, key=lambda c: (c.extra_flops, c.policy.startswith(OFFLOAD), c.xla_total_bytes))
     else:
         result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
     return result

@@ -48,10 +48,10 @@ class ReorderResult:
         return self.saved_bytes / gap if gap > 0 else 0.0
 
 
-def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True) -> Callable[..., Any]:
+def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0) -> Callable[..., Any]:
     """A function of the original arguments that binds the plan's steps in its order, each
-    stored step chained after the stored step before it (`chain=False`: the order is only the
-    trace's order).
+    stored step whose outputs hold at least `min_bytes` chained after the one before it
+    (`chain=False`: the order is only the trace's order).
 
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
@@ -73,7 +73,8 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True) -> Ca
         last: Any = None                              # an output of the previous stored step
         for step in schedule:
             ins = [read(v) for v in step.operands]
-            stored = chain and not step.fused and any(o is not None for o in step.outputs)
+            stored = chain and not step.fused and \
+                sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
             if stored and last is not None:
                 arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
                 if arrays:
@@ -94,7 +95,8 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True) -> Ca
 
 
 def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
-            device: str | None = None, progress: Callable[[str], None] | None = None) -> ReorderResult:
+            device: str | None = None, progress: Callable[[str], None] | None = None,
+            min_share: float = 0.0) -> ReorderResult:
     """Run `fn` in jaxmem's planned order and say what XLA's total becomes (no recompute).
 
     Args:
@@ -102,6 +104,8 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
         donate_argnums: as `jax.jit`'s.
         device: a GPU preset (XLA:GPU judges, deviceless), or None (XLA:CPU).
         progress: called with a short label before each step of the work.
+        min_share: chain only steps whose outputs hold at least this share of the planned peak
+            (0: every stored step).
 
     Returns:
         A `ReorderResult`; `fn` computes the same values as the original.
@@ -115,12 +119,15 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
     note("plan")
     donated = [k in traced.donated for k in range(len(traced.in_avals))]
     planned = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
-    ordered = ordered_function(planned, traced)
+    min_bytes = int(min_share * planned.peak_bytes)
+    ordered = ordered_function(planned, traced, min_bytes=min_bytes)
     note("original")
     before = judge.total(fn, args, donate)
     note("reordered")
     after = judge.total(ordered, args, donate)
-    chained = sum(1 for s in planned.schedule if not s.fused)
+    sizes = {vid: info.nbytes for vid, info in planned.values.items()}
+    chained = sum(1 for s in planned.schedule if not s.fused and
+                  sum(sizes.get(o, 0) for o in s.outputs if o is not None) >= max(min_bytes, 1))
     return ReorderResult(ordered, judge.name, planned.peak_bytes, before, after, chained,
                          len(planned.schedule), planned.scheduler)
 

@@ -143,3 +143,27 @@ def test_xla_gpu_judge_pasted_policy_gives_the_reported_total():
     data = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
     assert data["judge"] == "XLA:GPU h100-80gb"
     assert data["reported"] == data["by_hand"] <= data["budget"]
+
+
+def test_checkpoint_name_tags_give_a_save_only_these_names_candidate():
+    from jax.ad_checkpoint import checkpoint_name
+
+    rng = np.random.default_rng(0)
+    ws = jnp.asarray(rng.standard_normal((3, 32, 32), dtype=np.float32) / 6)
+    x = jnp.asarray(rng.standard_normal((64, 32), dtype=np.float32))
+
+    def loss(ws, x):
+        def body(h, w):
+            return jnp.tanh(checkpoint_name(h @ w, "proj")), None
+        h, _ = jax.lax.scan(body, x, ws)
+        return jnp.mean(h ** 2)
+
+    def step(ws, x):
+        value, g = jax.value_and_grad(loss)(ws, x)
+        return value, ws - 0.1 * g
+
+    result = fit(step, ws, x, budget="half-temp", rewrite=False)
+    named = [c for c in result.policies.candidates if c.policy == "save_only_these_names:proj"]
+    assert {c.kind for c in named} == {"scan", "grad"}
+    assert "save_only_these_names('proj')" in named[0].code
+    _close(jax.jit(step)(ws, x), jax.jit(with_policy(step, "save_only_these_names:proj"))(ws, x))

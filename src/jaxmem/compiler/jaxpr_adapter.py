@@ -529,6 +529,8 @@ def checkpoint_policy(name: str) -> Any:
     policies = jax.checkpoint_policies
     if name == "default":
         return None  # jax.checkpoint(f): saves only the inputs
+    if name.startswith("save_only_these_names:"):
+        return policies.save_only_these_names(*name.split(":", 1)[1].split(","))
     if name.startswith("offload_dot_with_no_batch_dims"):
         return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
     if not hasattr(policies, name):
@@ -588,3 +590,21 @@ class checkpoint_sites:
         for module, name, original in reversed(self._saved):
             setattr(module, name, original)
         self._saved.clear()
+
+
+def checkpoint_names(closed_jaxpr: Any) -> list[str]:
+    """The names the user tagged with `jax.ad_checkpoint.checkpoint_name`, in first-seen order
+    (nested jaxprs included), for `save_only_these_names`."""
+    found: list[str] = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr_eqns(jaxpr):
+            if eqn.primitive.name == "name":
+                name = str(eqn.params.get("name"))
+                if name not in found:
+                    found.append(name)
+            for sub in nested_jaxprs(eqn):
+                walk(sub)
+
+    walk(closed_jaxpr)
+    return found

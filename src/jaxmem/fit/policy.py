@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from jaxmem.compiler.jaxpr_adapter import CheckpointSite, checkpoint_policy, checkpoint_sites
+from jaxmem.compiler.jaxpr_adapter import CheckpointSite, checkpoint_names, checkpoint_policy, checkpoint_sites
 from jaxmem.errors import JaxmemError
 from jaxmem.fit.judge import Judge
 
@@ -83,6 +83,9 @@ def policy_expression(name: str) -> str:
         return "None"
     if name.startswith(OFFLOAD):
         return f"jax.checkpoint_policies.{OFFLOAD}('device', 'pinned_host')"
+    if name.startswith("save_only_these_names:"):
+        names = ", ".join(repr(n) for n in name.split(":", 1)[1].split(","))
+        return f"jax.checkpoint_policies.save_only_these_names({names})"
     return f"jax.checkpoint_policies.{name}"
 
 
@@ -145,12 +148,15 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     sites = find_sites(fn, args)
     result = PolicySearch(judge.name, budget, sites=sites)
     base_flops = _flops(fn, args)
+    names = checkpoint_names(jax.make_jaxpr(lambda *a: fn(*a))(*args))
     if original_total is None:
         original_total = judge.total(fn, args, donate)
     result.candidates.append(PolicyCandidate("none", "none", [], original_total, base_flops, 0))
     if not sites:
         return result
     policies = list(POLICIES)
+    if names:  # the user's checkpoint_name tags: keep exactly those
+        policies.insert(0, "save_only_these_names:" + ",".join(names))
     if offload if offload is not None else judge.device is not None:
         policies.append(OFFLOAD)
     kinds = [k for k in ("scan", "grad") if any(s.kind == k for s in sites)]

@@ -51,7 +51,8 @@ def run(name: str, device: str | None, rounds: int) -> dict[str, Any]:
     started = time.perf_counter()
     sites = find_sites(fn, args)
     kind = "scan" if any(s.kind == "scan" for s in sites) else "grad"
-    result = fit(fn, *args, budget="half-temp", donate_argnums=donate, device=device, max_rounds=rounds)
+    result = fit(fn, *args, budget="half-temp", donate_argnums=donate, device=device, max_rounds=rounds,
+                 rewrite=True, exhaustive=True)
     found = result.policies
     by = {(c.kind, c.policy): c for c in found.candidates if not c.error}
     base_flops = found.candidates[0].flops

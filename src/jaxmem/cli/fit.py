@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "compiled deviceless; default XLA:CPU")
     parser.add_argument("--policy-only", action="store_true",
                         help="judge jax.checkpoint policies only; skip the rewriting search")
+    parser.add_argument("--rewrite", action="store_true",
+                        help="run the rewriting search even when a policy meets the budget")
+    parser.add_argument("--all-policies", action="store_true",
+                        help="compile every policy alternative (default: stop at the first that fits)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--donate", default="", metavar="0,1",
                         help="positional arguments of fn to donate, as jax.jit's donate_argnums")
@@ -140,8 +144,9 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
         return None
     return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites],
              "xla_total_bytes": c.xla_total_bytes if not c.error else None,
+             "planned_peak_bytes": c.planned_peak_bytes,
              "extra_flops": c.extra_flops, "extra_flops_ratio": c.extra_flops_ratio,
-             "fits": not c.error and c.xla_total_bytes <= result.budget_bytes,
+             "fits": None if c.error or c.xla_total_bytes is None else c.xla_total_bytes <= result.budget_bytes,
              "chosen": c is found.best, "code": c.code, "error": c.error or None}
             for c in found.candidates]
 
@@ -214,14 +219,16 @@ def _render_policies(console: Any, result: Any) -> None:
     if found is None or found.best is None:
         return
     table = Table(title=f"jax.checkpoint alternatives, judged by {result.judge} (budget {format_size(result.budget_bytes)})")
-    for name in ("wrap", "policy", "XLA total", "extra FLOPs", "fits"):
-        table.add_column(name, justify="right" if name in ("XLA total", "extra FLOPs") else "left")
+    for name in ("wrap", "policy", "jaxmem plan", "XLA total", "extra FLOPs", "fits"):
+        table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left")
     for c in found.candidates:
         where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function"}[c.kind]
-        total = "error" if c.error else format_size(c.xla_total_bytes)
-        fits = "" if c.error else ("yes" if c.xla_total_bytes <= result.budget_bytes else "no")
+        judged = not c.error and c.xla_total_bytes is not None
+        total = "error" if c.error else (format_size(c.xla_total_bytes) if judged else "not compiled")
+        fits = ("yes" if c.xla_total_bytes <= result.budget_bytes else "no") if judged else ""
         mark = " *" if c is found.best else ""
-        table.add_row(where + mark, c.policy, total, f"{100 * c.extra_flops_ratio:.1f}%", fits)
+        plan = format_size(c.planned_peak_bytes) if c.planned_peak_bytes else ""
+        table.add_row(where + mark, c.policy, plan, total, f"{100 * c.extra_flops_ratio:.1f}%", fits)
     console.print(table)
     best = found.best
     verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"
@@ -253,7 +260,8 @@ def main(argv: list[str]) -> int:
                 bar.update(task, description=label, advance=1)
 
         result = fit(fn, *fn_args, budget=budget, donate_argnums=donate, max_rounds=args.rounds,
-                     device=args.device, rewrite=not args.policy_only, progress=step)
+                     device=args.device, rewrite=False if args.policy_only else (True if args.rewrite else "auto"),
+                     progress=step, exhaustive=args.all_policies)
     for w in workers:
         w.join()
     if not args.no_time and not _abstract(fn_args) and result.fn is not fn:

@@ -78,6 +78,7 @@ class FitResult:
     policy_fits: bool = False      # the policy printed meets the budget by itself
     floor_bytes: int = 0           # arguments + outputs - aliases: no recompute goes below it
     infeasible: str | None = None  # the one line that proves the budget infeasible, if it is
+    policy_fn: Callable[..., Any] | None = None  # the original with the printed policy applied
 
     def measure(self, *args: Any, repeat: int = 3) -> tuple[float, float]:
         """Time one warm `jax.jit` call of the original and of `fn` on `args` (best of `repeat`,
@@ -156,7 +157,8 @@ def _policy(snap: Snapshot, graph: Graph, dots_total: int | None, budget: int) -
 def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
         guard: str = "auto", device: str | None = None, policies: bool = True,
-        rewrite: bool = True, progress: Callable[[str], None] | None = None) -> FitResult:
+        rewrite: bool | str = "auto", progress: Callable[[str], None] | None = None,
+        exhaustive: bool = False) -> FitResult:
     """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
 
     >>> result = fit(train_step, params, batch, budget="2GiB")   # doctest: +SKIP
@@ -176,7 +178,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             compiled deviceless (JAX must run with JAX_PLATFORMS=cpu); None: XLA:CPU.
         policies: also judge `jax.checkpoint` policies on the scan bodies and the differentiated
             function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
-        rewrite: also run the rewriting search (`FitResult.fn`); off, `fn` is the original.
+        rewrite: also run the rewriting search (`FitResult.fn`): True, False (`fn` is the
+            original), or "auto": only where no policy meets the budget.
+        exhaustive: compile every policy alternative (else stop at the first that fits).
         progress: called with a short label before each XLA compile.
 
     Returns:
@@ -201,11 +205,18 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         return judge_.total(f, a, d)
 
     found = None
+    from jaxmem.fit.policy import with_policy
+
     if policies:
         from jaxmem.fit.policy import search_policies
 
         found = search_policies(fn, args, donate=donate, judge=judge_, budget=budget_bytes,
-                                original_total=xla_before, progress=lambda l: note(f"policy: {l}"))
+                                original_total=xla_before, progress=lambda l: note(f"policy: {l}"),
+                                exhaustive=exhaustive)
+    if rewrite == "auto":
+        best_ = found.best if found is not None else None
+        rewrite = not (best_ is not None and best_.xla_total_bytes is not None
+                       and best_.xla_total_bytes <= budget_bytes)
     planned_before = _planned_peak(fn, args, donate)
     if not rewrite or infeasible:
         graph = trace(fn, *args, donate_argnums=donate)
@@ -295,7 +306,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         policy, code = _policy(snap, graph, dots_total, budget_bytes)
         policy_total = {"everything_saveable": xla_before, "dots_saveable": dots_total}.get(policy, xla_total)
     if found is not None:
-        live = [c.xla_total_bytes for c in found.candidates if not c.error]
+        live = [c.xla_total_bytes for c in found.candidates if not c.error and c.xla_total_bytes is not None]
         min_reachable = min([min_reachable, *live])
     return FitResult(
         fn=fn if chosen == 0 else as_function(snap.graph),
@@ -322,6 +333,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         policy_fits=policy_total is not None and policy_total <= budget_bytes,
         floor_bytes=original.floor,
         infeasible=infeasible,
+        policy_fn=(with_policy(fn, best.policy, (best.kind,)) if best is not None and best.kind != "none"
+                   else (fn if best is not None else None)),
     )
 
 

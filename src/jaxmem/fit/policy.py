@@ -24,6 +24,7 @@ from jaxmem.fit.judge import Judge
 # Policies tried, least recompute first (the order ties are broken in).
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
 OFFLOAD = "offload_dot_with_no_batch_dims"
+SLACK = 1.25   # a candidate the planner predicts within SLACK x budget is compiled first
 
 
 @dataclass
@@ -33,7 +34,7 @@ class PolicyCandidate:
     kind: str                      # "scan" (each lax.scan body) or "grad" (the differentiated function)
     policy: str                    # a jax.checkpoint_policies name, or "none" (the original)
     sites: list[CheckpointSite]
-    xla_total_bytes: int
+    xla_total_bytes: int | None    # the judge's total; None: not compiled (the planner ranked it out)
     flops: int
     extra_flops: int
     planned_peak_bytes: int | None = None
@@ -130,7 +131,7 @@ def _flops(fn: Callable[..., Any], args: Sequence[Any]) -> int:
 
 def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequence[int], judge: Judge,
                     budget: int, original_total: int | None = None, offload: bool | None = None,
-                    progress: Callable[[str], None] | None = None) -> PolicySearch:
+                    progress: Callable[[str], None] | None = None, exhaustive: bool = False) -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
     function, and pick the cheapest in FLOPs that meets `budget`.
 
@@ -141,6 +142,8 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         original_total: the judge's total for `fn` itself, when already known.
         offload: also try offloading dot outputs to `pinned_host` (default: on XLA:GPU).
         progress: called with a short label before each compile.
+        exhaustive: compile every alternative; otherwise stop at the first (least extra FLOPs,
+            in the planner's ranking) that XLA confirms within the budget.
 
     Returns:
         A `PolicySearch`; `best` is None where `fn` has no site (no scan, no jax.grad call seen).
@@ -160,24 +163,44 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     if offload if offload is not None else judge.device is not None:
         policies.append(OFFLOAD)
     kinds = [k for k in ("scan", "grad") if any(s.kind == k for s in sites)]
+    planned_before = _planned(fn, args, donate)
+    scale = original_total / max(planned_before or 1, 1)
+    result.candidates[0].planned_peak_bytes = planned_before
+    pending = []
     for kind in kinds:
         for name in policies:
-            if progress is not None:
-                progress(f"{name} on {kind}")
             cand = with_policy(fn, name, (kind,))
-            entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind], 0, 0, 0)
+            entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind], None, 0, 0)
             try:
                 entry.flops = _flops(cand, args)
                 entry.extra_flops = max(0, entry.flops - base_flops)
-                entry.xla_total_bytes = judge.total(cand, args, donate)
-            except JaxmemError as err:
-                entry.error = str(err)
-                entry.xla_total_bytes = -1
-            except Exception as err:  # a policy JAX refuses for this function (offload on XLA:CPU)
+                entry.planned_peak_bytes = _planned(cand, args, donate)
+            except Exception as err:  # a policy JAX refuses for this function
                 entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
-                entry.xla_total_bytes = -1
             result.candidates.append(entry)
-    ok = [c for c in result.candidates if not c.error]
+            if not entry.error:
+                pending.append((entry, cand))
+
+    def predicted(entry: PolicyCandidate) -> float:
+        return (entry.planned_peak_bytes or 0) * scale
+
+    # The planner ranks, XLA confirms: least extra FLOPs first; a candidate the planner puts
+    # well over the budget is compiled only when everything cheaper failed to fit.
+    pending.sort(key=lambda ec: (ec[0].extra_flops, ec[0].policy.startswith(OFFLOAD), predicted(ec[0])))
+    if not exhaustive:
+        likely = [ec for ec in pending if predicted(ec[0]) <= SLACK * budget]
+        pending = likely + [ec for ec in pending if ec not in likely]
+    for entry, cand in pending:
+        if progress is not None:
+            progress(f"{entry.policy} on {entry.kind}")
+        try:
+            entry.xla_total_bytes = judge.total(cand, args, donate)
+        except Exception as err:  # a policy XLA refuses here (offload on XLA:CPU)
+            entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        if not exhaustive and entry.xla_total_bytes is not None and entry.xla_total_bytes <= budget \
+                and entry.policy != "none":
+            break
+    ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
     fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if fitting:
         # Equal FLOPs: keep activations on the device (offload costs host transfers FLOPs omit).
@@ -185,6 +208,15 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     else:
         result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
     return result
+
+
+def _planned(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> int | None:
+    from jaxmem.compiler.planner import plan
+
+    try:
+        return plan(lambda *a: fn(*a), *args, donate_argnums=tuple(donate), xla=False).peak_bytes
+    except JaxmemError:
+        return None
 
 
 __all__ = ["PolicyCandidate", "PolicySearch", "search_policies", "with_policy", "find_sites",

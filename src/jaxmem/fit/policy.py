@@ -12,6 +12,7 @@ to write, so applying it gives the total reported.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -53,7 +54,8 @@ class PolicyCandidate:
                              f"# the scan body defined at {s.defined}")
             else:
                 lines.append(f"{s}: jax.value_and_grad(jax.checkpoint({s.function}, policy={pol}))  "
-                             f"# (or jax.grad / jax.vjp as written there); {s.function} defined at {s.defined}")
+                             f"# (or jax.grad / jax.vjp as written there; non-array keyword arguments "
+                             f"bound first with functools.partial); {s.function} defined at {s.defined}")
         return "\n".join(lines)
 
     @property
@@ -101,9 +103,21 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
     pol = checkpoint_policy(policy)
 
     def wrap(site: CheckpointSite, body: Callable[..., Any]) -> Callable[..., Any]:
-        if site.kind in kinds and (keys is None or site.key in keys):
+        if site.kind not in kinds or (keys is not None and site.key not in keys):
+            return body
+        if site.kind == "scan":
             return jax.checkpoint(body, policy=pol)
-        return body
+
+        @functools.wraps(body)
+        def differentiated(*a: Any, **k: Any) -> Any:
+            # jax.checkpoint traces keyword arguments; a flag (n_heads=8) must stay a constant,
+            # as the user writes it with functools.partial.
+            static = {n: v for n, v in k.items() if not _is_array_tree(v)}
+            dynamic = {n: v for n, v in k.items() if n not in static}
+            inner = functools.partial(body, **static) if static else body
+            return jax.checkpoint(inner, policy=pol)(*a, **dynamic)
+
+        return differentiated
 
     def candidate(*args: Any, **kwargs: Any) -> Any:
         with checkpoint_sites(wrap):
@@ -111,6 +125,11 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
 
     candidate.__name__ = getattr(fn, "__name__", "fn")
     return candidate
+
+
+def _is_array_tree(value: Any) -> bool:
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
 
 
 def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSite]:

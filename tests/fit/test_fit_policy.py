@@ -167,3 +167,18 @@ def test_checkpoint_name_tags_give_a_save_only_these_names_candidate():
     assert {c.kind for c in named} == {"scan", "grad"}
     assert "save_only_these_names('proj')" in named[0].code
     _close(jax.jit(step)(ws, x), jax.jit(with_policy(step, "save_only_these_names:proj"))(ws, x))
+
+
+def test_grad_site_keeps_flag_keywords_constant_under_checkpoint():
+    w = jnp.ones((8, 8)) / 8
+    x = jnp.ones((4, 8))
+
+    def loss(w, x, *, heads):
+        return jnp.sum(jnp.tanh(x @ w).reshape(4, heads, 8 // heads) ** 2)
+
+    def step(w, x):
+        value, g = jax.value_and_grad(loss)(w, x, heads=2)
+        return value, w - 0.1 * g
+
+    for policy in ("nothing_saveable", "dots_with_no_batch_dims_saveable"):
+        _close(jax.jit(step)(w, x), jax.jit(with_policy(step, policy, ("grad",)))(w, x))

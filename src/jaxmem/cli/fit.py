@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--all-policies", action="store_true",
                         help="compile every policy alternative (default: stop at the first that fits)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--time-limit", type=float, default=240.0, metavar="S",
+                        help="seconds after which the rewriting search stops compiling and answers with the "
+                             "best rewrite judged so far (default 240; 0: no limit)")
     parser.add_argument("--donate", default="", metavar="0,1",
                         help="positional arguments of fn to donate, as jax.jit's donate_argnums")
     parser.add_argument("--rounds", type=int, default=8, metavar="N",
@@ -261,7 +264,7 @@ def main(argv: list[str]) -> int:
 
         result = fit(fn, *fn_args, budget=budget, donate_argnums=donate, max_rounds=args.rounds,
                      device=args.device, rewrite=False if args.policy_only else (True if args.rewrite else "auto"),
-                     progress=step, exhaustive=args.all_policies)
+                     progress=step, exhaustive=args.all_policies, time_limit=args.time_limit or None)
     for w in workers:
         w.join()
     if not args.no_time and not _abstract(fn_args) and result.fn is not fn:

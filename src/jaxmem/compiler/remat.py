@@ -158,7 +158,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
         guard: str = "auto", device: str | None = None, policies: bool = True,
         rewrite: bool | str = "auto", progress: Callable[[str], None] | None = None,
-        exhaustive: bool = False) -> FitResult:
+        exhaustive: bool = False, time_limit: float | None = None) -> FitResult:
     """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
 
     >>> result = fit(train_step, params, batch, budget="2GiB")   # doctest: +SKIP
@@ -181,6 +181,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         rewrite: also run the rewriting search (`FitResult.fn`): True, False (`fn` is the
             original), or "auto": only where no policy meets the budget.
         exhaustive: compile every policy alternative (else stop at the first that fits).
+        time_limit: seconds after which the rewriting search compiles no further candidate and
+            answers with the best judged so far (None: no limit).
         progress: called with a short label before each XLA compile.
 
     Returns:
@@ -188,6 +190,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
     from jaxmem.fit.judge import Judge, infeasible_line, resolve_budget
+
+    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
 
     judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)
@@ -256,6 +260,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         return judged[i]
 
     def passes(i: int) -> bool:
+        if i not in judged and deadline is not None and time.perf_counter() > deadline:
+            return False  # out of time: an unjudged rewrite is not taken
         xla_total, planned = judge(i)
         return xla_total <= budget_bytes and planned <= budget_bytes
 

@@ -132,6 +132,7 @@ def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | No
             for v in result.recomputed
         ],
         "rounds": result.rounds,
+        "rewrite_ran": result.rewrite_ran,
         "judge": result.judge,
         "device": result.device,
         "policy_fits": result.policy_fits,
@@ -159,7 +160,10 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     from rich.table import Table
 
     console = Console(highlight=False)
-    verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
+    if result.policy_fits and not (result.fits and result.fn is not result.original_fn):
+        verdict = "[green]fits with the jax.checkpoint policy below[/green]"
+    else:
+        verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
     from jaxmem.reports.escape import markup
 
     if advice:
@@ -174,8 +178,11 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
                   format_size(result.xla_total_bytes))
     console.print(table)
     _render_policies(console, result)
-    console.print(f"recompute: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
-                  f"({result.extra_flops:,} over {result.original_flops:,})")
+    if result.rewrite_ran:
+        console.print(f"rewrite: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
+                      f"({result.extra_flops:,} over {result.original_flops:,})")
+    else:
+        console.print("rewrite: not run (a policy meets the budget, or --policy-only; --rewrite runs it)")
     if result.step_seconds_before and result.step_seconds_after:
         console.print(f"step time (jax.jit here, warm): {1e3 * result.step_seconds_before:.1f} ms before, "
                       f"{1e3 * result.step_seconds_after:.1f} ms after "

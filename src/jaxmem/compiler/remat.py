@@ -79,6 +79,7 @@ class FitResult:
     floor_bytes: int = 0           # arguments + outputs - aliases: no recompute goes below it
     infeasible: str | None = None  # the one line that proves the budget infeasible, if it is
     policy_fn: Callable[..., Any] | None = None  # the original with the printed policy applied
+    rewrite_ran: bool = True       # False: the rewriting search was skipped (a policy fits, or asked)
 
     def measure(self, *args: Any, repeat: int = 3) -> tuple[float, float]:
         """Time one warm `jax.jit` call of the original and of `fn` on `args` (best of `repeat`,
@@ -339,6 +340,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         policy_fits=policy_total is not None and policy_total <= budget_bytes,
         floor_bytes=original.floor,
         infeasible=infeasible,
+        rewrite_ran=bool(rewrite) and not infeasible,
         policy_fn=(with_policy(fn, best.policy, (best.kind,)) if best is not None and best.kind != "none"
                    else (fn if best is not None else None)),
     )

@@ -200,6 +200,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         raise ConfigError(f"max_rounds must be at least 1, got {max_rounds}")
     guard = "barrier" if device is not None and guard == "auto" else _resolve_guard(guard)
     note = progress or (lambda label: None)
+    graph = trace(fn, *args, donate_argnums=donate)  # first: a function that cannot trace is one PlanError line
     note("original")
     original = judge_.figures(fn, args, donate)
     budget_bytes = resolve_budget(budget, original)
@@ -224,10 +225,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
                        and best_.xla_total_bytes <= budget_bytes)
     planned_before = _planned_peak(fn, args, donate)
     if not rewrite or infeasible:
-        graph = trace(fn, *args, donate_argnums=donate)
         snaps = [Snapshot(graph, 0, 0, [])]
     else:
-        graph = trace(fn, *args, donate_argnums=donate)
         snaps = search(graph, guard=guard)
     judged: dict[int, tuple[int, int]] = {0: (xla_before, planned_before)}
     rounds: list[dict[str, int]] = []

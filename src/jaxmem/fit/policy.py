@@ -207,8 +207,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     # well over the budget is compiled only when everything cheaper failed to fit.
     pending.sort(key=lambda ec: (ec[0].extra_flops, ec[0].policy.startswith(OFFLOAD), predicted(ec[0])))
     if not exhaustive:
+        # Only what the planner says may fit; when nothing may, the one it puts lowest (so the
+        # table has one confirmed figure), and the rewriting search gets the time.
         likely = [ec for ec in pending if predicted(ec[0]) <= SLACK * budget]
-        pending = likely + [ec for ec in pending if ec not in likely]
+        pending = likely or sorted(pending, key=lambda ec: (predicted(ec[0]), ec[0].extra_flops))[:1]
     for entry, cand in pending:
         if progress is not None:
             progress(f"{entry.policy} on {entry.kind}")

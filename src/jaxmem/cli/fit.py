@@ -241,6 +241,10 @@ def _render_policies(console: Any, result: Any) -> None:
         table.add_row(where + mark, c.policy, plan, total, f"{100 * c.extra_flops_ratio:.1f}%", fits)
     console.print(table)
     best = found.best
+    if best.policy == "none" and best.xla_total_bytes is not None and best.xla_total_bytes > result.budget_bytes:
+        console.print("no jax.checkpoint policy on the sites found (scan bodies, the differentiated function) "
+                      "lowers XLA's total; see the rewrite")
+        return
     verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"
     console.print(f"[bold]policy to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
                   f"{100 * best.extra_flops_ratio:.1f}% extra FLOPs):")

@@ -28,8 +28,8 @@ import numpy as np
 
 from jaxmem.compiler.remat import fit
 from jaxmem.examples.suite import ALL_PROGRAMS
-from jaxmem.fit.judge import Judge
-from jaxmem.fit.policy import _flops, find_sites, with_policy
+from jaxmem.fitting.judge import Judge
+from jaxmem.fitting.policy import _flops, find_sites, with_policy
 
 DEFAULT = ["scanned_transformer_train", "transformer_train", "cnn_train", "convnet_bn_train", "moe_train"]
 MiB = 2 ** 20

@@ -1,4 +1,4 @@
-"""Reordering alone: XLA's total before and after `fit.reorder` (jaxmem's planned order chained
+"""Reordering alone: XLA's total before and after `fitting.reorder` (jaxmem's planned order chained
 with optimization_barrier), per program and chaining share.
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_reorder.py cnn_train,mlp_deep_train h100-80gb 0,0.01,0.05
@@ -6,7 +6,7 @@ with optimization_barrier), per program and chaining share.
 """
 import sys, time
 from jaxmem.examples.suite import ALL_PROGRAMS
-from jaxmem.fit.reorder import reorder
+from jaxmem.fitting.reorder import reorder
 dev = sys.argv[2] if sys.argv[2] != "cpu" else None
 for name in sys.argv[1].split(","):
   p = ALL_PROGRAMS[name]

@@ -19,8 +19,8 @@ from jaxmem.errors import ConfigError
 from jaxmem.examples import zoo
 from jaxmem.examples.adam import adam_update
 from jaxmem.examples.layers import layernorm
-from jaxmem.fit.judge import Figures, Judge, resolve_budget
-from jaxmem.fit.policy import find_sites, policy_expression, with_policy
+from jaxmem.fitting.judge import Figures, Judge, resolve_budget
+from jaxmem.fitting.policy import find_sites, policy_expression, with_policy
 from jaxmem.xla.cpu import xla_reference
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, seq=64, batch=2, vocab=256)

@@ -13,7 +13,7 @@ import numpy as np
 from jaxmem.cli.main import main as cli_main
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.planner import plan_jaxpr
-from jaxmem.fit.reorder import ordered_function, reorder
+from jaxmem.fitting.reorder import ordered_function, reorder
 from jaxmem.xla.cpu import xla_reference
 
 TARGET = "jaxmem.examples.suite:mlp_train"

@@ -255,14 +255,14 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.compiler.remat import fit
     from jaxmem.compiler.target import load_target
-    from jaxmem.fit.judge import Figures, Judge, resolve_budget
+    from jaxmem.fitting.judge import Figures, Judge, resolve_budget
 
     if args.device is not None:
         Judge(args.device)  # an unknown preset is one line before anything compiles
-    fn, fn_args = load_target(args.target)
-    donate = _donate(args.donate, len(fn_args))
     budget = args.budget.strip()
     resolve_budget(budget, Figures(1, 1, 2, 0))  # a budget that cannot be read is one line, before any compile
+    fn, fn_args = load_target(args.target)
+    donate = _donate(args.donate, len(fn_args))
     # XLA:CPU's schedulers compile in their own processes while the search runs.
     cpu_schedulers = not args.no_schedulers and args.device is None
     workers, box = _scheduler_totals(args.target, donate) if cpu_schedulers else ([], {})
@@ -278,7 +278,7 @@ def main(argv: list[str]) -> int:
                      progress=step, exhaustive=args.all_policies, time_limit=args.time_limit or None)
     for w in workers:
         w.join()
-    if not args.no_time and not _abstract(fn_args) and result.fn is not fn:
+    if not args.no_time and not _abstract(fn_args):
         result.measure(*fn_args)
     totals = {name: ref.total_bytes for name, ref in sorted(box.items()) if not isinstance(ref, BaseException)}
     advice = scheduler_advice(totals, result.budget_bytes, result.xla_total_bytes)

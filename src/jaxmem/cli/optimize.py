@@ -45,8 +45,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.cli.fit import _abstract, _donate, _progress
     from jaxmem.compiler.target import load_target
-    from jaxmem.fit.judge import Judge
-    from jaxmem.fit.reorder import reorder
+    from jaxmem.fitting.judge import Judge
+    from jaxmem.fitting.reorder import reorder
 
     if args.device is not None:
         Judge(args.device)

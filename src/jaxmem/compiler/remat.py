@@ -74,7 +74,7 @@ class FitResult:
     step_seconds_after: float | None = None   # ... and of `fn`
     judge: str = "XLA:CPU"         # whose total judged every candidate ("XLA:GPU h100-80gb")
     device: str | None = None      # the GPU preset judged for, or None (XLA:CPU)
-    policies: Any = None           # fit.policy.PolicySearch: every jax.checkpoint alternative judged
+    policies: Any = None           # fitting.policy.PolicySearch: every jax.checkpoint alternative judged
     policy_fits: bool = False      # the policy printed meets the budget by itself
     floor_bytes: int = 0           # arguments + outputs - aliases: no recompute goes below it
     infeasible: str | None = None  # the one line that proves the budget infeasible, if it is
@@ -158,7 +158,7 @@ def _policy(snap: Snapshot, graph: Graph, dots_total: int | None, budget: int) -
 def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
         guard: str = "auto", device: str | None = None, policies: bool = True,
-        rewrite: bool | str = "auto", progress: Callable[[str], None] | None = None,
+        rewrite: bool | str = True, progress: Callable[[str], None] | None = None,
         exhaustive: bool = False, time_limit: float | None = None) -> FitResult:
     """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
 
@@ -179,8 +179,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             compiled deviceless (JAX must run with JAX_PLATFORMS=cpu); None: XLA:CPU.
         policies: also judge `jax.checkpoint` policies on the scan bodies and the differentiated
             function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
-        rewrite: also run the rewriting search (`FitResult.fn`): True, False (`fn` is the
-            original), or "auto": only where no policy meets the budget.
+        rewrite: also run the rewriting search (`FitResult.fn`): True (the default), False
+            (`fn` is the original), or "auto": only where no policy meets the budget (what
+            `jaxmem fit` does).
         exhaustive: compile every policy alternative (else stop at the first that fits).
         time_limit: seconds after which the rewriting search compiles no further candidate and
             answers with the best judged so far (None: no limit).
@@ -190,7 +191,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         A `FitResult`; `fits=False` (not an exception) when the budget cannot be met, with
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
-    from jaxmem.fit.judge import Judge, infeasible_line, resolve_budget
+    from jaxmem.fitting.judge import Judge, infeasible_line, resolve_budget
 
     deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
 
@@ -211,10 +212,10 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         return judge_.total(f, a, d)
 
     found = None
-    from jaxmem.fit.policy import with_policy
+    from jaxmem.fitting.policy import with_policy
 
     if policies:
-        from jaxmem.fit.policy import search_policies
+        from jaxmem.fitting.policy import search_policies
 
         found = search_policies(fn, args, donate=donate, judge=judge_, budget=budget_bytes,
                                 original_total=xla_before, progress=lambda l: note(f"policy: {l}"),

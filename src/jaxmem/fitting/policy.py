@@ -20,7 +20,7 @@ import jax
 
 from jaxmem.compiler.jaxpr_adapter import CheckpointSite, checkpoint_names, checkpoint_policy, checkpoint_sites
 from jaxmem.errors import JaxmemError
-from jaxmem.fit.judge import Judge
+from jaxmem.fitting.judge import Judge
 
 # Policies tried, least recompute first (the order ties are broken in).
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")

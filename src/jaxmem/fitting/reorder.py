@@ -21,7 +21,7 @@ import jax
 
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import Const, Plan
-from jaxmem.fit.judge import Judge
+from jaxmem.fitting.judge import Judge
 
 
 @dataclass

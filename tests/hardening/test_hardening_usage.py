@@ -15,6 +15,7 @@ BAD = {
     "run": ["--memory"],
     "share": ["no-such-action"],
     "maxbatch": ["jaxmem.examples.suite:mlp_train"],
+    "optimize": ["--json"],
 }
 
 

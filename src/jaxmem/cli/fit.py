@@ -1,10 +1,13 @@
-"""Rewrite a JAX function to recompute values so it fits a memory budget: `jaxmem fit TARGET --budget 2GiB`.
+"""Fit a JAX function to a memory budget: a jax.checkpoint policy to paste, or a rewrite: `jaxmem fit TARGET --budget 2GiB`.
 
 TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory()` returns
-`(fn, args)`. Prints the peak before and after (jaxmem's plan and XLA:CPU's memory_analysis()),
-the extra compute, and the values recomputed.
+`(fn, args)`. Prints the `jax.checkpoint` policy to write (which scan body or differentiated
+function to wrap, and XLA's total for each alternative), the peak before and after the
+rewriting search (jaxmem's plan and XLA's memory_analysis(): XLA:GPU for `--device PRESET`,
+compiled deviceless, else XLA:CPU), the extra compute, and the values recomputed.
 
     jaxmem fit jaxmem.examples.suite:mlp_train --budget 70%
+    jaxmem fit jaxmem.examples.suite:scanned_transformer_train --donate 0,1 --budget half-temp --device h100-80gb
     jaxmem fit my_model.py:make_step --budget 2GiB --donate 0 --json
 """
 
@@ -28,8 +31,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("target", metavar="TARGET", help="the function to fit")
     parser.add_argument("--budget", required=True, metavar="SIZE",
-                        help="bytes, a size such as 2GiB, a device preset, or a percentage of XLA's "
-                             "total for the original function (e.g. 50%%)")
+                        help="bytes, a size such as 2GiB, a device preset, a percentage of XLA's "
+                             "total for the original function (e.g. 50%%), or half-temp (XLA's arguments + "
+                             "outputs - aliases + half of its temporaries)")
+    parser.add_argument("--device", default=None, metavar="PRESET",
+                        help="judge every candidate by XLA:GPU for this GPU preset (e.g. h100-80gb), "
+                             "compiled deviceless; default XLA:CPU")
+    parser.add_argument("--policy-only", action="store_true",
+                        help="judge jax.checkpoint policies only; skip the rewriting search")
+    parser.add_argument("--rewrite", action="store_true",
+                        help="run the rewriting search even when a policy meets the budget")
+    parser.add_argument("--all-policies", action="store_true",
+                        help="compile every policy alternative (default: stop at the first that fits)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--time-limit", type=float, default=240.0, metavar="S",
+                        help="seconds after which the rewriting search stops compiling and answers with the "
+                             "best rewrite judged so far (default 240; 0: no limit)")
     parser.add_argument("--donate", default="", metavar="0,1",
                         help="positional arguments of fn to donate, as jax.jit's donate_argnums")
     parser.add_argument("--rounds", type=int, default=8, metavar="N",
@@ -56,21 +73,6 @@ def _donate(text: str, num_args: int) -> tuple[int, ...]:
             raise ConfigError(f"--donate {text!r}: {k} is not a positional argument index (0..{num_args - 1})")
         out.add(k % num_args)
     return tuple(sorted(out))
-
-
-def _budget(text: str, fn: Any, args: tuple, donate: tuple[int, ...]) -> int:
-    text = text.strip()
-    if text.endswith("%"):
-        try:
-            share = float(text[:-1]) / 100
-        except ValueError:
-            raise ConfigError(f"cannot read budget {text!r}: use bytes, '2GiB', a preset or '50%'") from None
-        if not 0 < share < float("inf"):  # inf% would overflow int() below
-            raise ConfigError(f"budget must be a positive, finite share, got {text!r}")
-        from jaxmem.xla.cpu import xla_reference
-
-        return max(1, int(share * xla_reference(fn, args, donate_argnums=donate).total_bytes))
-    return parse_size(text)
 
 
 def scheduler_advice(totals: dict[str, int], budget: int, fitted_total: int) -> str | None:
@@ -131,7 +133,27 @@ def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | No
             for v in result.recomputed
         ],
         "rounds": result.rounds,
+        "rewrite_ran": result.rewrite_ran,
+        "judge": result.judge,
+        "device": result.device,
+        "policy_fits": result.policy_fits,
+        "floor_bytes": result.floor_bytes,
+        "infeasible": result.infeasible,
+        "policies": _policies(result),
     }
+
+
+def _policies(result: Any) -> list[dict[str, Any]] | None:
+    found = result.policies
+    if found is None:
+        return None
+    return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites],
+             "xla_total_bytes": c.xla_total_bytes if not c.error else None,
+             "planned_peak_bytes": c.planned_peak_bytes,
+             "extra_flops": c.extra_flops, "extra_flops_ratio": c.extra_flops_ratio,
+             "fits": None if c.error or c.xla_total_bytes is None else c.xla_total_bytes <= result.budget_bytes,
+             "chosen": c is found.best, "code": c.code, "error": c.error or None}
+            for c in found.candidates]
 
 
 def _render(result: Any, target: str, advice: str | None = None) -> None:
@@ -139,7 +161,10 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     from rich.table import Table
 
     console = Console(highlight=False)
-    verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
+    if result.policy_fits and not (result.fits and result.fn is not result.original_fn):
+        verdict = "[green]fits with the jax.checkpoint policy below[/green]"
+    else:
+        verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
     from jaxmem.reports.escape import markup
 
     if advice:
@@ -150,20 +175,28 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
     table.add_row("jaxmem plan", format_size(result.planned_peak_bytes_before), format_size(result.planned_peak_bytes))
-    table.add_row("XLA:CPU memory_analysis()", format_size(result.xla_total_bytes_before), format_size(result.xla_total_bytes))
+    table.add_row(f"{result.judge} memory_analysis()", format_size(result.xla_total_bytes_before),
+                  format_size(result.xla_total_bytes))
     console.print(table)
-    console.print(f"recompute: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
-                  f"({result.extra_flops:,} over {result.original_flops:,})")
+    _render_policies(console, result)
+    if result.rewrite_ran:
+        console.print(f"rewrite: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
+                      f"({result.extra_flops:,} over {result.original_flops:,})")
+    else:
+        console.print("rewrite: not run (a policy meets the budget, or --policy-only; --rewrite runs it)")
     if result.step_seconds_before and result.step_seconds_after:
         console.print(f"step time (jax.jit here, warm): {1e3 * result.step_seconds_before:.1f} ms before, "
                       f"{1e3 * result.step_seconds_after:.1f} ms after "
                       f"({result.step_seconds_after / result.step_seconds_before:.2f}x)")
     console.print(f"smallest reachable budget: {format_size(result.min_reachable_bytes)}")
-    if not result.fits:
+    if result.infeasible:
+        console.print(f"the budget cannot be met: {result.infeasible}")
+    elif not result.fits and not result.policy_fits:
         console.print(f"the budget cannot be met: ask for at least {format_size(result.min_reachable_bytes)}")
-    console.print(f"closest jax.checkpoint policy: {result.policy}: {result.policy_code}")
-    if result.policy_xla_total_bytes is not None:
-        console.print(f"that policy, applied by jaxmem's rewriter: XLA total {format_size(result.policy_xla_total_bytes)}")
+    if result.policies is None or result.policies.best is None:
+        console.print(f"closest jax.checkpoint policy: {result.policy}: {markup(result.policy_code)}")
+        if result.policy_xla_total_bytes is not None:
+            console.print(f"that policy, applied by jaxmem's rewriter: XLA total {format_size(result.policy_xla_total_bytes)}")
     if result.recomputed:
         rows = Table(title=f"recomputed values ({len(result.recomputed)})")
         for name in ("value", "bytes", "made by", "chain", "source"):
@@ -174,26 +207,87 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
         console.print(rows)
 
 
+def _progress(enabled: bool) -> Any:
+    """A rich progress bar on stderr that counts XLA compiles (the total is not known ahead)."""
+    from contextlib import nullcontext
+
+    if not enabled:
+        return nullcontext(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("jaxmem fit: {task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+
+
+def _render_policies(console: Any, result: Any) -> None:
+    """The policy answer first (what to paste), then every alternative XLA judged."""
+    from rich.table import Table
+
+    from jaxmem.reports.escape import markup
+
+    found = result.policies
+    if found is None or found.best is None:
+        return
+    table = Table(title=f"jax.checkpoint alternatives, judged by {result.judge} (budget {format_size(result.budget_bytes)})")
+    for name in ("wrap", "policy", "jaxmem plan", "XLA total", "extra FLOPs", "fits"):
+        table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left")
+    for c in found.candidates:
+        where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function"}[c.kind]
+        judged = not c.error and c.xla_total_bytes is not None
+        total = "error" if c.error else (format_size(c.xla_total_bytes) if judged else "not compiled")
+        fits = ("yes" if c.xla_total_bytes <= result.budget_bytes else "no") if judged else ""
+        mark = " *" if c is found.best else ""
+        plan = format_size(c.planned_peak_bytes) if c.planned_peak_bytes else ""
+        table.add_row(where + mark, c.policy, plan, total, f"{100 * c.extra_flops_ratio:.1f}%", fits)
+    console.print(table)
+    best = found.best
+    if best.policy == "none" and best.xla_total_bytes is not None and best.xla_total_bytes > result.budget_bytes:
+        console.print("no jax.checkpoint policy on the sites found (scan bodies, the differentiated function) "
+                      "lowers XLA's total; see the rewrite")
+        return
+    verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"
+    console.print(f"[bold]policy to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
+                  f"{100 * best.extra_flops_ratio:.1f}% extra FLOPs):")
+    console.print(markup(best.code))
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.compiler.remat import fit
     from jaxmem.compiler.target import load_target
+    from jaxmem.fitting.judge import Figures, Judge, resolve_budget
 
+    if args.device is not None:
+        Judge(args.device)  # an unknown preset is one line before anything compiles
+    budget = args.budget.strip()
+    resolve_budget(budget, Figures(1, 1, 2, 0))  # a budget that cannot be read is one line, before any compile
     fn, fn_args = load_target(args.target)
     donate = _donate(args.donate, len(fn_args))
-    budget = _budget(args.budget, fn, fn_args, donate)
     # XLA:CPU's schedulers compile in their own processes while the search runs.
-    workers, box = ([], {}) if args.no_schedulers else _scheduler_totals(args.target, donate)
-    result = fit(fn, *fn_args, budget=budget, donate_argnums=donate, max_rounds=args.rounds)
+    cpu_schedulers = not args.no_schedulers and args.device is None
+    workers, box = _scheduler_totals(args.target, donate) if cpu_schedulers else ([], {})
+    with _progress(not args.no_progress and not args.json and sys.stderr.isatty()) as bar:
+        task = bar.add_task("compiling", total=None) if bar is not None else None
+
+        def step(label: str) -> None:
+            if bar is not None:
+                bar.update(task, description=label, advance=1)
+
+        result = fit(fn, *fn_args, budget=budget, donate_argnums=donate, max_rounds=args.rounds,
+                     device=args.device, rewrite=False if args.policy_only else (True if args.rewrite else "auto"),
+                     progress=step, exhaustive=args.all_policies, time_limit=args.time_limit or None)
     for w in workers:
         w.join()
     if not args.no_time and not _abstract(fn_args):
         result.measure(*fn_args)
     totals = {name: ref.total_bytes for name, ref in sorted(box.items()) if not isinstance(ref, BaseException)}
-    advice = scheduler_advice(totals, budget, result.xla_total_bytes)
+    advice = scheduler_advice(totals, result.budget_bytes, result.xla_total_bytes)
     if args.json:
         json.dump(_summary(result, totals or None, advice), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _render(result, args.target, advice)
-    return 0 if result.fits else 1
+    if result.infeasible:
+        print(f"jaxmem fit: {result.infeasible}", file=sys.stderr)
+    return 0 if (result.fits or result.policy_fits) else 1

@@ -25,10 +25,13 @@ SUBCOMMANDS: dict[str, str] = {
     "run": "run",
     "share": "share",
     "maxbatch": "maxbatch",
+    "optimize": "optimize",
 }
 # Commands that start JAX: it is started first with the CUDA plugin's start-up lines filtered
 # (see jaxmem.xla.start), so that errors stay one line on stderr.
-JAX_COMMANDS = {"analyze", "fit", "maxbatch"}
+JAX_COMMANDS = {"analyze", "fit", "maxbatch", "optimize"}
+# Commands whose --device judges candidates by XLA:GPU in this process (JAX_PLATFORMS=cpu).
+DEVICELESS_COMMANDS = {"fit", "optimize"}
 
 
 # Errors of writing our output (a closed pipe, a full disk): one line, not a traceback.
@@ -70,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     if name in JAX_COMMANDS and not any(a in ("-h", "--help") for a in rest):
         from jaxmem.xla.start import quiet_jax_start
 
+        if name in DEVICELESS_COMMANDS and any(a == "--device" or a.startswith("--device=") for a in rest) \
+                and "jax" not in sys.modules:
+            # XLA:GPU judges deviceless: the CUDA plugin gives compile-only devices when CPU is
+            # JAX's only platform, which must be set before JAX starts.
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
         # analyze: a factory may lay out its arguments on a mesh of this host's devices (one
         # 8-GPU node's worth), so the CPU backend starts with 8 unless the user chose a number.
         quiet_jax_start(host_devices=8 if name == "analyze" else None)

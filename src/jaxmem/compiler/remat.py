@@ -83,6 +83,14 @@ class FitResult:
     original_fn: Callable[..., Any] | None = None
     step_seconds_before: float | None = None  # one warm jax.jit call of the original, when measured
     step_seconds_after: float | None = None   # ... and of `fn`
+    judge: str = "XLA:CPU"         # whose total judged every candidate ("XLA:GPU h100-80gb")
+    device: str | None = None      # the GPU preset judged for, or None (XLA:CPU)
+    policies: Any = None           # fitting.policy.PolicySearch: every jax.checkpoint alternative judged
+    policy_fits: bool = False      # the policy printed meets the budget by itself
+    floor_bytes: int = 0           # arguments + outputs - aliases: no recompute goes below it
+    infeasible: str | None = None  # the one line that proves the budget infeasible, if it is
+    policy_fn: Callable[..., Any] | None = None  # the original with the printed policy applied
+    rewrite_ran: bool = True       # False: the rewriting search was skipped (a policy fits, or asked)
 
     def measure(self, *args: Any, repeat: int = 3) -> tuple[float, float]:
         """Time one warm `jax.jit` call of the original and of `fn` on `args` (best of `repeat`,
@@ -160,7 +168,9 @@ def _policy(snap: Snapshot, graph: Graph, dots_total: int | None, budget: int) -
 
 def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
-        guard: str = "auto") -> FitResult:
+        guard: str = "auto", device: str | None = None, policies: bool = True,
+        rewrite: bool | str = True, progress: Callable[[str], None] | None = None,
+        exhaustive: bool = False, time_limit: float | None = None) -> FitResult:
     """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
 
     >>> import jax.numpy as jnp
@@ -176,26 +186,67 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     Args:
         fn: a JAX-traceable function (typically a training step: forward and backward).
         *args: its example arguments (pytrees of arrays).
-        budget: bytes (int) or a size such as "2GiB", judged against XLA's total
-            (argument + output + temp - alias) and jaxmem's planned peak.
+        budget: bytes (int), a size such as "2GiB", a share of the original's XLA total ("50%")
+            or "half-temp" (XLA's arguments + outputs - aliases + half its temporaries), judged
+            against XLA's total (argument + output + temp - alias) and jaxmem's planned peak.
         donate_argnums: positional arguments the caller donates, as for `jax.jit`.
         max_rounds: how many rewrites XLA compiles at most to find the cheapest that fits.
         guard: how recomputation is kept from being merged back by XLA: "cond", "barrier", or
-            "auto" (cond on CPU, barrier elsewhere).
+            "auto" (cond on CPU, barrier elsewhere; barrier when judged by XLA:GPU).
+        device: a GPU preset ("h100-80gb"): every candidate is judged by XLA:GPU's total,
+            compiled deviceless (JAX must run with JAX_PLATFORMS=cpu); None: XLA:CPU.
+        policies: also judge `jax.checkpoint` policies on the scan bodies and the differentiated
+            function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
+        rewrite: also run the rewriting search (`FitResult.fn`): True (the default), False
+            (`fn` is the original), or "auto": only where no policy meets the budget (what
+            `jaxmem fit` does).
+        exhaustive: compile every policy alternative (else stop at the first that fits).
+        time_limit: seconds after which the rewriting search compiles no further candidate and
+            answers with the best judged so far (None: no limit).
+        progress: called with a short label before each XLA compile.
 
     Returns:
         A `FitResult`; `fits=False` (not an exception) when the budget cannot be met, with
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
-    budget_bytes = parse_size(budget)
+    from jaxmem.fitting.judge import Judge, infeasible_line, resolve_budget
+
+    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
+
+    judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)
     if max_rounds < 1:
         raise ConfigError(f"max_rounds must be at least 1, got {max_rounds}")
-    guard = _resolve_guard(guard)
-    graph = trace(fn, *args, donate_argnums=donate)
-    xla_before = _xla_total(fn, args, donate)
+    guard = "barrier" if device is not None and guard == "auto" else _resolve_guard(guard)
+    note = progress or (lambda label: None)
+    graph = trace(fn, *args, donate_argnums=donate)  # first: a function that cannot trace is one PlanError line
+    note("original")
+    original = judge_.figures(fn, args, donate)
+    budget_bytes = resolve_budget(budget, original)
+    xla_before = original.total
+    infeasible = infeasible_line(budget_bytes, original.floor, judge_.name)
+
+    def total_of(f: Callable, a: Sequence[Any], d: tuple[int, ...]) -> int:
+        return judge_.total(f, a, d)
+
+    found = None
+    from jaxmem.fitting.policy import with_policy
+
+    if policies:
+        from jaxmem.fitting.policy import search_policies
+
+        found = search_policies(fn, args, donate=donate, judge=judge_, budget=budget_bytes,
+                                original_total=xla_before, progress=lambda l: note(f"policy: {l}"),
+                                exhaustive=exhaustive)
+    if rewrite == "auto":
+        best_ = found.best if found is not None else None
+        rewrite = not (best_ is not None and best_.xla_total_bytes is not None
+                       and best_.xla_total_bytes <= budget_bytes)
     planned_before = _planned_peak(fn, args, donate)
-    snaps = search(graph, guard=guard)
+    if not rewrite or infeasible:
+        snaps = [Snapshot(graph, 0, 0, [])]
+    else:
+        snaps = search(graph, guard=guard)
     judged: dict[int, tuple[int, int]] = {0: (xla_before, planned_before)}
     rounds: list[dict[str, int]] = []
 
@@ -211,7 +262,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
                    ] if saved else []
         for snap_i, is_merged in options + [(snaps[i], 0)]:
             f = as_function(snap_i.graph)
-            got = (_xla_total(f, args, donate), _planned_peak(f, args, donate))
+            note(f"rewrite step {i}")
+            got = (total_of(f, args, donate), _planned_peak(f, args, donate))
             rounds.append({"step": i, "modelled_peak": snap_i.peak, "xla_total": got[0],
                            "planned_peak": got[1], "merged": is_merged})
             if i not in judged or max(got) < max(judged[i]):
@@ -227,6 +279,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         return judged[i]
 
     def passes(i: int) -> bool:
+        if i not in judged and deadline is not None and time.perf_counter() > deadline:
+            return False  # out of time: an unjudged rewrite is not taken
         xla_total, planned = judge(i)
         return xla_total <= budget_bytes and planned <= budget_bytes
 
@@ -262,11 +316,23 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     xla_total, planned = judged[chosen]
     original_flops = program_flops(graph)
     # The dots_saveable figure: the same search, never recomputing a matmul, run to its end.
-    dots_snaps = search(graph, guard=guard, matmul=False) if chosen else []
-    dots_total = (_xla_total(as_function(dots_snaps[-1].graph), args, donate)
-                  if len(dots_snaps) > 1 else xla_before)
-    policy, code = _policy(snap, graph, dots_total, budget_bytes)
-    policy_total = {"everything_saveable": xla_before, "dots_saveable": dots_total}.get(policy, xla_total)
+    best = found.best if found is not None else None
+    if best is not None:
+        # The policy answer: applied to the user's code as printed, measured by the judge.
+        policy, code, policy_total = best.policy, best.code, best.xla_total_bytes
+        if best.policy == "none":
+            policy = "everything_saveable"
+    else:
+        dots_snaps = search(graph, guard=guard, matmul=False) if chosen else []
+        if len(dots_snaps) > 1:
+            note("dots_saveable rewrite")
+        dots_total = (total_of(as_function(dots_snaps[-1].graph), args, donate)
+                      if len(dots_snaps) > 1 else xla_before)
+        policy, code = _policy(snap, graph, dots_total, budget_bytes)
+        policy_total = {"everything_saveable": xla_before, "dots_saveable": dots_total}.get(policy, xla_total)
+    if found is not None:
+        live = [c.xla_total_bytes for c in found.candidates if not c.error and c.xla_total_bytes is not None]
+        min_reachable = min([min_reachable, *live])
     return FitResult(
         fn=fn if chosen == 0 else as_function(snap.graph),
         fits=xla_total <= budget_bytes and planned <= budget_bytes,
@@ -286,6 +352,15 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         rounds=rounds,
         steps_considered=last,
         original_fn=fn,
+        judge=judge_.name,
+        device=judge_.device,
+        policies=found,
+        policy_fits=policy_total is not None and policy_total <= budget_bytes,
+        floor_bytes=original.floor,
+        infeasible=infeasible,
+        rewrite_ran=bool(rewrite) and not infeasible,
+        policy_fn=(with_policy(fn, best.policy, (best.kind,)) if best is not None and best.kind != "none"
+                   else (fn if best is not None else None)),
     )
 
 

@@ -1,0 +1,130 @@
+"""The judge of a candidate: XLA's own total for it, XLA:GPU (deviceless, for a GPU preset) or
+XLA:CPU (this process's backend), and the budget read against the original's figures.
+
+>>> judge = Judge(None)                         # XLA:CPU
+>>> judge.figures(step, args, (0, 1)).total     # doctest: +SKIP
+>>> resolve_budget("half-temp", judge.figures(step, args, (0, 1)))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from jaxmem.errors import ConfigError, JaxmemError
+from jaxmem.units import PRESETS, format_size, parse_size
+
+
+@dataclass(frozen=True)
+class Figures:
+    """XLA's memory analysis of one compiled candidate."""
+
+    argument: int
+    output: int
+    temp: int
+    alias: int
+
+    @property
+    def total(self) -> int:
+        return self.argument + self.output + self.temp - self.alias
+
+    @property
+    def half_temp(self) -> int:
+        """The issue's budget: arguments + outputs - aliases + half of the temporaries."""
+        return self.argument + self.output - self.alias + self.temp // 2
+
+    @property
+    def floor(self) -> int:
+        """No candidate can go below this: arguments + outputs - aliases (no temporaries)."""
+        return self.argument + self.output - self.alias
+
+
+class Judge:
+    """XLA's total for a function: `device` a GPU preset (XLA:GPU, deviceless) or None (XLA:CPU).
+
+    A deviceless XLA:GPU compile needs JAX started with `JAX_PLATFORMS=cpu` (the CUDA plugin
+    then gives compile-only devices); `jaxmem fit --device` sets it before JAX starts.
+    """
+
+    def __init__(self, device: str | None = None):
+        self.device = device.strip().lower() if device else None
+        self.spec = None
+        if self.device is not None:
+            from jaxmem.xla.gpu import GPU_TARGETS, spec_for
+
+            self.spec = spec_for(self.device)
+            if self.spec is None:
+                known = ", ".join(sorted(GPU_TARGETS))
+                if self.device in PRESETS:
+                    raise ConfigError(f"{self.device} is not a GPU preset XLA:GPU can compile for ({known})")
+                raise ConfigError(f"unknown device {device!r}: use a GPU preset ({known})")
+        self.compiles = 0
+
+    @property
+    def name(self) -> str:
+        return f"XLA:GPU {self.device}" if self.device else "XLA:CPU"
+
+    def figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
+        self.compiles += 1
+        if self.device is None:
+            from jaxmem.xla.cpu import xla_reference
+
+            ref = xla_reference(fn, args, donate_argnums=tuple(donate))
+            return Figures(ref.argument_bytes, ref.output_bytes, ref.temp_bytes, ref.alias_bytes)
+        from jaxmem.xla.gpu import GpuUnavailable, compile_for_gpu, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise GpuUnavailable(reason)
+        if os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
+            raise GpuUnavailable("deviceless XLA:GPU compiles need JAX started with JAX_PLATFORMS=cpu "
+                                 "(set it before importing jax, or use `jaxmem fit --device`)")
+        data = compile_for_gpu(fn, args, spec=self.spec, device=self.device, donate_argnums=tuple(donate))
+        return Figures(int(data["argument_bytes"]), int(data["output_bytes"]), int(data["temp_bytes"]),
+                       int(data["alias_bytes"]))
+
+    def total(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> int:
+        return self.figures(fn, args, donate).total
+
+
+HALF_TEMP = ("half-temp", "half_temp", "halftemp")
+
+
+def resolve_budget(budget: int | str, original: Figures) -> int:
+    """Bytes from a budget: an int, a size ("300MiB"), a preset, a share of the original's total
+    ("50%") or "half-temp" (arguments + outputs - aliases + half the original's temporaries).
+
+    >>> resolve_budget("half-temp", Figures(100, 50, 40, 30))
+    140
+    >>> resolve_budget("50%", Figures(100, 50, 40, 30))
+    80
+    """
+    if isinstance(budget, str):
+        text = budget.strip().lower()
+        if text in HALF_TEMP:
+            return original.half_temp
+        if text.endswith("%"):
+            try:
+                share = float(text[:-1]) / 100
+            except ValueError:
+                raise ConfigError(f"cannot read budget {budget!r}: use bytes, '300MiB', 'half-temp' or '50%'") from None
+            if not 0 < share < float("inf"):
+                raise ConfigError(f"budget must be a positive, finite share, got {budget!r}")
+            return max(1, int(share * original.total))
+    try:
+        return parse_size(budget)
+    except ConfigError as err:
+        raise ConfigError(f"{err}; or 'half-temp', or a share such as '50%'") from None
+
+
+def infeasible_line(budget: int, floor: int, judge: str) -> str | None:
+    """The one line that proves a budget infeasible: below XLA's arguments + outputs - aliases,
+    which no recompute can lower."""
+    if budget < floor:
+        return (f"budget {format_size(budget)} is below {format_size(floor)}, {judge}'s arguments + "
+                f"outputs - aliases for this function, which no recomputation can lower")
+    return None
+
+
+__all__ = ["Figures", "Judge", "resolve_budget", "infeasible_line", "JaxmemError"]

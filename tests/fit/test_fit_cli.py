@@ -1,0 +1,36 @@
+"""Issue 12: `jaxmem fit` with the policy answer, and bad input as one line."""
+
+from __future__ import annotations
+
+import json
+
+from jaxmem.cli.main import main as cli_main
+
+TARGET = "jaxmem.examples.suite:mlp_train"
+
+
+def test_fit_bad_budget_and_unknown_device_are_one_line(capsys):
+    assert cli_main(["fit", TARGET, "--budget", "lots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "half-temp" in err[0]
+    assert cli_main(["fit", TARGET, "--budget", "half-temp", "--device", "h900-1tb"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown device" in err[0]
+
+
+def test_fit_infeasible_budget_names_the_bound(capsys):
+    assert cli_main(["fit", TARGET, "--budget", "1MiB", "--no-schedulers", "--no-time", "--json"]) == 1
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["infeasible"] and "no recomputation can lower" in data["infeasible"]
+    assert "no recomputation can lower" in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def test_fit_policy_only_json_lists_the_alternatives(capsys):
+    assert cli_main(["fit", TARGET, "--budget", "half-temp", "--policy-only", "--no-schedulers",
+                     "--no-time", "--json"]) in (0, 1)
+    data = json.loads(capsys.readouterr().out)
+    assert data["judge"] == "XLA:CPU"
+    kinds = {p["kind"] for p in data["policies"]}
+    assert kinds == {"none", "grad"}
+    assert sum(p["chosen"] for p in data["policies"]) == 1

@@ -105,6 +105,7 @@ OUTSIDE = {"transformer_train", "transformer_train_donated", "parallel_branches"
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # 42 deviceless compiles, about 12 minutes here: `pytest -m exhaustive`
 @needs_gpu_compiler
 @pytest.mark.parametrize("device", ["h100-80gb", "a100-40gb"])
 def test_prediction_within_5_percent_on_every_suite_program(device):

@@ -3,7 +3,7 @@ function handed to `jax.value_and_grad`), with which `jax.checkpoint_policies` p
 XLA total each alternative measured.
 
 Each candidate re-traces the user's function with `jax.checkpoint(body, policy=P)` put around
-the chosen sites (`jaxpr_adapter.checkpoint_sites`): exactly what the printed line asks the user
+the chosen sites (`sites.checkpoint_sites`): exactly what the printed line asks the user
 to write, so applying it gives the total reported.
 
 >>> found = search_policies(step, args, donate=(0, 1), judge=Judge("h100-80gb"), budget=b)  # doctest: +SKIP
@@ -18,9 +18,10 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from jaxmem.compiler.jaxpr_adapter import CheckpointSite, checkpoint_names, checkpoint_policy, checkpoint_sites
+from jaxmem.compiler.jaxpr_adapter import checkpoint_names
 from jaxmem.errors import JaxmemError
 from jaxmem.fitting.judge import Judge
+from jaxmem.fitting.sites import CheckpointSite, checkpoint_policy, checkpoint_sites
 
 # Policies tried, least recompute first (the order ties are broken in).
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")

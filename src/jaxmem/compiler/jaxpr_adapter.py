@@ -320,10 +320,12 @@ def _walk_calls(jaxpr: Any, env: dict[Any, Any], outer: Any, constant: Callable[
     """The one inliner: yields `(eqn, operands, outer, env)` for every equation of `jaxpr` that
     is not call-like, with call bodies walked in their place. `env` maps variables to the caller's
     handles (value ids, fresh variables); the caller must put each yielded equation's outputs into
-    the `env` yielded with it (the scope of the body it is in) before taking the next. `outer` is the innermost enclosing call equation that has a user
-    frame: JAX records only the innermost frames of a traceback, so an equation deep inside a
-    library call (jax.nn.relu's body) may have no user frame of its own and takes its caller's.
-    `constant(var, value)` makes the handle of a body's closed-over constant."""
+    the `env` yielded with it (the scope of the body it is in) before taking the next.
+
+    `outer` is the innermost enclosing call equation that has a user frame: JAX records only the
+    innermost frames of a traceback, so an equation deep inside a library call (jax.nn.relu's
+    body) may have no user frame of its own and takes its caller's. `constant(var, value)` makes
+    the handle of a body's closed-over constant."""
     for eqn in jaxpr.eqns:
         operands = [resolve(env, a) for a in eqn.invars]
         body = call_body(eqn)

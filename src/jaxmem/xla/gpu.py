@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Callable, Sequence
 
-from jaxmem.errors import JaxmemError, PlanError
+from jaxmem.errors import JaxmemError, PlanError, ShardingError
 
 # jaxmem GPU preset -> XLA's target description (targets/<name>.txtpb). Capacity always
 # comes from jaxmem's preset (jaxmem.units.PRESETS); the description gives XLA the compute
@@ -285,18 +285,8 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
             raise PlanError(f"XLA:GPU compile of {target!r} took more than {timeout:.0f} s") from None
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        from jaxmem.xla.start import filter_noise
-
-        tail = [line for line in filter_noise(stderr).splitlines() if line.strip()]
-        last = tail[-1].strip() if tail else f"exit {proc.returncode}"
-        if last.startswith("error: "):
-            last = last[len("error: "):]
-        if proc.returncode == 3:
-            raise GpuUnavailable(last)
-        raise PlanError(f"XLA:GPU compile of {target!r} failed: {last}")
-    return reference_from_json(json.loads(lines[-1]))
+    return reference_from_json(child_answer(proc.returncode, stdout, stderr,
+                                            failed=f"XLA:GPU compile of {target!r} failed: "))
 
 
 def reference_from_json(data: dict[str, Any]) -> XlaGpuReference:
@@ -703,6 +693,39 @@ def _parse_kwargs(items: Sequence[str]) -> dict[str, int]:
     return out
 
 
+# The compile children (`python -m jaxmem.xla.gpu`, `python -m jaxmem.xla.sharding`) answer with
+# one JSON object on stdout, or with one error line on stderr and an exit code naming its kind
+# (2: any other error a user can cause).
+CHILD_ERRORS: tuple[tuple[int, type[JaxmemError]], ...] = ((3, GpuUnavailable), (4, ShardingError))
+
+
+def child_reply(compile: Callable[[], dict[str, Any]]) -> int:
+    """The child's side: run `compile` and print its figures as one JSON line (exit 0), or its
+    error as one line on stderr with the exit code of its kind."""
+    try:
+        data = compile()
+    except JaxmemError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return next((code for code, kind in CHILD_ERRORS if isinstance(err, kind)), 2)
+    print(json.dumps(data))
+    return 0
+
+
+def child_answer(returncode: int, stdout: str, stderr: str, failed: str = "") -> dict[str, Any]:
+    """The parent's side: the child's JSON object, or its error raised again as its kind (a
+    `PlanError` for any other, its message after `failed`)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if returncode == 0 and lines:
+        return json.loads(lines[-1])
+    from jaxmem.xla.start import filter_noise
+
+    tail = [line for line in filter_noise(stderr).splitlines() if line.strip()]
+    last = tail[-1].strip() if tail else f"exit {returncode}"
+    last = last[len("error: "):] if last.startswith("error: ") else last
+    kind = dict(CHILD_ERRORS).get(returncode)
+    raise kind(last) if kind is not None else PlanError(failed + last)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print TARGET's XLA:GPU figures as one JSON object. Exit 3 when the
     CUDA plugin is unavailable, 2 for any other error a user can cause."""
@@ -719,21 +742,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true")
     args = parser.parse_args(argv)
     dump_dir = dump_dir_from_flags()
-    try:
+
+    def compile() -> dict[str, Any]:
         quiet_jax_start()
         kwargs = _parse_kwargs(args.kwarg)
         fn, fn_args = load_abstract(args.target, kwargs) if kwargs else load_with_kwargs(args.target, kwargs)
-        data = compile_for_gpu(fn, fn_args, spec=args.spec, device=args.device or args.spec,
+        return compile_for_gpu(fn, fn_args, spec=args.spec, device=args.device or args.spec,
                                donate_argnums=_parse_donate(args.donate), top=args.top, dump_dir=dump_dir,
                                use_cache=not args.no_cache)
-    except GpuUnavailable as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except JaxmemError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(data))
-    return 0
+
+    return child_reply(compile)
 
 
 if __name__ == "__main__":

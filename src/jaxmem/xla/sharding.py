@@ -834,7 +834,7 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
         GpuUnavailable: the CUDA plugin is not available here.
         ShardingError, PlanError: one line from the child.
     """
-    from jaxmem.xla.gpu import GpuUnavailable, unavailable_reason
+    from jaxmem.xla.gpu import GpuUnavailable, child_answer, unavailable_reason
 
     if xla == "gpu":
         reason = unavailable_reason()
@@ -862,17 +862,7 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
             raise PlanError(f"the sharded compile of {target!r} took more than {timeout:.0f} s") from None
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        from jaxmem.xla.start import filter_noise
-
-        tail = [line for line in filter_noise(proc.stderr).splitlines() if line.strip()]
-        last = tail[-1].strip() if tail else f"exit {proc.returncode}"
-        last = last[len("error: "):] if last.startswith("error: ") else last
-        if proc.returncode == 3:
-            raise GpuUnavailable(last)
-        raise (ShardingError if proc.returncode == 4 else PlanError)(last)
-    return json.loads(lines[-1])
+    return child_answer(proc.returncode, proc.stdout, proc.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -880,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
     3 when the CUDA plugin is unavailable, 4 for a sharding error, 2 for any other user error."""
     from jaxmem.xla.start import quiet_jax_start
     from jaxmem.xla.cpu import _parse_donate
-    from jaxmem.xla.gpu import GpuUnavailable, dump_dir_from_flags, load_with_kwargs
+    from jaxmem.xla.gpu import child_reply, dump_dir_from_flags, load_with_kwargs
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.sharding")
     parser.add_argument("target")
@@ -893,23 +883,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true")
     args = parser.parse_args(argv)
     dump_dir = dump_dir_from_flags()
-    try:
+
+    def compile() -> dict[str, Any]:
         quiet_jax_start()
         fn, fn_args = load_with_kwargs(args.target, {})
-        data = compile_sharded(fn, fn_args, xla=args.xla, device=args.device, donate_argnums=_parse_donate(args.donate),
+        return compile_sharded(fn, fn_args, xla=args.xla, device=args.device, donate_argnums=_parse_donate(args.donate),
                                top=args.top, dump_dir=dump_dir, mesh_text=args.mesh, layout=args.layout,
                                use_cache=not args.no_cache)
-    except GpuUnavailable as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except ShardingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 4
-    except JaxmemError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(data))
-    return 0
+
+    return child_reply(compile)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,19 @@ def max_pool_gradient():
     return fn, (jnp.ones((16, 64, 64, 64), jnp.float32),)
 
 
+def relu_max_pool_gradient():
+    """A relu before a max pool, both differentiated: the pool gradient's scatter writes into
+    zeros that XLA's CSE shares with the relu's, so XLA stores the zeros and their copy (the
+    scatter's in-place buffer) from the program's start: two 16 MiB buffers the lone max-pool
+    gradient does not have."""
+    def fn(x):
+        def pool(x):
+            y = jnp.maximum(x, 0.0)
+            return jnp.sum(jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") ** 2)
+        return jax.grad(pool)(x)
+    return fn, (jnp.ones((16, 64, 64, 64), jnp.float32),)
+
+
 def merged_dots():
     """Dot merger: four GEMMs reading the same input are one GEMM whose 16 MiB result lives until
     its last slice is read, though each tower alone needs 4 MiB."""
@@ -107,6 +120,7 @@ STORED = {
     "log_softmax_rows": True,
     "outer_product_into_scatter": False,
     "max_pool_gradient": True,
+    "relu_max_pool_gradient": True,
     "merged_dots": True,
     "bf16_convert_into_gemm": False,
 }

@@ -44,7 +44,7 @@ RULES = ["elementwise_chain", "broadcast_into_reduction", "gather_into_matvec", 
              reason="measured: XLA:GPU computes tanh(x) * 2 inside both GEMMs here (temp 0.03 of 16 MiB), "
                     "while the model stores transcendental chains read twice, as mlp_deep_train's dump "
                     "shows for its silu outputs; what separates the two cases is not modelled", strict=True)),
-         "log_softmax_rows", "outer_product_into_scatter", "max_pool_gradient", "merged_dots",
+         "log_softmax_rows", "outer_product_into_scatter", "max_pool_gradient", "relu_max_pool_gradient", "merged_dots",
          "bf16_convert_into_gemm"]
 
 

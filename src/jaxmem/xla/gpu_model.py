@@ -352,7 +352,7 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
         order = _merged_order(order, groups)
         live = assign_buffers(g, order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
-        heap = heap_after_reuse(_merge_intervals(g, live, groups), aliased)
+        heap = heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
@@ -366,6 +366,57 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
                 "shape": g.outvar_bytes[j] if isinstance(v, Const) else shape(v)} for j, v in enumerate(g.outvars)]
     return Prediction(device, argument_bytes, output_bytes, int(best or 0), alias_bytes,
                       time.perf_counter() - start, best_name, sum(fused), arguments, outputs)
+
+
+def _is_zero(u: Any) -> bool:
+    """A literal (scalar) zero operand."""
+    try:
+        return isinstance(u, Const) and getattr(u.value, "shape", ()) == () and float(u.value) == 0.0
+    except (TypeError, ValueError):
+        return False
+
+
+def shared_zero_spans(g: Program, order: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Buffers XLA:GPU adds when a max-pool gradient's zeros are also a relu's zeros.
+
+    XLA expands a max-pool gradient (select_and_scatter_add) into a scatter that writes, in
+    place, into a zero broadcast of the pooled operand's shape. Where the program reads zeros
+    of that shape elsewhere (the relu `max(x, 0)` before the pool, the relu gradient's
+    `select(x > 0, g, 0)` after it), XLA's CSE makes them one broadcast; the scatter's in-place
+    operand then needs a copy of it, and XLA emits both in one multi-output loop fusion with no
+    operands, which its scheduler runs first (the dump of
+    `tests/gpu/fusion_programs.py:relu_max_pool_gradient`). So both are live from the start of
+    the program: the copy until the scatter takes it over, the zeros until their last reader.
+    A lone max-pool gradient (no other zeros of its shape) stores neither.
+
+    **Returns:** (start, end, size) spans over positions of `order`.
+    """
+    pos = {oi: p for p, oi in enumerate(order)}
+    spans = []
+    for op in g.ops:
+        if op.primitive != "select_and_scatter_add" or len(op.inputs) < 2 or op.index not in pos:
+            continue
+        operand = op.inputs[-1]
+        shape, dtype = g.shapes[operand], g.dtypes[operand]
+        last, shared = pos[op.index], False
+        for other in g.ops:
+            if other.index not in pos or not other.outputs or other.outputs[0] is None:
+                continue
+            out = other.outputs[0]
+            if g.shapes[out] != shape:
+                continue
+            zeros = [u for u in other.operands if _is_zero(u)]
+            if other.primitive == "broadcast_in_dim" and zeros and g.dtypes[out] == dtype:
+                shared = True
+                last = max([last] + [pos[c] for c in g.users[out] if c in pos])
+            elif zeros and other.primitive in ("max", "gt", "select_n"):
+                shared = True
+                last = max(last, pos[other.index])
+        if shared:
+            size = align(g.nbytes[operand])
+            spans.append((0, pos[op.index] - 1, size))   # the copy, the scatter's in-place buffer
+            spans.append((0, last, size))                # the shared zeros
+    return spans
 
 
 # gpu_compiler.cc: DotMerger(max_size_to_merge = 32 MiB): dots sharing an operand are one dot

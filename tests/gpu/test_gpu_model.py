@@ -45,6 +45,7 @@ RULES = ["elementwise_chain", "broadcast_into_reduction", "gather_into_matvec", 
                     "while the model stores transcendental chains read twice, as mlp_deep_train's dump "
                     "shows for its silu outputs; what separates the two cases is not modelled", strict=True)),
          "log_softmax_rows", "outer_product_into_scatter", "max_pool_gradient", "relu_max_pool_gradient", "merged_dots",
+         "merged_dots_concatenated",
          "bf16_convert_into_gemm"]
 
 

@@ -352,7 +352,8 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
         order = _merged_order(order, groups)
         live = assign_buffers(g, order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
-        heap = heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
+        heap = (heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
+                + concatenated_operand_spans(g, order, groups))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
@@ -422,6 +423,8 @@ def shared_zero_spans(g: Program, order: Sequence[int]) -> list[tuple[int, int, 
 # gpu_compiler.cc: DotMerger(max_size_to_merge = 32 MiB): dots sharing an operand are one dot
 # (its operands concatenated) when one of them reads and writes less than this.
 DOT_MERGE_BYTES = 32 << 20
+# triton_fusion_analysis.h: kMaxParameterPerDotOperand, the parameters a GEMM fusion reads per operand.
+GEMM_PARAMETERS_PER_OPERAND = 4
 
 
 def merged_dots(g: Program, order: Sequence[int]) -> list[list[int]]:
@@ -461,6 +464,32 @@ def merged_dots(g: Program, order: Sequence[int]) -> list[list[int]]:
             groups.append(ready)
             taken.update(ready)
     return groups
+
+
+def concatenated_operand_spans(g: Program, order: Sequence[int], groups: list[list[int]]) -> list[tuple[int, int, int]]:
+    """The merged dot's other operands, concatenated into one buffer that the merged GEMM reads
+    (dot_merger.cc concatenates them), where the concatenation cannot be read inside the Triton
+    GEMM: a GEMM fusion takes at most 4 parameters per operand
+    (TritonFusionAnalysis::kMaxParameterPerDotOperand), so with more than 4 merged dots the
+    concatenate is its own fusion, its result stored (parallel_branches' dump: a
+    `wrapped_concatenate` of eight towers' weights, arguments though they are); with 4, the
+    GEMM reads them directly (the dump of `tests/gpu/fusion_programs.py:merged_dots`). Live
+    while the merged dot runs, beside its result.
+
+    **Returns:** (start, end, size) spans over positions of `order` (the merged order).
+    """
+    pos = {oi: p for p, oi in enumerate(order)}
+    spans = []
+    for grp in groups:
+        if len(grp) <= GEMM_PARAMETERS_PER_OPERAND:
+            continue
+        first = [g.ops[m].operands for m in grp]
+        shared = set(first[0]).intersection(*map(set, first[1:]))
+        size = sum(align(g.nbytes[u]) for ops in first for u in ops if isinstance(u, int) and u not in shared)
+        at = pos.get(grp[0])
+        if size and at is not None:
+            spans.append((at, at, size))
+    return spans
 
 
 def _merged_order(order: list[int], groups: list[list[int]]) -> list[int]:

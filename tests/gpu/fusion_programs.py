@@ -119,6 +119,17 @@ def bf16_convert_into_gemm():
     return fn, (jnp.ones((N, 2 * D), jnp.float32), jnp.ones((2 * D, 8), jnp.float32))
 
 
+def bf16_weight_read_twice():
+    """Mixed precision: a float32 weight cast to bfloat16 and read by two GEMMs (as a layer's
+    weight is, forward and backward). The cast narrows its input and has two readers, so
+    XLA's GEMM fusion does not take it into either GEMM: the bfloat16 copy (16 MiB) is stored."""
+    def fn(w, x, dy):
+        wb = w.astype(jnp.bfloat16)
+        return (x @ wb).astype(jnp.float32), (dy @ wb.T).astype(jnp.float32)
+    return fn, (jnp.ones((D // 2, D), jnp.float32), jnp.ones((8, D // 2), jnp.bfloat16),
+                jnp.ones((16, D), jnp.bfloat16))
+
+
 BIG = N * D * 4
 STORED = {
     "elementwise_chain": False,
@@ -133,4 +144,5 @@ STORED = {
     "merged_dots": True,
     "merged_dots_concatenated": True,
     "bf16_convert_into_gemm": False,
+    "bf16_weight_read_twice": True,
 }

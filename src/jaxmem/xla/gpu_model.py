@@ -164,6 +164,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -
                 break
         if ok and costly[v] and (len(g.users[v]) > 1 or any(g.ops[c].primitive in DOTS for c in g.users[v])):
             ok = False  # not duplicated into several consumers, nor into a GEMM's prologue
+        if ok and _narrowing_shared(g, op, v):
+            ok = False
         if ok:
             fused[v] = True
     stored, inside = softmax_outputs(g, internal=True)
@@ -174,6 +176,28 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -
         if not (roles.outputs[v] or roles.external[v]):
             fused[v] = True
     return fused
+
+
+# gemm_fusion.cc / triton_fusion_analysis.cc: kIoToleranceBytes, how much an operand fused into a
+# GEMM may shrink its data without further conditions.
+IO_TOLERANCE_BYTES = 1024
+
+
+def _narrowing_shared(g: Program, op: Any, v: int) -> bool:
+    """A narrowing cast (float32 -> bfloat16) read by a GEMM and by something else is stored.
+
+    XLA's GEMM fusion takes an operand's producer only if it is worth it (IsInputWorthFusing):
+    one that reads more bytes than it writes (beyond 1 KiB) must have a single user. A weight
+    cast to bfloat16 for the forward GEMM and the backward one fails that, so the cast is its
+    own fusion and its result is stored (bf16_train's dump: `wrapped_convert` of each weight;
+    `tests/gpu/fusion_programs.py:bf16_weight_read_twice`). Read by one GEMM alone it is
+    computed inside it (`bf16_convert_into_gemm`).
+    """
+    if op.primitive != "convert_element_type" or len(g.users[v]) < 2 or not op.inputs:
+        return False
+    if g.nbytes[op.inputs[0]] - g.nbytes[v] <= IO_TOLERANCE_BYTES:
+        return False
+    return any(g.ops[c].primitive in DOTS for c in g.users[v])
 
 
 def _no_inplace(g: Program, values: Sequence[int]) -> Program:

@@ -130,6 +130,17 @@ def bf16_weight_read_twice():
                 jnp.ones((16, D), jnp.bfloat16))
 
 
+def scan_after_large_temporary():
+    """A scan's stacked output (16 MiB) is held from the program's start: its zero-initialised
+    loop buffer has no operands and XLA schedules it first, so it overlaps a sorted copy
+    (16 MiB) that dies before the scan runs."""
+    def fn(x, y):
+        first = jnp.sum(jnp.sort(x, axis=1)[:, :8])
+        _, ys = jax.lax.scan(lambda c, row: (c, jnp.sin(row) * c), first, y)
+        return jnp.sum(ys * ys)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32))
+
+
 BIG = N * D * 4
 STORED = {
     "elementwise_chain": False,
@@ -145,4 +156,5 @@ STORED = {
     "merged_dots_concatenated": True,
     "bf16_convert_into_gemm": False,
     "bf16_weight_read_twice": True,
+    "scan_after_large_temporary": True,
 }

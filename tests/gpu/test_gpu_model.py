@@ -46,7 +46,7 @@ RULES = ["elementwise_chain", "broadcast_into_reduction", "gather_into_matvec", 
                     "shows for its silu outputs; what separates the two cases is not modelled", strict=True)),
          "log_softmax_rows", "outer_product_into_scatter", "max_pool_gradient", "relu_max_pool_gradient", "merged_dots",
          "merged_dots_concatenated",
-         "bf16_convert_into_gemm", "bf16_weight_read_twice"]
+         "bf16_convert_into_gemm", "bf16_weight_read_twice", "scan_after_large_temporary"]
 
 
 @needs_gpu_compiler

@@ -377,7 +377,7 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
         live = assign_buffers(g, order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
         heap = (heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
-                + concatenated_operand_spans(g, order, groups))
+                + concatenated_operand_spans(g, order, groups) + scan_output_spans(g, order, roles))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
@@ -441,6 +441,33 @@ def shared_zero_spans(g: Program, order: Sequence[int]) -> list[tuple[int, int, 
             size = align(g.nbytes[operand])
             spans.append((0, pos[op.index] - 1, size))   # the copy, the scatter's in-place buffer
             spans.append((0, last, size))                # the shared zeros
+    return spans
+
+
+def scan_output_spans(g: Program, order: Sequence[int], roles: Roles) -> list[tuple[int, int, int]]:
+    """A scan's stacked outputs are held from the start of the program.
+
+    JAX lowers a scan to a while loop whose state holds each stacked output, initialised with
+    zeros that every step writes one slice of. That zero broadcast has no operands, so XLA's
+    scheduler emits it first: the stacked buffer is live from the program's start, not from
+    the loop (scanned_checkpoint_train's dump: the backward scan's four stacked weight
+    gradients, 24 MiB of `loop_broadcast_fusion`, live at the cross-entropy gradient before
+    the backward scan runs; `tests/gpu/fusion_programs.py:scan_after_large_temporary`). The
+    spans cover the positions before the scan; the value's own interval covers the rest.
+    Outputs of the program live in their own allocations and are left out.
+
+    **Returns:** (start, end, size) spans over positions of `order`.
+    """
+    spans = []
+    for p, oi in enumerate(order):
+        op = g.ops[oi]
+        if op.primitive != "scan" or p == 0:
+            continue
+        _, num_carry = ja.scan_counts(op.eqn)
+        for y in op.outputs[num_carry:]:
+            if y is None or roles.outputs[y] or roles.external[y] or not g.users[y]:
+                continue
+            spans.append((0, p - 1, align(g.nbytes[y])))
     return spans
 
 

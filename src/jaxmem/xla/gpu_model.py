@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Sequence
 
 from jaxmem.compiler import jaxpr_adapter as ja
@@ -119,7 +120,8 @@ def dot_kind(op: Any, g: Program) -> str:
     return "gemm"
 
 
-def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
+def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
+               store_shared_casts: bool = False) -> list[bool]:
     """Per value, True when XLA:GPU never stores it: computed inside each of its consumers.
 
     >>> import jax, jax.numpy as jnp
@@ -134,7 +136,9 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -
     [('gather', True), ('mul', True), ('tanh', True), ('reduce_sum', False)]
 
     **Arguments:** the program, the values' roles, the fusion already forced (views of
-    arguments; `fusion.forced_fusion`).
+    arguments; `fusion.forced_fusion`); `store_shared_casts`: store a narrowing cast read by a GEMM and another reader, as XLA does
+    (`_narrowing_shared`); the prediction sets it, jaxmem's own plan (the planner's fusion base)
+    computes the cast in each reader, which is valid and holds less.
 
     **Returns:** per value, the fused flag (outputs and loop-body results are never fused).
     """
@@ -164,7 +168,7 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -
                 break
         if ok and costly[v] and (len(g.users[v]) > 1 or any(g.ops[c].primitive in DOTS for c in g.users[v])):
             ok = False  # not duplicated into several consumers, nor into a GEMM's prologue
-        if ok and _narrowing_shared(g, op, v):
+        if ok and store_shared_casts and _narrowing_shared(g, op, v):
             ok = False
         if ok:
             fused[v] = True
@@ -353,10 +357,10 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     # XLA holds every argument and output in its own allocation: none of them is in the temp
     # block, so the liveness below treats them all as external.
     roles = planner._roles(g, [False] * len(g.invars), (), ())
-    fused = gpu_fusion(g, roles, forced_fusion(g, roles))
+    fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True)
     g = _no_inplace(strength_reduced(g), softmax_outputs(g))
     unknown: set[str] = set()
-    scratch = planner._loop_scratch(g, unknown, gpu_fusion)
+    scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True))
     workspace = CUBLAS_WORKSPACE.get(DEVICE_SM.get(device, 9), 4 * 2 ** 20)
     for op in g.ops:
         extra = op_scratch(g, op, workspace)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import numpy as np
 
-from jaxmem.compiler.fusion import op_is_view
+from jaxmem.compiler.fusion import op_is_view, reads_fused_gemm
 from jaxmem.compiler.program import Op, Program
 from jaxmem.compiler.rules import inplace_candidates, storage_rule
 from jaxmem.compiler.stages import Analysis, align, live_profile
@@ -90,13 +90,21 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
             # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
             # the transpose may take over its dying dot result's buffer.
             rule, cands = "update", [[0]]
+        epilogue = rule == "elementwise" and reads_fused_gemm(g, fused, op)
         taken: set[int] = set()
         for k, o in enumerate(outs):
             if o is None or fused[o]:
                 continue
             pool = None
             if cands is not None and cands[k]:
-                pool = reads[oi] if rule == "elementwise" else [op.operands[i] for i in cands[k]]
+                if rule != "elementwise":
+                    pool = [op.operands[i] for i in cands[k]]
+                elif epilogue:
+                    # a GEMM's epilogue reads the GEMM's operands while it writes: only the
+                    # summand it reads itself may be overwritten
+                    pool = [u for u in op.inputs if not fused[u]]
+                else:
+                    pool = reads[oi]
             if external[o]:
                 if b.external_output(o, p, rule, pool, taken):
                     continue

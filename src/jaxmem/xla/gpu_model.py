@@ -494,6 +494,14 @@ def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) 
 
 # -- jaxmem's own plan on a GPU target -----------------------------------------------------------
 
+def gpu_plan_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
+    """The fusion base of jaxmem's own GPU plan: XLA:GPU's rules (`gpu_fusion`), then GEMM
+    epilogues (`fusion.gemm_epilogues`: a GEMM result only a sum reads is added in the GEMM)."""
+    from jaxmem.compiler.fusion import gemm_epilogues
+
+    return gemm_epilogues(g, roles, gpu_fusion(g, roles, forced))
+
+
 def plan_on_gpu(cpu_plan: Any) -> Any:
     """jaxmem's plan for a GPU target: the program planned again with XLA:GPU's fusion rules as
     the fusion base (`gpu_fusion`: gathers, broadcasts, elementwise prologues computed inside
@@ -516,7 +524,7 @@ def plan_on_gpu(cpu_plan: Any) -> Any:
     from jaxmem.compiler.planner import plan_jaxpr
 
     donated = [k in set(cpu_plan.donated) for k in range(len(cpu_plan.invars))]
-    gpu = plan_jaxpr(cpu_plan.closed_jaxpr, donated=donated, base_fusion=gpu_fusion)
+    gpu = plan_jaxpr(cpu_plan.closed_jaxpr, donated=donated, base_fusion=gpu_plan_fusion)
     seconds = cpu_plan.plan_seconds + gpu.plan_seconds
     if gpu.peak_bytes < cpu_plan.peak_bytes and gpu.valid:
         return replace(gpu, plan_seconds=seconds, trace_seconds=cpu_plan.trace_seconds, xla=cpu_plan.xla,

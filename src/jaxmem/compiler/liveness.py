@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxmem.compiler.fusion import op_is_view, reads_fused_gemm
-from jaxmem.compiler.program import Op, Program
+from jaxmem.compiler.program import Op, Program, side_table
 from jaxmem.compiler.rules import inplace_candidates, storage_rule
 from jaxmem.compiler.stages import Analysis, align, live_profile
 
@@ -75,6 +75,7 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
         if analysis.roles.donated[v] and group[v] < 0:
             b.new_group(v, -1, "argument")
 
+    facts = op_facts(g)
     for p, oi in enumerate(order):
         op = ops[oi]
         if scratch.get(oi, 0) > 0:
@@ -83,13 +84,7 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
         outs = op.outputs
         if not any(v is not None and not fused[v] for v in outs):
             continue
-        rule = storage_rule(op.primitive)
-        view = op_is_view(g, op)
-        cands = inplace_candidates(op.primitive, op.params, op.operands, len(outs)) if allow_inplace else None
-        if allow_inplace and op.primitive == "transpose" and _dot_result(g, op):
-            # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
-            # the transpose may take over its dying dot result's buffer.
-            rule, cands = "update", [[0]]
+        rule, view, cands = facts[oi] if allow_inplace else (storage_rule(op.primitive), op_is_view(g, op), None)
         epilogue = rule == "elementwise" and reads_fused_gemm(g, fused, op)
         taken: set[int] = set()
         for k, o in enumerate(outs):
@@ -136,6 +131,25 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     profile = live_profile(((iv.start, iv.end, iv.size) for iv in intervals), n)
     peak = int(profile.max()) if len(profile) else 0
     return Liveness(intervals, group, peak, profile)
+
+
+def op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
+    """Per op: (storage rule, is a view, in-place candidate operand positions per output), as
+    `assign_buffers` applies them with in-place sharing on; computed once per op list."""
+    return side_table(g, "storage", _op_facts)
+
+
+def _op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
+    facts = []
+    for op in g.ops:
+        rule = storage_rule(op.primitive)
+        cands = inplace_candidates(op.primitive, op.params, op.operands, len(op.outputs))
+        if op.primitive == "transpose" and _dot_result(g, op):
+            # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
+            # the transpose may take over its dying dot result's buffer.
+            rule, cands = "update", [[0]]
+        facts.append((rule, op_is_view(g, op), cands))
+    return facts
 
 
 class _Groups:

@@ -323,7 +323,7 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     from jaxmem.compiler import planner  # the planner's roles, schedulers and loop scratch
 
     start = time.perf_counter()
-    g = drop_dead(ja.inline(closed_jaxpr))
+    g = planner.inlined(closed_jaxpr)  # shared with the plans of the same jaxpr
     flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
     aliases = output_aliases(g, flags)
     # XLA holds every argument and output in its own allocation: none of them is in the temp

@@ -127,6 +127,11 @@ def op_is_view(g: Program, op) -> bool:
     return is_view(op.primitive, op.params, in_dtype)
 
 
+def op_views(g: Program) -> list[bool]:
+    """`op_is_view` of every op, in op order (a `program.side_table`)."""
+    return [op_is_view(g, op) for op in g.ops]
+
+
 def expanded_inputs(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
     """The stored values a fused value `v` is computed from (through chains of fused values).
 

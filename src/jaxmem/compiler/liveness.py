@@ -27,13 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import numpy as np
 
-from jaxmem.compiler.fusion import op_is_view, reads_fused_gemm
+from jaxmem.compiler.fusion import op_is_view, op_views, reads_fused_gemm
 from jaxmem.compiler.program import Op, Program, side_table
 from jaxmem.compiler.rules import inplace_candidates, storage_rule
 from jaxmem.compiler.stages import Analysis, align, live_profile
 
 
-@dataclass
+@dataclass(slots=True)
 class Interval:
     """One buffer group: the values sharing it, when it is live, how big it is."""
 
@@ -78,12 +78,15 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     facts = op_facts(g)
     for p, oi in enumerate(order):
         op = ops[oi]
-        if scratch.get(oi, 0) > 0:
+        if oi in scratch and scratch[oi] > 0:
             intervals.append(Interval(len(intervals), [], p, p, align(scratch[oi]), "scratch", oi))
             glast.append(p)
         outs = op.outputs
-        if not any(v is not None and not fused[v] for v in outs):
-            continue
+        for v in outs:
+            if v is not None and not fused[v]:
+                break
+        else:
+            continue  # nothing stored
         rule, view, cands = facts[oi] if allow_inplace else (storage_rule(op.primitive), op_is_view(g, op), None)
         epilogue = rule == "elementwise" and reads_fused_gemm(g, fused, op)
         taken: set[int] = set()
@@ -140,15 +143,16 @@ def op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
 
 
 def _op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
+    views = side_table(g, "views", op_views)
     facts = []
-    for op in g.ops:
+    for k, op in enumerate(g.ops):
         rule = storage_rule(op.primitive)
         cands = inplace_candidates(op.primitive, op.params, op.operands, len(op.outputs))
         if op.primitive == "transpose" and _dot_result(g, op):
             # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
             # the transpose may take over its dying dot result's buffer.
             rule, cands = "update", [[0]]
-        facts.append((rule, op_is_view(g, op), cands))
+        facts.append((rule, views[k], cands))
     return facts
 
 

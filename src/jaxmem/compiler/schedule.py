@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 
-from jaxmem.compiler.fusion import op_is_view
+from jaxmem.compiler.fusion import op_views
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program, side_table
 from jaxmem.compiler.stages import Analysis, align
@@ -56,10 +56,6 @@ def _alloc_bytes(g: Program, oi: int, fused: list[bool], external: list[bool], v
     return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v] and not external[v])
 
 
-def _views(g: Program) -> list[bool]:
-    return [op_is_view(g, op) for op in g.ops]
-
-
 def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> list[int]:
     """Greedy list scheduling: always run the ready op with the best bytes-freed minus
     bytes-allocated (loop scratch counted at a quarter); ties go to the earliest op in program
@@ -77,7 +73,7 @@ def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> 
     remaining = [len(r) for r in readers]
     freeable = [not external[v] and not outputs[v] for v in range(g.num_values)]
     size = [align(b) for b in g.nbytes]
-    views = side_table(g, "views", _views)
+    views = side_table(g, "views", op_views)
     alloc = [_alloc_bytes(g, oi, fused, external, views) + scratch.get(oi, 0) // 4 for oi in range(nops)]
     free_op = [not reads[oi] and alloc[oi] == 0 for oi in range(nops)]
     indeg = [0] * nops
@@ -269,7 +265,7 @@ def sink_schedule(g: Program, analysis: Analysis, order: list[int]) -> list[int]
         for u in reads[oi]:
             last[u] = p
     sunk = [False] * nops
-    views = side_table(g, "views", _views)
+    views = side_table(g, "views", op_views)
     for oi in order:
         grow = _alloc_bytes(g, oi, fused, external, views)
         frees = sum(align(g.nbytes[u]) for u in reads[oi]

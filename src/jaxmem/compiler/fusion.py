@@ -23,7 +23,7 @@ program order, by the effect on the peak of the live-bytes profile under a given
 
 from __future__ import annotations
 
-from jaxmem.compiler.program import DROPPED, Program
+from jaxmem.compiler.program import DROPPED, Program, side_table
 from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, RULES, UNKNOWN, fusible_producer, is_view
 from jaxmem.compiler.stages import Fusion, Roles, align, live_profile
 
@@ -170,13 +170,25 @@ def fusion_of(g: Program, fused: list[bool]) -> Fusion:
 
 def expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
     """Per op, the stored values it reads once fused operands are computed inside it.
-    An op all of whose outputs are fused reads nothing itself (its consumers do)."""
+    An op all of whose outputs are fused reads nothing itself (its consumers do). Computed once
+    per program and fused flags (the planner asks again for the candidates it re-scores): the
+    lists are shared, read-only."""
+    return side_table(g, ("reads", bytes(fused)), lambda g: _expanded_reads(g, fused))
+
+
+def _expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
     memo: dict[int, list[int]] = {}
     reads: list[list[int]] = []
     for op in g.ops:
         outs = [v for v in op.outputs if v is not None]
         if outs and all(fused[v] for v in outs):
             reads.append([])
+            continue
+        for u in op.inputs:
+            if fused[u]:
+                break
+        else:
+            reads.append(list(op.inputs))  # nothing fused: the operands themselves
             continue
         result: dict[int, None] = {}
         for u in op.inputs:

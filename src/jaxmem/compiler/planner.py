@@ -177,16 +177,12 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
     if base_fusion is not None:
         base = base_fusion(g, roles, base)
 
-    analyses: dict[bytes, Analysis] = {}  # most candidates share a few fusions
-
     def evaluate(order: list[int], fused: list[bool] | None = None) -> Candidate:
-        """Score `order`: fused for this order unless `fused` is given."""
+        """Score `order`: fused for this order unless `fused` is given (candidates share a few
+        fusions: `fusion_of` computes each once)."""
         if fused is None:
             fused = choose_fusion(g, order, roles, base) if fusion else base
-        key = bytes(fused)
-        analysis = analyses.get(key)
-        if analysis is None:
-            analysis = analyses[key] = Analysis(roles, fusion_of(g, fused), scratch)
+        analysis = Analysis(roles, fusion_of(g, fused), scratch)
         return Candidate(order, analysis, assign_buffers(g, order, analysis, inplace))
 
     results: dict[str, Candidate] = {"program": evaluate(program_order(g))}

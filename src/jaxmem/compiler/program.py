@@ -145,13 +145,14 @@ T = TypeVar("T")
 # Per-op side tables of the last op lists seen (`side_table`): the planner scores many schedules
 # of one program, and a target's model may rewrite ops (which makes a new list).
 TABLES_KEPT = 32
-_tables: dict[tuple[int, str], tuple[list[Op], T]] = {}
+_tables: dict[tuple[int, Any], tuple[list[Op], Any]] = {}
 
 
-def side_table(p: Program, name: str, build: Callable[[Program], T]) -> T:
+def side_table(p: Program, name: Any, build: Callable[[Program], T]) -> T:
     """`build(p)`, computed once per op list: a fact per op that depends on the ops and the
     values' producers only (both fixed for a given op list), for the hot loops that ask it per
-    op, per schedule scored. The table is shared: treat it as read-only.
+    op, per schedule scored; `name` (hashable) says which fact, with any inputs it depends on.
+    The table is shared: treat it as read-only.
 
     >>> import jax, jax.numpy as jnp
     >>> from jaxmem.compiler.jaxpr_adapter import inline

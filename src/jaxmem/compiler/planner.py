@@ -177,13 +177,18 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
     if base_fusion is not None:
         base = base_fusion(g, roles, base)
 
+    scored: dict[tuple[tuple[int, ...], bytes], Candidate] = {}
+
     def evaluate(order: list[int], fused: list[bool] | None = None) -> Candidate:
-        """Score `order`: fused for this order unless `fused` is given (candidates share a few
-        fusions: `fusion_of` computes each once)."""
+        """Score `order`: fused for this order unless `fused` is given. Schedulers often agree
+        (and a re-fused winner often keeps its fusion): each (order, fusion) is scored once."""
         if fused is None:
             fused = choose_fusion(g, order, roles, base) if fusion else base
-        analysis = Analysis(roles, fusion_of(g, fused), scratch)
-        return Candidate(order, analysis, assign_buffers(g, order, analysis, inplace))
+        key = (tuple(order), bytes(fused))
+        if key not in scored:
+            analysis = Analysis(roles, fusion_of(g, fused), scratch)
+            scored[key] = Candidate(order, analysis, assign_buffers(g, order, analysis, inplace))
+        return scored[key]
 
     results: dict[str, Candidate] = {"program": evaluate(program_order(g))}
     first = results["program"].analysis

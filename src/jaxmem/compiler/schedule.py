@@ -142,22 +142,9 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
     fused = analysis.fusion.fused
     outputs_order = [v for v in g.outvars if not isinstance(v, Const)]
     producers = side_table(g, "producers", _all_producers)
-    extra = [0] * nops
-    total = [0] * nops
-    for oi in range(nops):  # ops are topologically numbered
-        op = g.ops[oi]
-        own = sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
-        users = sum(len(g.users[v]) for v in op.outputs if v is not None)
-        e = max(users - 1, 0)
-        t = own
-        for p in producers[oi]:
-            e += extra[p]
-            t += total[p]
-        extra[oi] = e
-        total[oi] = t
-
-    def key(p: int) -> tuple[int, int, int]:
-        return (-extra[p], -total[p], p)
+    # both root orders visit operands by the same key
+    rank = side_table(g, ("dfs", bytes(fused)), lambda g: _dfs_rank(g, fused, producers))
+    key = rank.__getitem__
 
     roots: list[int] = []
     seen_root: set[int] = set()
@@ -189,6 +176,26 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
                 stack.pop()
                 order.append(oi)
     return order
+
+
+def _dfs_rank(g: Program, fused: list[bool], producers: list[list[int]]) -> list[tuple[int, int, int]]:
+    """Per op, the DFS visiting key: operands with more extra users, then larger total subgraph
+    bytes, first (smaller keys sort first)."""
+    nops = len(g.ops)
+    extra = [0] * nops
+    total = [0] * nops
+    for oi in range(nops):  # ops are topologically numbered
+        op = g.ops[oi]
+        own = sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
+        users = sum(len(g.users[v]) for v in op.outputs if v is not None)
+        e = max(users - 1, 0)
+        t = own
+        for p in producers[oi]:
+            e += extra[p]
+            t += total[p]
+        extra[oi] = e
+        total[oi] = t
+    return [(-extra[p], -total[p], p) for p in range(nops)]
 
 
 def topological_orders(g: Program, limit: int) -> list[list[int]] | None:

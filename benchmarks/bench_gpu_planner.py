@@ -10,8 +10,8 @@ and its ratio to XLA:GPU's, jaxmem's GPU-target plan (`gpu_model.plan_on_gpu`: t
 CPU-model and GPU-model plans, checked) and its ratio, and the seconds of trace + plan +
 prediction against the compile's (`lowered.compile()` alone; the summary also counts the
 programs within 10% without JAX's trace, which XLA's figure does not count). Beside them, the
-same against XLA:CPU (compiled here): its total and jaxmem's CPU-model plan over it. Geometric means of plan/XLA over the training
-steps at the end. Wall seconds on a shared 2-core machine.
+same against XLA:CPU (compiled here): its total and jaxmem's CPU-model plan over it. Geometric
+means of plan/XLA over the training steps at the end. Wall seconds on a shared 2-core machine.
 """
 
 from __future__ import annotations

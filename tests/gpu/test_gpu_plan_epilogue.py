@@ -5,11 +5,14 @@ XLA:GPU's own total, the checker, and the values JAX computes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.planner import plan, plan_jaxpr
 from jaxmem.execution.verify import compare_with_jit
 from jaxmem.xla.gpu import unavailable_reason, xla_gpu_reference
@@ -48,6 +51,27 @@ def test_epilogue_sum_is_not_written_over_the_gemm_operands():
     operand_buffers = {gpu.values[v].buffer for name in ("tanh", "transpose") for v in by_primitive[name].outputs}
     assert out_buffer is not None and out_buffer not in operand_buffers
     assert compare_with_jit(f, args, gpu)["ok"]
+
+
+def test_checker_rejects_an_epilogue_written_over_a_gemm_operand():
+    def f(acc, x, y):
+        return acc + jnp.tanh(x).T @ y
+    args = (jnp.ones((256, 256)), jnp.ones((256, 256)) * 0.5, jnp.ones((256, 256)))
+    gpu = plan_jaxpr(jax.make_jaxpr(f)(*args), base_fusion=gpu_plan_fusion)
+    steps = {s.primitive: s for s in gpu.schedule}
+    operand = gpu.values[steps["transpose"].outputs[0]]
+    add_out = steps["add"].outputs[0]
+    # move the sum into the transposed operand's buffer, which dies at the sum: what an
+    # elementwise op may do, and a GEMM's epilogue may not
+    values = dict(gpu.values)
+    values[add_out] = dataclasses.replace(values[add_out], buffer=operand.buffer)
+    buffers = list(gpu.buffers)
+    old = gpu.values[add_out].buffer
+    buffers[operand.buffer] = dataclasses.replace(buffers[operand.buffer], end=buffers[old].end,
+                                                  values=buffers[operand.buffer].values + [add_out])
+    buffers[old] = dataclasses.replace(buffers[old], values=[v for v in buffers[old].values if v != add_out])
+    problems = check_plan(dataclasses.replace(gpu, values=values, buffers=buffers))
+    assert any("computed inside it reads" in p for p in problems)
 
 
 @needs_gpu_compiler

@@ -134,8 +134,9 @@ def plan_jaxpr(
 
 
 # The last programs inlined, by their jaxpr's identity: planning one jaxpr for two targets and
-# predicting XLA:GPU's figure for it (`xla.gpu_model.plan_on_gpu`, `predict`) inline it once.
-INLINED_KEPT = 8
+# predicting XLA:GPU's figure for it (`xla.gpu_model.plan_on_gpu`, `predict`) inline it once. A
+# few are kept (a program and its loop bodies), so that memory held past planning stays small.
+INLINED_KEPT = 4
 _inlined: dict[int, tuple[Any, Program]] = {}
 
 

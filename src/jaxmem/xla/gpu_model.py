@@ -33,7 +33,7 @@ from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.fusion import fusion_of, forced_fusion
 from jaxmem.compiler.liveness import assign_buffers
 from jaxmem.compiler.plan_types import Const
-from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.program import DROPPED, Program
 from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
 

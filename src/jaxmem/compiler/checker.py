@@ -88,6 +88,7 @@ def check_plan(plan: Plan) -> list[str]:
     writers = _writers(plan, def_pos)
     fused_inputs: dict[int, list[int]] = {}
     gemm_inputs: dict[int, list[int]] = {}
+    fused_gemms = any(s.fused and s.primitive in DOT_LIKE for s in plan.schedule)
     for i, step in enumerate(plan.schedule):
         outs = [v for v in step.outputs if v is not None]
         all_fused = bool(outs) and all(plan.values[v].buffer is None for v in outs)
@@ -109,7 +110,8 @@ def check_plan(plan: Plan) -> list[str]:
             continue
         for v in _stored_reads(plan, step.inputs, fused_inputs):
             _check_read(plan, v, i, def_pos, writers, bad, f"step {i} ({step.primitive})")
-        _check_fused_gemms(plan, step, i, fused_inputs, gemm_inputs, bad)
+        if fused_gemms:
+            _check_fused_gemms(plan, step, i, fused_inputs, gemm_inputs, bad)
     for k, v in enumerate(plan.outvars):
         if v is None:
             continue

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxmem.compiler.fusion import op_is_view, op_views, reads_fused_gemm
 from jaxmem.compiler.program import Op, Program, side_table
-from jaxmem.compiler.rules import inplace_candidates, storage_rule
+from jaxmem.compiler.rules import DOT_LIKE, inplace_candidates, storage_rule
 from jaxmem.compiler.stages import Analysis, align, live_profile
 
 
@@ -76,6 +76,8 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
             b.new_group(v, -1, "argument")
 
     facts = op_facts(g)
+    # only a GPU target's base fusion puts GEMMs inside sums (`fusion.gemm_epilogues`)
+    any_epilogue = any(fused[op.outputs[0]] for op in side_table(g, "gemms", _gemms))
     for p, oi in enumerate(order):
         op = ops[oi]
         if oi in scratch and scratch[oi] > 0:
@@ -88,7 +90,7 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
         else:
             continue  # nothing stored
         rule, view, cands = facts[oi] if allow_inplace else (storage_rule(op.primitive), op_is_view(g, op), None)
-        epilogue = rule == "elementwise" and reads_fused_gemm(g, fused, op)
+        epilogue = any_epilogue and rule == "elementwise" and reads_fused_gemm(g, fused, op)
         taken: set[int] = set()
         for k, o in enumerate(outs):
             if o is None or fused[o]:
@@ -140,6 +142,11 @@ def op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
     """Per op: (storage rule, is a view, in-place candidate operand positions per output), as
     `assign_buffers` applies them with in-place sharing on; computed once per op list."""
     return side_table(g, "storage", _op_facts)
+
+
+def _gemms(g: Program) -> list[Op]:
+    """The dot-like ops with one output."""
+    return [op for op in g.ops if op.primitive in DOT_LIKE and len(op.outputs) == 1 and op.outputs[0] is not None]
 
 
 def _op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:

@@ -179,3 +179,14 @@ def test_placement_is_valid_on_larger_random_sets(buffers):
             if sj <= e and ej >= s:
                 assert offsets[i] + z <= offsets[j] or offsets[j] + zj <= offsets[i]
     assert arena >= _max_live(buffers)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(interval, min_size=1, max_size=40))
+def test_placement_stops_only_where_nothing_is_better(buffers):
+    # By default the search stops once the arena is the most bytes live at once: the same arena
+    # as the whole search (stop_at=-1 is never reached), since nothing beats that bound.
+    stopped, full = place(buffers), place(buffers, stop_at=-1)
+    assert stopped.arena == full.arena
+    if stopped.arena > _max_live(buffers):
+        assert stopped == full   # not at the bound: every ordering and restart was tried

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxmem.compiler.jaxpr_adapter import eqn_params
 from jaxmem.compiler.plan_types import Plan
-from jaxmem.compiler.rules import is_view
+from jaxmem.compiler.rules import DOT_LIKE, is_view
 from jaxmem.compiler.stages import live_profile
 
 ALIGNMENT = 256
@@ -87,6 +87,8 @@ def check_plan(plan: Plan) -> list[str]:
 
     writers = _writers(plan, def_pos)
     fused_inputs: dict[int, list[int]] = {}
+    gemm_inputs: dict[int, list[int]] = {}
+    fused_gemms = any(s.fused and s.primitive in DOT_LIKE for s in plan.schedule)
     for i, step in enumerate(plan.schedule):
         outs = [v for v in step.outputs if v is not None]
         all_fused = bool(outs) and all(plan.values[v].buffer is None for v in outs)
@@ -108,6 +110,8 @@ def check_plan(plan: Plan) -> list[str]:
             continue
         for v in _stored_reads(plan, step.inputs, fused_inputs):
             _check_read(plan, v, i, def_pos, writers, bad, f"step {i} ({step.primitive})")
+        if fused_gemms:
+            _check_fused_gemms(plan, step, i, fused_inputs, gemm_inputs, bad)
     for k, v in enumerate(plan.outvars):
         if v is None:
             continue
@@ -212,6 +216,52 @@ def _stored_reads(plan: Plan, inputs: list[int], memo: dict[int, list[int]]) -> 
         for x in (memo[v] if is_fused(v) else [v]):
             result[x] = None
     return list(result)
+
+
+def _check_fused_gemms(plan: Plan, step, i: int, memo: dict[int, list[int]], gemm_memo: dict[int, list[int]],
+                       bad) -> None:
+    """A GEMM computed inside a step (its epilogue) reads its operands while the step writes its
+    results: none of those operands may lie in a buffer the step writes."""
+    written = {plan.values[v].buffer for v in step.outputs if v is not None and plan.values[v].buffer is not None}
+    if not written:
+        return
+    for v in step.inputs:
+        for u in _gemm_operands(plan, v, memo, gemm_memo):
+            if plan.values[u].buffer in written:
+                bad(f"step {i} ({step.primitive}) writes buffer {plan.values[u].buffer} that a GEMM "
+                    f"computed inside it reads (value {u})")
+
+
+def _gemm_operands(plan: Plan, v: int, memo: dict[int, list[int]], gemm_memo: dict[int, list[int]]) -> list[int]:
+    """The stored values GEMMs read inside the fused chain that computes `v` (none when `v` is
+    stored); iterative, memoized per fused value."""
+
+    def is_fused(w: int) -> bool:
+        info = plan.values.get(w)
+        return info is not None and info.buffer is None and info.producer is not None
+
+    if not is_fused(v):
+        return []
+    stack = [v]
+    while stack:
+        w = stack[-1]
+        if w in gemm_memo:
+            stack.pop()
+            continue
+        inner = plan.schedule[plan.values[w].producer]
+        pending = [u for u in inner.inputs if is_fused(u) and u not in gemm_memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        found: dict[int, None] = {}
+        if inner.primitive in DOT_LIKE:
+            found.update(dict.fromkeys(_stored_reads(plan, inner.inputs, memo)))
+        for u in inner.inputs:
+            if is_fused(u):
+                found.update(dict.fromkeys(gemm_memo[u]))
+        gemm_memo[w] = list(found)
+    return gemm_memo[v]
 
 
 def _check_read(plan: Plan, v: int, i: int, def_pos, writers, bad, who: str) -> None:

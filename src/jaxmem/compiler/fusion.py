@@ -23,7 +23,7 @@ program order, by the effect on the peak of the live-bytes profile under a given
 
 from __future__ import annotations
 
-from jaxmem.compiler.program import DROPPED, Program
+from jaxmem.compiler.program import DROPPED, Program, side_table
 from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, RULES, UNKNOWN, fusible_producer, is_view
 from jaxmem.compiler.stages import Fusion, Roles, align, live_profile
 
@@ -51,10 +51,85 @@ def forced_fusion(g: Program, roles: Roles) -> list[bool]:
     return fused
 
 
+# Elementwise ops a GEMM can apply to its own result before writing it (XLA:GPU's Triton GEMM
+# fusions with an epilogue; read from the dump of a scan's gradient, where the weight gradient
+# accumulates as `acc + dot(h, dgh)` in one `gemm_fusion_dot` written over `acc`).
+EPILOGUE_CONSUMERS = frozenset({"add", "add_any"})
+
+
+def gemm_epilogues(g: Program, roles: Roles, fused: list[bool]) -> list[bool]:
+    """`fused` with every GEMM result that only an elementwise sum reads fused into that sum: the
+    GEMM adds the other operand in its epilogue and writes the sum straight out, so its own
+    result is never stored (an accumulated gradient, `acc + x.T @ dy`, in place of `acc`). A
+    transpose of the GEMM's result in between is folded into the GEMM, as XLA does.
+
+    A base fusion for GPU targets, applied after the target's own rules (`plan_jaxpr`'s
+    `base_fusion`); the sum itself stays stored (`choose_fusion` never fuses an op reading a
+    fused GEMM), and the sum is written over its other operand only (`liveness`).
+
+    **Arguments:** the program, the values' roles, the fused flags so far.
+
+    **Returns:** a new list of fused flags.
+    """
+    out = list(fused)
+    for op in g.ops:
+        if op.primitive not in EPILOGUE_CONSUMERS or len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        w = op.outputs[0]
+        if out[w]:
+            continue
+        for v in op.inputs:
+            chain = _gemm_chain(g, roles, out, v)
+            if chain and g.shapes[v] == g.shapes[w] and op.operands.count(v) == 1:
+                for u in chain:
+                    out[u] = True
+                break  # one GEMM per sum
+    return out
+
+
+def _gemm_chain(g: Program, roles: Roles, fused: list[bool], v: int) -> list[int]:
+    """[the transpose, the GEMM's result] that make `v` (a transpose only where `v` is one),
+    when each has one reader and the GEMM's result is stored now; else []."""
+    chain = []
+    while True:
+        prod = g.producer[v]
+        if prod < 0 or roles.outputs[v] or roles.external[v] or len(g.users[v]) != 1:
+            return []
+        if fused[v] and g.ops[prod].primitive in DOT_LIKE:
+            return []  # already computed inside its reader
+        op = g.ops[prod]
+        if len(op.outputs) != 1:
+            return []
+        chain.append(v)
+        if op.primitive in DOT_LIKE:
+            return chain
+        if op.primitive != "transpose" or len(chain) > 1:
+            return []
+        v = op.inputs[0]
+
+
+def reads_fused_gemm(g: Program, fused: list[bool], op) -> bool:
+    """Whether `op` computes a fused GEMM result itself (`gemm_epilogues`), maybe transposed."""
+    for u in op.inputs:
+        if not fused[u]:
+            continue
+        prod = g.ops[g.producer[u]]
+        if prod.primitive == "transpose" and prod.inputs and fused[prod.inputs[0]]:
+            prod = g.ops[g.producer[prod.inputs[0]]]
+        if prod.primitive in DOT_LIKE:
+            return True
+    return False
+
+
 def op_is_view(g: Program, op) -> bool:
     """Whether an op only reinterprets its first operand's bytes (`rules.is_view`)."""
     in_dtype = g.dtypes[op.inputs[0]] if op.inputs else None
     return is_view(op.primitive, op.params, in_dtype)
+
+
+def op_views(g: Program) -> list[bool]:
+    """`op_is_view` of every op, in op order (a `program.side_table`)."""
+    return [op_is_view(g, op) for op in g.ops]
 
 
 def expanded_inputs(g: Program, fused: list[bool], memo: dict[int, list[int]], v: int) -> list[int]:
@@ -95,13 +170,25 @@ def fusion_of(g: Program, fused: list[bool]) -> Fusion:
 
 def expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
     """Per op, the stored values it reads once fused operands are computed inside it.
-    An op all of whose outputs are fused reads nothing itself (its consumers do)."""
+    An op all of whose outputs are fused reads nothing itself (its consumers do). Computed once
+    per program and fused flags (the planner asks again for the candidates it re-scores): the
+    lists are shared, read-only."""
+    return side_table(g, ("reads", bytes(fused)), lambda g: _expanded_reads(g, fused))
+
+
+def _expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
     memo: dict[int, list[int]] = {}
     reads: list[list[int]] = []
     for op in g.ops:
         outs = [v for v in op.outputs if v is not None]
         if outs and all(fused[v] for v in outs):
             reads.append([])
+            continue
+        for u in op.inputs:
+            if fused[u]:
+                break
+        else:
+            reads.append(list(op.inputs))  # nothing fused: the operands themselves
             continue
         result: dict[int, None] = {}
         for u in op.inputs:
@@ -158,6 +245,8 @@ def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) 
             continue
         if op.primitive == "transpose" and any(fused[u] for u in op.inputs):
             continue  # a dot reads a transposed operand, not a recomputed one
+        if reads_fused_gemm(g, fused, op):
+            continue  # a GEMM's epilogue is stored where the GEMM writes it
         ins = _inputs_now(g, fused, memo, v)
         end = last[v]
         lo, hi = start[v] + 1, end + 1

@@ -18,6 +18,7 @@ import itertools
 import os
 import site
 import sysconfig
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -243,6 +244,17 @@ def _shape_dtype_bytes(aval: Any) -> tuple[tuple[int, ...], str, int]:
     dtype = getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return (), type(aval).__name__, 0
+    try:
+        return _sized(tuple(shape), dtype)
+    except TypeError:  # a dimension or dtype that cannot be hashed: size it afresh
+        return _sized.__wrapped__(tuple(shape), dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sized(shape: tuple[Any, ...], dtype: Any) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype name, bytes) of one (shape, dtype): a program asks it for every value, and
+    has few distinct ones (`str(dtype)` and the size are most of inlining's own time)."""
+    aval = types.SimpleNamespace(shape=shape, dtype=dtype)
     return tuple(int(d) if isinstance(d, (int, np.integer)) else 0 for d in shape), str(dtype), aval_bytes(aval)
 
 

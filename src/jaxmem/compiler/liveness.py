@@ -27,13 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import numpy as np
 
-from jaxmem.compiler.fusion import op_is_view
-from jaxmem.compiler.program import Op, Program
-from jaxmem.compiler.rules import inplace_candidates, storage_rule
+from jaxmem.compiler.fusion import op_is_view, op_views, reads_fused_gemm
+from jaxmem.compiler.program import Op, Program, side_table
+from jaxmem.compiler.rules import DOT_LIKE, inplace_candidates, storage_rule
 from jaxmem.compiler.stages import Analysis, align, live_profile
 
 
-@dataclass
+@dataclass(slots=True)
 class Interval:
     """One buffer group: the values sharing it, when it is live, how big it is."""
 
@@ -75,28 +75,36 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
         if analysis.roles.donated[v] and group[v] < 0:
             b.new_group(v, -1, "argument")
 
+    facts = op_facts(g)
+    # only a GPU target's base fusion puts GEMMs inside sums (`fusion.gemm_epilogues`)
+    any_epilogue = any(fused[op.outputs[0]] for op in side_table(g, "gemms", _gemms))
     for p, oi in enumerate(order):
         op = ops[oi]
-        if scratch.get(oi, 0) > 0:
+        if oi in scratch and scratch[oi] > 0:
             intervals.append(Interval(len(intervals), [], p, p, align(scratch[oi]), "scratch", oi))
             glast.append(p)
         outs = op.outputs
-        if not any(v is not None and not fused[v] for v in outs):
-            continue
-        rule = storage_rule(op.primitive)
-        view = op_is_view(g, op)
-        cands = inplace_candidates(op.primitive, op.params, op.operands, len(outs)) if allow_inplace else None
-        if allow_inplace and op.primitive == "transpose" and _dot_result(g, op):
-            # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
-            # the transpose may take over its dying dot result's buffer.
-            rule, cands = "update", [[0]]
+        for v in outs:
+            if v is not None and not fused[v]:
+                break
+        else:
+            continue  # nothing stored
+        rule, view, cands = facts[oi] if allow_inplace else (storage_rule(op.primitive), op_is_view(g, op), None)
+        epilogue = any_epilogue and rule == "elementwise" and reads_fused_gemm(g, fused, op)
         taken: set[int] = set()
         for k, o in enumerate(outs):
             if o is None or fused[o]:
                 continue
             pool = None
             if cands is not None and cands[k]:
-                pool = reads[oi] if rule == "elementwise" else [op.operands[i] for i in cands[k]]
+                if rule != "elementwise":
+                    pool = [op.operands[i] for i in cands[k]]
+                elif epilogue:
+                    # a GEMM's epilogue reads the GEMM's operands while it writes: only the
+                    # summand it reads itself may be overwritten
+                    pool = [u for u in op.inputs if not fused[u]]
+                else:
+                    pool = reads[oi]
             if external[o]:
                 if b.external_output(o, p, rule, pool, taken):
                     continue
@@ -128,6 +136,31 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     profile = live_profile(((iv.start, iv.end, iv.size) for iv in intervals), n)
     peak = int(profile.max()) if len(profile) else 0
     return Liveness(intervals, group, peak, profile)
+
+
+def op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
+    """Per op: (storage rule, is a view, in-place candidate operand positions per output), as
+    `assign_buffers` applies them with in-place sharing on; computed once per op list."""
+    return side_table(g, "storage", _op_facts)
+
+
+def _gemms(g: Program) -> list[Op]:
+    """The dot-like ops with one output."""
+    return [op for op in g.ops if op.primitive in DOT_LIKE and len(op.outputs) == 1 and op.outputs[0] is not None]
+
+
+def _op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
+    views = side_table(g, "views", op_views)
+    facts = []
+    for k, op in enumerate(g.ops):
+        rule = storage_rule(op.primitive)
+        cands = inplace_candidates(op.primitive, op.params, op.operands, len(op.outputs))
+        if op.primitive == "transpose" and _dot_result(g, op):
+            # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
+            # the transpose may take over its dying dot result's buffer.
+            rule, cands = "update", [[0]]
+        facts.append((rule, views[k], cands))
+    return facts
 
 
 class _Groups:

@@ -18,6 +18,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from jaxmem.compiler.stages import live_profile
+
+
 class Placement(NamedTuple):
     """Where each buffer goes: offsets (per buffer, in input order), the arena's bytes, and
     which ordering won."""
@@ -89,7 +92,7 @@ def place(
     """Try each ordering, then decreasing size with seeded noise, keep the smallest arena.
 
     **Arguments:** `buffers` as (start, end, size) with sizes 256-aligned; the orderings to try;
-    `stop_at`, a size that cannot be beaten (the lower bound) to stop early; `restarts`, how
+    `stop_at`, a size that cannot be beaten to stop early (default: the most bytes live at once); `restarts`, how
     many noisy size orders to try (default: as many as a fixed amount of work allows, since
     one placement costs about the square of the buffer count).
 
@@ -97,6 +100,10 @@ def place(
     """
     if not buffers:
         return Placement([], 0, "none")
+    if stop_at is None:
+        # No placement beats the most bytes live at once: stop there (most heaps reach it
+        # with the first ordering, and the restarts would only confirm it).
+        stop_at = int(live_profile(buffers, max(e for _, e, _ in buffers)).max())
     best: Placement | None = None
     for name in orderings:
         keyf = ORDERINGS[name]

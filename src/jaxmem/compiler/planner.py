@@ -133,9 +133,37 @@ def plan_jaxpr(
             gc.enable()
 
 
+# The last programs inlined, by their jaxpr's identity: planning one jaxpr for two targets and
+# predicting XLA:GPU's figure for it (`xla.gpu_model.plan_on_gpu`, `predict`) inline it once. A
+# few are kept (a program and its loop bodies), so that memory held past planning stays small.
+INLINED_KEPT = 4
+_inlined: dict[int, tuple[Any, Program]] = {}
+
+
+def inlined(closed_jaxpr: Any) -> Program:
+    """`drop_dead(inline(closed_jaxpr))`, shared by every stage that plans or models the same
+    jaxpr object (read-only, as every `Program` is).
+
+    >>> import jax, jax.numpy as jnp
+    >>> jaxpr = jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4))
+    >>> inlined(jaxpr) is inlined(jaxpr), [op.primitive for op in inlined(jaxpr).ops]
+    (True, ['sin', 'mul'])
+    """
+    hit = _inlined.get(id(closed_jaxpr))
+    if hit is not None and hit[0] is closed_jaxpr:
+        _inlined[id(closed_jaxpr)] = _inlined.pop(id(closed_jaxpr))  # most recent last
+        return hit[1]
+    g = drop_dead(ja.inline(closed_jaxpr))
+    # the entry holds the jaxpr itself, so its id cannot be reused while the entry is kept
+    _inlined[id(closed_jaxpr)] = (closed_jaxpr, g)
+    while len(_inlined) > INLINED_KEPT:
+        del _inlined[next(iter(_inlined))]
+    return g
+
+
 def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check, external_outputs,
                 carry_inputs, base_fusion=None) -> Plan:
-    g = drop_dead(ja.inline(closed_jaxpr))
+    g = inlined(closed_jaxpr)
     flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
     if len(flags) > len(g.invars):
         raise PlanError(f"{len(donated)} donation flags for {len(g.invars)} inputs")
@@ -150,12 +178,18 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
     if base_fusion is not None:
         base = base_fusion(g, roles, base)
 
+    scored: dict[tuple[tuple[int, ...], bytes], Candidate] = {}
+
     def evaluate(order: list[int], fused: list[bool] | None = None) -> Candidate:
-        """Score `order`: fused for this order unless `fused` is given."""
+        """Score `order`: fused for this order unless `fused` is given. Schedulers often agree
+        (and a re-fused winner often keeps its fusion): each (order, fusion) is scored once."""
         if fused is None:
             fused = choose_fusion(g, order, roles, base) if fusion else base
-        analysis = Analysis(roles, fusion_of(g, fused), scratch)
-        return Candidate(order, analysis, assign_buffers(g, order, analysis, inplace))
+        key = (tuple(order), bytes(fused))
+        if key not in scored:
+            analysis = Analysis(roles, fusion_of(g, fused), scratch)
+            scored[key] = Candidate(order, analysis, assign_buffers(g, order, analysis, inplace))
+        return scored[key]
 
     results: dict[str, Candidate] = {"program": evaluate(program_order(g))}
     first = results["program"].analysis

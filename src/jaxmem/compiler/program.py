@@ -16,7 +16,7 @@ modified; what a stage learns is kept in side tables indexed by `ValueId` and op
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from jaxmem.compiler.plan_types import Const, SourceLine, ValueId
 
@@ -138,3 +138,35 @@ def drop_dead(p: Program) -> Program:
             p.producer[v] = new_index.get(made_by, DROPPED)
         p.users[v] = [new_index[u] for u in p.users[v] if u in new_index]
     return p
+
+
+T = TypeVar("T")
+
+# Per-op side tables of the last op lists seen (`side_table`): the planner scores many schedules
+# of one program, and a target's model may rewrite ops (which makes a new list).
+TABLES_KEPT = 16
+_tables: dict[tuple[int, Any], tuple[list[Op], Any]] = {}
+
+
+def side_table(p: Program, name: Any, build: Callable[[Program], T]) -> T:
+    """`build(p)`, computed once per op list: a fact per op that depends on the ops and the
+    values' producers only (both fixed for a given op list), for the hot loops that ask it per
+    op, per schedule scored; `name` (hashable) says which fact, with any inputs it depends on.
+    The table is shared: treat it as read-only.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler.jaxpr_adapter import inline
+    >>> q = inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4)))
+    >>> side_table(q, "names", lambda q: [op.primitive for op in q.ops])
+    ['sin', 'mul']
+    """
+    key = (id(p.ops), name)
+    hit = _tables.get(key)
+    if hit is not None and hit[0] is p.ops and len(hit[0]) == len(p.ops):
+        return hit[1]
+    table = build(p)
+    _tables.pop(key, None)
+    _tables[key] = (p.ops, table)  # holds the list: its id is not reused while kept
+    while len(_tables) > TABLES_KEPT:
+        del _tables[next(iter(_tables))]
+    return table

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import heapq
 
-from jaxmem.compiler.fusion import op_is_view
+from jaxmem.compiler.fusion import op_views
 from jaxmem.compiler.plan_types import Const
-from jaxmem.compiler.program import Program
+from jaxmem.compiler.program import Program, side_table
 from jaxmem.compiler.stages import Analysis, align
 
 
@@ -41,12 +41,17 @@ def program_order(g: Program, analysis: Analysis | None = None) -> list[int]:
 
 
 def _producers(g: Program, oi: int) -> list[int]:
-    return list({g.producer[u] for u in g.ops[oi].inputs if g.producer[u] >= 0})
+    """The ops making `oi`'s operands (a shared table: read-only)."""
+    return side_table(g, "producers", _all_producers)[oi]
 
 
-def _alloc_bytes(g: Program, oi: int, fused: list[bool], external: list[bool]) -> int:
+def _all_producers(g: Program) -> list[list[int]]:
+    return [list({g.producer[u] for u in op.inputs if g.producer[u] >= 0}) for op in g.ops]
+
+
+def _alloc_bytes(g: Program, oi: int, fused: list[bool], external: list[bool], views: list[bool]) -> int:
     op = g.ops[oi]
-    if op_is_view(g, op) and op.inputs and not external[op.inputs[0]]:
+    if views[oi] and op.inputs and not external[op.inputs[0]]:
         return 0
     return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v] and not external[v])
 
@@ -68,12 +73,14 @@ def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> 
     remaining = [len(r) for r in readers]
     freeable = [not external[v] and not outputs[v] for v in range(g.num_values)]
     size = [align(b) for b in g.nbytes]
-    alloc = [_alloc_bytes(g, oi, fused, external) + scratch.get(oi, 0) // 4 for oi in range(nops)]
+    views = side_table(g, "views", op_views)
+    alloc = [_alloc_bytes(g, oi, fused, external, views) + scratch.get(oi, 0) // 4 for oi in range(nops)]
     free_op = [not reads[oi] and alloc[oi] == 0 for oi in range(nops)]
     indeg = [0] * nops
     succ: list[list[int]] = [[] for _ in range(nops)]
+    producers = side_table(g, "producers", _all_producers)
     for oi in range(nops):
-        prods = _producers(g, oi)
+        prods = producers[oi]
         indeg[oi] = len(prods)
         for p in prods:
             succ[p].append(oi)
@@ -134,22 +141,10 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
     nops = len(g.ops)
     fused = analysis.fusion.fused
     outputs_order = [v for v in g.outvars if not isinstance(v, Const)]
-    extra = [0] * nops
-    total = [0] * nops
-    for oi in range(nops):  # ops are topologically numbered
-        op = g.ops[oi]
-        own = sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
-        users = sum(len(g.users[v]) for v in op.outputs if v is not None)
-        e = max(users - 1, 0)
-        t = own
-        for p in _producers(g, oi):
-            e += extra[p]
-            t += total[p]
-        extra[oi] = e
-        total[oi] = t
-
-    def key(p: int) -> tuple[int, int, int]:
-        return (-extra[p], -total[p], p)
+    producers = side_table(g, "producers", _all_producers)
+    # both root orders visit operands by the same key
+    rank = side_table(g, ("dfs", bytes(fused)), lambda g: _dfs_rank(g, fused, producers))
+    key = rank.__getitem__
 
     roots: list[int] = []
     seen_root: set[int] = set()
@@ -167,7 +162,7 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
         if visited[root]:
             continue
         # Each stack entry keeps its operands still to visit, best last (popped first).
-        stack: list[tuple[int, list[int]]] = [(root, sorted(_producers(g, root), key=key, reverse=True))]
+        stack: list[tuple[int, list[int]]] = [(root, sorted(producers[root], key=key, reverse=True))]
         visited[root] = True
         while stack:
             oi, todo = stack[-1]
@@ -176,11 +171,31 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
             if todo:
                 nxt = todo.pop()
                 visited[nxt] = True
-                stack.append((nxt, sorted(_producers(g, nxt), key=key, reverse=True)))
+                stack.append((nxt, sorted(producers[nxt], key=key, reverse=True)))
             else:
                 stack.pop()
                 order.append(oi)
     return order
+
+
+def _dfs_rank(g: Program, fused: list[bool], producers: list[list[int]]) -> list[tuple[int, int, int]]:
+    """Per op, the DFS visiting key: operands with more extra users, then larger total subgraph
+    bytes, first (smaller keys sort first)."""
+    nops = len(g.ops)
+    extra = [0] * nops
+    total = [0] * nops
+    for oi in range(nops):  # ops are topologically numbered
+        op = g.ops[oi]
+        own = sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
+        users = sum(len(g.users[v]) for v in op.outputs if v is not None)
+        e = max(users - 1, 0)
+        t = own
+        for p in producers[oi]:
+            e += extra[p]
+            t += total[p]
+        extra[oi] = e
+        total[oi] = t
+    return [(-extra[p], -total[p], p) for p in range(nops)]
 
 
 def topological_orders(g: Program, limit: int) -> list[list[int]] | None:
@@ -257,12 +272,13 @@ def sink_schedule(g: Program, analysis: Analysis, order: list[int]) -> list[int]
         for u in reads[oi]:
             last[u] = p
     sunk = [False] * nops
+    views = side_table(g, "views", op_views)
     for oi in order:
-        grow = _alloc_bytes(g, oi, fused, external)
+        grow = _alloc_bytes(g, oi, fused, external, views)
         frees = sum(align(g.nbytes[u]) for u in reads[oi]
                     if last[u] == pos[oi] and not external[u] and not outputs[u])
         sunk[oi] = grow > frees
-    return sink(order, [_producers(g, oi) for oi in range(nops)], sunk)
+    return sink(order, side_table(g, "producers", _all_producers), sunk)
 
 
 def sink(order: list[int], producers: list[list[int]], sunk: list[bool]) -> list[int]:

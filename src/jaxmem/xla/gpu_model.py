@@ -34,7 +34,7 @@ from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.fusion import fusion_of, forced_fusion
 from jaxmem.compiler.liveness import assign_buffers
 from jaxmem.compiler.plan_types import Const
-from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.program import DROPPED, Program
 from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
 
@@ -351,7 +351,7 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
     from jaxmem.compiler import planner  # the planner's roles, schedulers and loop scratch
 
     start = time.perf_counter()
-    g = drop_dead(ja.inline(closed_jaxpr))
+    g = planner.inlined(closed_jaxpr)  # shared with the plans of the same jaxpr
     flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
     aliases = output_aliases(g, flags)
     # XLA holds every argument and output in its own allocation: none of them is in the temp
@@ -629,6 +629,14 @@ def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) 
 
 # -- jaxmem's own plan on a GPU target -----------------------------------------------------------
 
+def gpu_plan_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
+    """The fusion base of jaxmem's own GPU plan: XLA:GPU's rules (`gpu_fusion`), then GEMM
+    epilogues (`fusion.gemm_epilogues`: a GEMM result only a sum reads is added in the GEMM)."""
+    from jaxmem.compiler.fusion import gemm_epilogues
+
+    return gemm_epilogues(g, roles, gpu_fusion(g, roles, forced))
+
+
 def plan_on_gpu(cpu_plan: Any) -> Any:
     """jaxmem's plan for a GPU target: the program planned again with XLA:GPU's fusion rules as
     the fusion base (`gpu_fusion`: gathers, broadcasts, elementwise prologues computed inside
@@ -651,7 +659,7 @@ def plan_on_gpu(cpu_plan: Any) -> Any:
     from jaxmem.compiler.planner import plan_jaxpr
 
     donated = [k in set(cpu_plan.donated) for k in range(len(cpu_plan.invars))]
-    gpu = plan_jaxpr(cpu_plan.closed_jaxpr, donated=donated, base_fusion=gpu_fusion)
+    gpu = plan_jaxpr(cpu_plan.closed_jaxpr, donated=donated, base_fusion=gpu_plan_fusion)
     seconds = cpu_plan.plan_seconds + gpu.plan_seconds
     if gpu.peak_bytes < cpu_plan.peak_bytes and gpu.valid:
         return replace(gpu, plan_seconds=seconds, trace_seconds=cpu_plan.trace_seconds, xla=cpu_plan.xla,

@@ -14,7 +14,7 @@ them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
@@ -26,16 +26,18 @@ from jaxmem.fitting.judge import Judge
 
 @dataclass
 class ReorderResult:
-    """XLA's total for the original and for the function run in jaxmem's order."""
+    """XLA's total for the original and for the function run in the best of jaxmem's orders."""
 
     fn: Callable[..., Any]
     judge: str
-    planned_peak_bytes: int          # jaxmem's own plan of the original
+    planned_peak_bytes: int          # jaxmem's own plan of the original for the judge's target
     xla_total_bytes_before: int
     xla_total_bytes_after: int
-    chained_steps: int               # steps tied into the order
+    chained_steps: int               # steps tied into the order kept
     steps: int
-    scheduler: str                   # the plan's winning schedule
+    scheduler: str                   # the winning schedule of the plan whose order was kept
+    order: str = ""                  # "gpu plan", "cpu plan", or "original" (no order was lower)
+    candidates: dict[str, int] = field(default_factory=dict)   # XLA's total per order tried
 
     @property
     def saved_bytes(self) -> int:
@@ -48,10 +50,15 @@ class ReorderResult:
         return self.saved_bytes / gap if gap > 0 else 0.0
 
 
-def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0) -> Callable[..., Any]:
+def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0,
+                     tie_constants: bool = True) -> Callable[..., Any]:
     """A function of the original arguments that binds the plan's steps in its order, each
     stored step whose outputs hold at least `min_bytes` chained after the one before it
-    (`chain=False`: the order is only the trace's order).
+    (`chain=False`: the order is only the trace's order). With `tie_constants`, a step that
+    reads only constants (a broadcast of zeros, an iota) reads them through a barrier with the
+    previous stored step's output, so it runs where the plan puts it: XLA:GPU otherwise
+    schedules such an op, which waits for nothing, at the program's start, and holds its
+    result until it is read (cnn_train's max-pool and relu gradients' zeros: 24 MiB).
 
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
@@ -63,6 +70,11 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
                     if outvars[j] is None and ja.is_literal(v)}
     nbytes = {vid: info.nbytes for vid, info in plan.values.items()}
 
+    def chained(step: Any) -> bool:
+        if not chain or step.fused:
+            return False
+        return sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
+
     def ordered(*args: Any) -> Any:
         flat = jax.tree.leaves(args)
         env: dict[int, Any] = dict(zip(plan.invars, flat))
@@ -73,8 +85,9 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
         last: Any = None                              # an output of the previous stored step
         for step in schedule:
             ins = [read(v) for v in step.operands]
-            stored = chain and not step.fused and \
-                sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
+            stored = chained(step)
+            if tie_constants and last is not None and not step.inputs and step.operands:
+                ins[0] = _after(step.operands[0], last)
             if stored and last is not None:
                 arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
                 if arrays:
@@ -94,10 +107,26 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     return ordered
 
 
+def _after(c: Const, last: Any) -> Any:
+    """The constant `c` as an array that exists only once `last` does: a step that reads nothing
+    but constants (a broadcast of zeros, an iota) then runs in the planned order instead of
+    wherever XLA's scheduler puts an op with no operands (often the program's start)."""
+    import numpy as np
+
+    dtype = getattr(c.aval, "dtype", None)
+    value = np.asarray(c.value, dtype=dtype) if dtype is not None else np.asarray(c.value)
+    tied, _ = jax.lax.optimization_barrier((value, last))
+    return tied
+
+
 def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
             device: str | None = None, progress: Callable[[str], None] | None = None,
             min_share: float = 0.0) -> ReorderResult:
     """Run `fn` in jaxmem's planned order and say what XLA's total becomes (no recompute).
+
+    The orders tried: the plan for the judge's target (for a GPU preset, `plan_on_gpu`: planned
+    with XLA:GPU's fusion rules) and, where it differs, the CPU-model plan; XLA judges each and
+    the lowest is kept. When none is below the original, the original is returned unchanged.
 
     Args:
         fn, args: the function and its example arguments.
@@ -118,18 +147,35 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
     traced = ja.trace(fn, args, donate_argnums=donate)
     note("plan")
     donated = [k in traced.donated for k in range(len(traced.in_avals))]
-    planned = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
+    cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
+    plans = {"cpu plan": cpu}
+    if device is not None:
+        from jaxmem.xla.gpu_model import plan_on_gpu
+
+        gpu = plan_on_gpu(cpu)
+        if gpu is not cpu and gpu.peak_bytes < cpu.peak_bytes:
+            plans = {"gpu plan": gpu, "cpu plan": cpu}
+    planned = next(iter(plans.values()))           # jaxmem's own plan for this target
     min_bytes = int(min_share * planned.peak_bytes)
-    ordered = ordered_function(planned, traced, min_bytes=min_bytes)
     note("original")
     before = judge.total(fn, args, donate)
-    note("reordered")
-    after = judge.total(ordered, args, donate)
-    sizes = {vid: info.nbytes for vid, info in planned.values.items()}
-    chained = sum(1 for s in planned.schedule if not s.fused and
+    best = ("original", fn, before, None)
+    totals: dict[str, int] = {}
+    for name, plan in plans.items():
+        note(name)
+        ordered = ordered_function(plan, traced, min_bytes=min_bytes)
+        totals[name] = judge.total(ordered, args, donate)
+        if totals[name] < best[2]:
+            best = (name, ordered, totals[name], plan)
+    name, kept, after, plan = best
+    if plan is None:
+        return ReorderResult(fn, judge.name, planned.peak_bytes, before, before, 0,
+                             len(planned.schedule), planned.scheduler, name, totals)
+    sizes = {vid: info.nbytes for vid, info in plan.values.items()}
+    chained = sum(1 for s in plan.schedule if not s.fused and
                   sum(sizes.get(o, 0) for o in s.outputs if o is not None) >= max(min_bytes, 1))
-    return ReorderResult(ordered, judge.name, planned.peak_bytes, before, after, chained,
-                         len(planned.schedule), planned.scheduler)
+    return ReorderResult(kept, judge.name, planned.peak_bytes, before, after, chained,
+                         len(plan.schedule), plan.scheduler, name, totals)
 
 
 __all__ = ["reorder", "ReorderResult", "ordered_function"]

@@ -17,6 +17,8 @@ import tempfile
 import time
 
 DUMP = tempfile.mkdtemp(prefix="jaxmem-reorder-dump-")
+# A fresh cache: every compile runs, so each leaves its dump for `Dumps` to read.
+os.environ["JAXMEM_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxmem-reorder-cache-")
 os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={DUMP}"]).strip()
 
 import jax  # noqa: E402  (XLA reads XLA_FLAGS when it starts)
@@ -27,7 +29,7 @@ from jaxmem.compiler.planner import plan_jaxpr  # noqa: E402
 from jaxmem.examples.suite import ALL_PROGRAMS  # noqa: E402
 from jaxmem.fitting.judge import Judge  # noqa: E402
 from jaxmem.fitting.reorder import reorder  # noqa: E402
-from jaxmem.xla.gpu import _dump_files, compile_for_gpu, spec_for  # noqa: E402
+from jaxmem.xla.gpu import _dump_files  # noqa: E402
 from jaxmem.xla.gpu_model import plan_on_gpu  # noqa: E402
 
 MIB = 2 ** 20
@@ -75,12 +77,19 @@ def xla_live(dump_dir: str) -> dict:
     return {"live": params + max(both), "temp": temp, "temp_live": max(temps)}
 
 
-def dumped(fn, args, donate, device) -> dict:
-    shutil.rmtree(DUMP, ignore_errors=True)
-    os.makedirs(DUMP)
-    compile_for_gpu(fn, args, spec=spec_for(device), device=device, donate_argnums=donate,
-                    dump_dir=DUMP, use_cache=False)
-    return xla_live(DUMP)
+class Dumps:
+    """Reads each compile's dump as `reorder` reports its next step: at each label, the dump
+    on disk is the previous compile's."""
+
+    def __init__(self, first: str):
+        self.label, self.stats = first, {}
+
+    def __call__(self, label: str) -> None:
+        if all(_dump_files(DUMP)):
+            self.stats[self.label] = xla_live(DUMP)
+        shutil.rmtree(DUMP, ignore_errors=True)
+        os.makedirs(DUMP)
+        self.label = label
 
 
 def same_values(fn, new, args) -> str:
@@ -111,13 +120,16 @@ def main() -> int:
         traced = ja.trace(fn, args, donate_argnums=donate)
         donated = [k in traced.donated for k in range(len(traced.in_avals))]
         plan = plan_on_gpu(plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)).peak_bytes
+        dumps = Dumps("original")
+        dumps("original")
         total = judge.total(fn, args, donate)
         if plan > opts.threshold * total:
             print(f"| {name} | {plan / MIB:.1f} | {total / MIB:.1f} | not run: plan {plan / total:.3f} of XLA's total "
                   f"| | | | | | | {time.time() - start:.0f} |", flush=True)
             continue
-        r = reorder(fn, *args, donate_argnums=p.donate_argnums, device=opts.device)
-        b, a = dumped(fn, args, donate, opts.device), dumped(r.fn, args, donate, opts.device)
+        r = reorder(fn, *args, donate_argnums=p.donate_argnums, device=opts.device, progress=dumps)
+        dumps("end")
+        b, a = dumps.stats["original"], dumps.stats[r.order]
         tried = ", ".join(f"{k} {v / MIB:.1f}" for k, v in r.candidates.items())
         print(f"| {name} | {r.planned_peak_bytes / MIB:.1f} | {r.xla_total_bytes_before / MIB:.1f} | "
               f"{r.xla_total_bytes_after / MIB:.1f} | {r.saved_bytes / MIB:.1f} | {100 * r.share_of_gap:.0f}% | "
@@ -125,6 +137,7 @@ def main() -> int:
               f"{a['temp'] / MIB:.1f} / {a['temp_live'] / MIB:.1f} | {same_values(fn, r.fn, args)} | "
               f"{time.time() - start:.0f} |", flush=True)
     shutil.rmtree(DUMP, ignore_errors=True)
+    shutil.rmtree(os.environ["JAXMEM_CACHE_DIR"], ignore_errors=True)
     return 0
 
 

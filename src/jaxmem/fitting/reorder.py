@@ -36,7 +36,8 @@ class ReorderResult:
     chained_steps: int               # steps tied into the order kept
     steps: int
     scheduler: str                   # the winning schedule of the plan whose order was kept
-    order: str = ""                  # "gpu plan", "cpu plan", or "original" (no order was lower)
+    order: str = ""                  # the candidate kept ("gpu plan, constants all", ...), or
+                                     # "original" when no candidate was lower
     candidates: dict[str, int] = field(default_factory=dict)   # XLA's total per order tried
 
     @property
@@ -51,14 +52,19 @@ class ReorderResult:
 
 
 def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0,
-                     tie_constants: bool = True) -> Callable[..., Any]:
+                     tie_constants: bool = True, literals: str = "alone") -> Callable[..., Any]:
     """A function of the original arguments that binds the plan's steps in its order, each
     stored step whose outputs hold at least `min_bytes` chained after the one before it
-    (`chain=False`: the order is only the trace's order). With `tie_constants`, a step that
-    reads only constants (a broadcast of zeros, an iota) reads them through a barrier with the
-    previous stored step's output, so it runs where the plan puts it: XLA:GPU otherwise
-    schedules such an op, which waits for nothing, at the program's start, and holds its
-    result until it is read (cnn_train's max-pool and relu gradients' zeros: 24 MiB).
+    (`chain=False`: the order is only the trace's order).
+
+    With `tie_constants`, scalar constants are read through a barrier with the previous stored
+    step's output: with `literals="alone"`, those of steps that read nothing else (a broadcast
+    of zeros), so they run where the plan puts them, not at the program's start where XLA:GPU
+    schedules an op that waits for nothing; with `literals="all"`, every scalar constant, so
+    XLA's CSE cannot make one value of the forward pass's `max(x, 0)` zeros and a backward
+    pass's (a max-pool gradient's scatter starts from zeros), which XLA:GPU then computes in
+    the forward relu's fusion and holds until the backward (cnn_train: 8 MiB per conv layer).
+    The values are the same: a barrier returns its operands.
 
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
@@ -86,8 +92,10 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
         for step in schedule:
             ins = [read(v) for v in step.operands]
             stored = chained(step)
-            if tie_constants and last is not None and not step.inputs and step.operands:
-                ins[0] = _after(step.operands[0], last)
+            if tie_constants and last is not None and (literals == "all" or not step.inputs):
+                for k, v in enumerate(step.operands):
+                    if isinstance(v, Const) and _is_scalar(v):
+                        ins[k] = _after(v, last)
             if stored and last is not None:
                 arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
                 if arrays:
@@ -107,6 +115,11 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     return ordered
 
 
+def _is_scalar(c: Const) -> bool:
+    shape = getattr(c.aval, "shape", None)
+    return shape == () or (shape is None and getattr(c.value, "ndim", 0) == 0)
+
+
 def _after(c: Const, last: Any) -> Any:
     """The constant `c` as an array that exists only once `last` does: a step that reads nothing
     but constants (a broadcast of zeros, an iota) then runs in the planned order instead of
@@ -119,20 +132,27 @@ def _after(c: Const, last: Any) -> Any:
     return tied
 
 
+# What a candidate ties besides the plan's chain: "alone", scalar constants of steps that read
+# nothing else (a broadcast of zeros); "all", every scalar constant a step reads, so XLA's CSE
+# cannot merge a forward pass's constant with a backward pass's (see `ordered_function`).
+CONSTANTS = ("alone", "all")
+
+
 def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
             device: str | None = None, progress: Callable[[str], None] | None = None,
             min_share: float = 0.0) -> ReorderResult:
     """Run `fn` in jaxmem's planned order and say what XLA's total becomes (no recompute).
 
-    The orders tried: the plan for the judge's target (for a GPU preset, `plan_on_gpu`: planned
-    with XLA:GPU's fusion rules) and, where it differs, the CPU-model plan; XLA judges each and
-    the lowest is kept. When none is below the original, the original is returned unchanged.
+    The candidates: the order of the plan for the judge's target (for a GPU preset,
+    `plan_on_gpu`: planned with XLA:GPU's fusion rules) and, where it differs, of the CPU-model
+    plan, each with its scalar constants tied in the two ways of `CONSTANTS`. XLA judges each
+    and the lowest is kept; when none is below the original, the original is returned.
 
     Args:
         fn, args: the function and its example arguments.
         donate_argnums: as `jax.jit`'s.
         device: a GPU preset (XLA:GPU judges, deviceless), or None (XLA:CPU).
-        progress: called with a short label before each step of the work.
+        progress: called with a short label before each step of the work (each compile).
         min_share: chain only steps whose outputs hold at least this share of the planned peak
             (0: every stored step).
 
@@ -153,7 +173,7 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
         from jaxmem.xla.gpu_model import plan_on_gpu
 
         gpu = plan_on_gpu(cpu)
-        if gpu is not cpu and gpu.peak_bytes < cpu.peak_bytes:
+        if gpu.peak_bytes < cpu.peak_bytes:
             plans = {"gpu plan": gpu, "cpu plan": cpu}
     planned = next(iter(plans.values()))           # jaxmem's own plan for this target
     min_bytes = int(min_share * planned.peak_bytes)
@@ -161,12 +181,14 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
     before = judge.total(fn, args, donate)
     best = ("original", fn, before, None)
     totals: dict[str, int] = {}
-    for name, plan in plans.items():
-        note(name)
-        ordered = ordered_function(plan, traced, min_bytes=min_bytes)
-        totals[name] = judge.total(ordered, args, donate)
-        if totals[name] < best[2]:
-            best = (name, ordered, totals[name], plan)
+    for plan_name, plan in plans.items():
+        for literals in CONSTANTS:
+            name = f"{plan_name}, constants {literals}"
+            note(name)
+            ordered = ordered_function(plan, traced, min_bytes=min_bytes, literals=literals)
+            totals[name] = judge.total(ordered, args, donate)
+            if totals[name] < best[2]:
+                best = (name, ordered, totals[name], plan)
     name, kept, after, plan = best
     if plan is None:
         return ReorderResult(fn, judge.name, planned.peak_bytes, before, before, 0,
@@ -178,4 +200,4 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
                          len(plan.schedule), plan.scheduler, name, totals)
 
 
-__all__ = ["reorder", "ReorderResult", "ordered_function"]
+__all__ = ["reorder", "ReorderResult", "ordered_function", "CONSTANTS"]

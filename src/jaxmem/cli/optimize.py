@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     fn, fn_args = load_target(args.target)
     donate = _donate(args.donate, len(fn_args))
     with _progress(not args.json and sys.stderr.isatty()) as bar:
-        task = bar.add_task("optimize", total=6) if bar is not None else None
+        task = bar.add_task("optimize", total=5) if bar is not None else None
 
         def step(label: str) -> None:
             if bar is not None:

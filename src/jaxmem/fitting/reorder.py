@@ -36,7 +36,7 @@ class ReorderResult:
     chained_steps: int               # steps tied into the order kept
     steps: int
     scheduler: str                   # the winning schedule of the plan whose order was kept
-    order: str = ""                  # the candidate kept ("gpu plan, constants all", ...), or
+    order: str = ""                  # the candidate kept ("gpu plan order", "constants only"), or
                                      # "original" when no candidate was lower
     candidates: dict[str, int] = field(default_factory=dict)   # XLA's total per order tried
 
@@ -57,14 +57,21 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     stored step whose outputs hold at least `min_bytes` chained after the one before it
     (`chain=False`: the order is only the trace's order).
 
-    With `tie_constants`, scalar constants are read through a barrier with the previous stored
-    step's output: with `literals="alone"`, those of steps that read nothing else (a broadcast
-    of zeros), so they run where the plan puts them, not at the program's start where XLA:GPU
-    schedules an op that waits for nothing; with `literals="all"`, every scalar constant, so
-    XLA's CSE cannot make one value of the forward pass's `max(x, 0)` zeros and a backward
-    pass's (a max-pool gradient's scatter starts from zeros), which XLA:GPU then computes in
-    the forward relu's fusion and holds until the backward (cnn_train: 8 MiB per conv layer).
-    The values are the same: a barrier returns its operands.
+    A tie is `optimization_barrier((x, a))` where x is what the step reads and a is an output
+    of the previous chained step; both results are used (later readers of a read the barrier's
+    copy), because XLA prunes a barrier's unused results, and with them the tie (in
+    transformer_train_donated's dump, 369 of 399 ties written as `(x, a), _ = ...` had lost
+    a). A step that already reads an output of the previous chained step needs no tie; one
+    whose predecessor's outputs are read by nobody after it is left untied.
+
+    With `tie_constants`, scalar constants are read through such a tie: with
+    `literals="alone"`, those of steps that read nothing else (a broadcast of zeros), so they
+    run where the plan puts them, not at the program's start where XLA:GPU schedules an op
+    that waits for nothing; with `literals="all"`, every scalar constant, so XLA's CSE cannot
+    make one value of the forward pass's `max(x, 0)` zeros and a backward pass's (a max-pool
+    gradient's scatter starts from zeros), which XLA:GPU then computes in the forward relu's
+    fusion and holds until the backward (cnn_train: 8 MiB per conv layer). The values are
+    the same: a barrier returns its operands.
 
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
@@ -75,6 +82,7 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     literal_outs = {j: ja.literal_value(v) for j, v in enumerate(closed.jaxpr.outvars)
                     if outvars[j] is None and ja.is_literal(v)}
     nbytes = {vid: info.nbytes for vid, info in plan.values.items()}
+    last_read = _last_reads(schedule, outvars)
 
     def chained(step: Any) -> bool:
         if not chain or step.fused:
@@ -88,26 +96,35 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
         def read(v: Any) -> Any:
             return v.value if isinstance(v, Const) else env[v]
 
-        last: Any = None                              # an output of the previous stored step
-        for step in schedule:
+        def tie(x: Any, anchor: int) -> Any:
+            x, env[anchor] = jax.lax.optimization_barrier((x, env[anchor]))
+            return x
+
+        previous: list[int] = []                      # outputs of the previous chained step
+        made: Any = None                              # an output of the previous stored step
+        for pos, step in enumerate(schedule):
             ins = [read(v) for v in step.operands]
             stored = chained(step)
-            if tie_constants and last is not None and (literals == "all" or not step.inputs):
+            # the smallest output of the previous chained step that someone reads after this one
+            later = [v for v in previous if last_read.get(v, -1) > pos]
+            anchor = min(later, key=lambda v: nbytes.get(v, 0)) if later else None
+            if tie_constants and made is not None and (literals == "all" or not step.inputs):
                 for k, v in enumerate(step.operands):
                     if isinstance(v, Const) and _is_scalar(v):
-                        ins[k] = _after(v, last)
-            if stored and last is not None:
+                        ins[k], _ = jax.lax.optimization_barrier((_array(v), made))
+            if stored and anchor is not None and not set(previous) & set(step.inputs):
                 arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
                 if arrays:
                     k = min(arrays, key=lambda k: nbytes.get(step.operands[k], 0))
-                    ins[k], _ = jax.lax.optimization_barrier((ins[k], last))
+                    ins[k] = tie(ins[k], anchor)
             outs = ja.bind(step.eqn, ins)
             for vid, val in zip(step.outputs, outs):
                 if vid is not None:
                     env[vid] = val
             if stored:
-                made = [(nbytes.get(v, 0), i) for i, v in enumerate(step.outputs) if v is not None]
-                last = outs[min(made)[1]]
+                previous = [v for v in step.outputs if v is not None]
+            if not step.fused and any(v is not None for v in step.outputs):
+                made = env[next(v for v in step.outputs if v is not None)]
         leaves = [literal_outs[j] if v is None else env[v] for j, v in enumerate(outvars)]
         return jax.tree.unflatten(traced.out_tree, leaves)
 
@@ -115,27 +132,38 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     return ordered
 
 
+def _last_reads(schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, int]:
+    """Per value, the position of the last step that reads it (past the end: an output)."""
+    out: dict[int, int] = {}
+    for pos, step in enumerate(schedule):
+        for v in step.inputs:
+            out[v] = pos
+    for v in outvars:
+        if v is not None:
+            out[v] = len(schedule)
+    return out
+
+
 def _is_scalar(c: Const) -> bool:
     shape = getattr(c.aval, "shape", None)
     return shape == () or (shape is None and getattr(c.value, "ndim", 0) == 0)
 
 
-def _after(c: Const, last: Any) -> Any:
-    """The constant `c` as an array that exists only once `last` does: a step that reads nothing
-    but constants (a broadcast of zeros, an iota) then runs in the planned order instead of
-    wherever XLA's scheduler puts an op with no operands (often the program's start)."""
+def _array(c: Const) -> Any:
+    """A scalar constant as an array of its own dtype, which a barrier can take."""
     import numpy as np
 
     dtype = getattr(c.aval, "dtype", None)
-    value = np.asarray(c.value, dtype=dtype) if dtype is not None else np.asarray(c.value)
-    tied, _ = jax.lax.optimization_barrier((value, last))
-    return tied
+    return np.asarray(c.value, dtype=dtype) if dtype is not None else np.asarray(c.value)
 
 
-# What a candidate ties besides the plan's chain: "alone", scalar constants of steps that read
-# nothing else (a broadcast of zeros); "all", every scalar constant a step reads, so XLA's CSE
-# cannot merge a forward pass's constant with a backward pass's (see `ordered_function`).
-CONSTANTS = ("alone", "all")
+def candidates(plans: dict[str, Plan]) -> list[tuple[str, Plan, bool]]:
+    """(name, plan, chain) per candidate: each plan's order with every stored step chained and
+    scalar constants tied; then the first plan's steps with only the constants tied (XLA's
+    CSE can no longer merge a forward constant with a backward one, and XLA orders freely)."""
+    out = [(f"{name} order", plan, True) for name, plan in plans.items()]
+    first = next(iter(plans.items()))
+    return out + [("constants only", first[1], False)]
 
 
 def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
@@ -143,10 +171,11 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
             min_share: float = 0.0) -> ReorderResult:
     """Run `fn` in jaxmem's planned order and say what XLA's total becomes (no recompute).
 
-    The candidates: the order of the plan for the judge's target (for a GPU preset,
-    `plan_on_gpu`: planned with XLA:GPU's fusion rules) and, where it differs, of the CPU-model
-    plan, each with its scalar constants tied in the two ways of `CONSTANTS`. XLA judges each
-    and the lowest is kept; when none is below the original, the original is returned.
+    The candidates (`candidates`): the order of the plan for the judge's target (for a GPU
+    preset, `plan_on_gpu`: planned with XLA:GPU's fusion rules) and, where it differs, of the
+    CPU-model plan, each with every scalar constant tied; and the constants tied alone. XLA
+    judges each and the lowest is kept; when none is below the original, the original is
+    returned.
 
     Args:
         fn, args: the function and its example arguments.
@@ -181,17 +210,15 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
     before = judge.total(fn, args, donate)
     best = ("original", fn, before, None)
     totals: dict[str, int] = {}
-    for plan_name, plan in plans.items():
-        for literals in CONSTANTS:
-            name = f"{plan_name}, constants {literals}"
-            note(name)
-            ordered = ordered_function(plan, traced, min_bytes=min_bytes, literals=literals)
-            totals[name] = judge.total(ordered, args, donate)
-            if totals[name] < best[2]:
-                best = (name, ordered, totals[name], plan)
+    for name, plan, chain in candidates(plans):
+        note(name)
+        ordered = ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all")
+        totals[name] = judge.total(ordered, args, donate)
+        if totals[name] < best[2]:
+            best = (name, ordered, totals[name], plan if chain else None)
     name, kept, after, plan = best
-    if plan is None:
-        return ReorderResult(fn, judge.name, planned.peak_bytes, before, before, 0,
+    if plan is None:     # the original, or constants tied with no step chained
+        return ReorderResult(kept, judge.name, planned.peak_bytes, before, after, 0,
                              len(planned.schedule), planned.scheduler, name, totals)
     sizes = {vid: info.nbytes for vid, info in plan.values.items()}
     chained = sum(1 for s in plan.schedule if not s.fused and
@@ -200,4 +227,4 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
                          len(plan.schedule), plan.scheduler, name, totals)
 
 
-__all__ = ["reorder", "ReorderResult", "ordered_function", "CONSTANTS"]
+__all__ = ["reorder", "ReorderResult", "ordered_function", "candidates"]

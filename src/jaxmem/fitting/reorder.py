@@ -52,7 +52,7 @@ class ReorderResult:
 
 
 def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0,
-                     tie_constants: bool = True, literals: str = "alone") -> Callable[..., Any]:
+                     tie_constants: bool = True, literals: str = "all") -> Callable[..., Any]:
     """A function of the original arguments that binds the plan's steps in its order, each
     stored step whose outputs hold at least `min_bytes` chained after the one before it
     (`chain=False`: the order is only the trace's order).
@@ -64,14 +64,14 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     a). A step that already reads an output of the previous chained step needs no tie; one
     whose predecessor's outputs are read by nobody after it is left untied.
 
-    With `tie_constants`, scalar constants are read through such a tie: with
-    `literals="alone"`, those of steps that read nothing else (a broadcast of zeros), so they
-    run where the plan puts them, not at the program's start where XLA:GPU schedules an op
-    that waits for nothing; with `literals="all"`, every scalar constant, so XLA's CSE cannot
-    make one value of the forward pass's `max(x, 0)` zeros and a backward pass's (a max-pool
-    gradient's scatter starts from zeros), which XLA:GPU then computes in the forward relu's
-    fusion and holds until the backward (cnn_train: 8 MiB per conv layer). The values are
-    the same: a barrier returns its operands.
+    With `tie_constants`, scalar constants are read through `optimization_barrier((c, a))`
+    with an output a of the previous stored step, whose copy of a is dropped: XLA prunes that
+    half, and what is left is the constant as a value of its own at each site, which XLA's
+    CSE cannot merge. Merged, one `broadcast(0)` serves the forward pass's `max(x, 0)` and a
+    backward pass's max-pool gradient (its scatter starts from zeros): XLA:GPU then computes
+    the zeros in the forward relu's fusion and holds them until the backward (cnn_train: 8
+    MiB per conv layer). `literals="all"` ties every scalar constant; "alone", those of steps
+    that read nothing else. The values are the same: a barrier returns its operands.
 
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
@@ -101,7 +101,7 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
             return x
 
         previous: list[int] = []                      # outputs of the previous chained step
-        made: Any = None                              # an output of the previous stored step
+        made: Any = None                              # an output of the last stored step
         for pos, step in enumerate(schedule):
             ins = [read(v) for v in step.operands]
             stored = chained(step)

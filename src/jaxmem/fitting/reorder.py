@@ -110,7 +110,7 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
             anchor = min(later, key=lambda v: nbytes.get(v, 0)) if later else None
             if tie_constants and made is not None and (literals == "all" or not step.inputs):
                 for k, v in enumerate(step.operands):
-                    if isinstance(v, Const) and _is_scalar(v):
+                    if isinstance(v, Const) and _is_scalar(v) and not _folded(step.primitive, k):
                         ins[k], _ = jax.lax.optimization_barrier((_array(v), made))
             if stored and anchor is not None and not set(previous) & set(step.inputs):
                 arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
@@ -142,6 +142,17 @@ def _last_reads(schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, in
         if v is not None:
             out[v] = len(schedule)
     return out
+
+
+# Arithmetic whose constants XLA's simplifier folds into others (`(x * c1) * c2` becomes
+# `x * (c1 * c2)`, `x / c` becomes `x * (1 / c)`): a constant it cannot see there would round
+# differently (transformer_train's Adam moments: 1e-11 apart), so those stay constants.
+FOLDED = frozenset({"add", "sub", "mul", "div", "pow"})
+
+
+def _folded(primitive: str, k: int) -> bool:
+    """Whether operand k of `primitive` is a constant to leave as one (see `FOLDED`)."""
+    return primitive in FOLDED
 
 
 def _is_scalar(c: Const) -> bool:
@@ -227,4 +238,4 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
                          len(plan.schedule), plan.scheduler, name, totals)
 
 
-__all__ = ["reorder", "ReorderResult", "ordered_function", "candidates"]
+__all__ = ["reorder", "ReorderResult", "ordered_function", "candidates", "FOLDED"]

@@ -110,7 +110,7 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
             anchor = min(later, key=lambda v: nbytes.get(v, 0)) if later else None
             if tie_constants and made is not None and (literals == "all" or not step.inputs):
                 for k, v in enumerate(step.operands):
-                    if isinstance(v, Const) and _is_scalar(v) and not _folded(step.primitive, k):
+                    if isinstance(v, Const) and _is_scalar(v) and not _folded(step.primitive, v):
                         ins[k], _ = jax.lax.optimization_barrier((_array(v), made))
             if stored and anchor is not None and not set(previous) & set(step.inputs):
                 arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
@@ -150,9 +150,15 @@ def _last_reads(schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, in
 FOLDED = frozenset({"add", "sub", "mul", "div", "pow"})
 
 
-def _folded(primitive: str, k: int) -> bool:
-    """Whether operand k of `primitive` is a constant to leave as one (see `FOLDED`)."""
-    return primitive in FOLDED
+def _folded(primitive: str, c: Const) -> bool:
+    """Whether the constant `c`, read by `primitive`, is left as one: arithmetic in `FOLDED`,
+    and 16-bit floats, which XLA computes through float32 with constants folded in
+    (bf16_train: tying `max(x, 0)`'s zero changed its values)."""
+    import jax.numpy as jnp
+
+    dtype = getattr(c.aval, "dtype", None)
+    narrow = dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
+    return primitive in FOLDED or narrow
 
 
 def _is_scalar(c: Const) -> bool:

@@ -152,13 +152,16 @@ FOLDED = frozenset({"add", "sub", "mul", "div", "pow"})
 
 def _folded(primitive: str, c: Const) -> bool:
     """Whether the constant `c`, read by `primitive`, is left as one: arithmetic in `FOLDED`,
-    and 16-bit floats, which XLA computes through float32 with constants folded in
-    (bf16_train: tying `max(x, 0)`'s zero changed its values)."""
-    import jax.numpy as jnp
+    and the identity of max or min (`max(x, -inf)` is x to XLA's simplifier, which then fuses
+    what is around it differently: tying bf16_train's -inf changed its values)."""
+    import numpy as np
 
-    dtype = getattr(c.aval, "dtype", None)
-    narrow = dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
-    return primitive in FOLDED or narrow
+    if primitive in FOLDED:
+        return True
+    value = np.asarray(c.value)
+    if primitive in ("max", "min") and value.size == 1 and np.issubdtype(value.dtype, np.floating):
+        return bool(np.isinf(value)) and (value < 0) == (primitive == "max")
+    return False
 
 
 def _is_scalar(c: Const) -> bool:

@@ -6,7 +6,9 @@ together with an output of the stored step before it, so it cannot start before 
 has run: the planned order becomes a chain XLA's scheduler must follow (XLA:GPU keeps barriers
 until after scheduling; XLA:CPU removes them before its last CSE, so on CPU the order is a
 request, not a constraint). Elementwise steps the plan fuses are left free, so XLA still fuses
-them.
+them. Scalar constants are tied too, so XLA's CSE cannot merge a forward constant with a
+backward one (`ordered_function`). `reorder` judges a few such candidates by XLA's total and
+keeps the lowest, or the original.
 
 >>> result = reorder(step, params, batch, donate_argnums=(0,), device="h100-80gb")  # doctest: +SKIP
 >>> result.xla_total_bytes_before, result.xla_total_bytes_after                       # doctest: +SKIP

@@ -2,7 +2,9 @@
 
 TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory()` returns
 `(fn, args)`. Each stored step is chained after the one before it with
-`lax.optimization_barrier`, so XLA follows jaxmem's order. Prints XLA's total before and after
+`lax.optimization_barrier`, so XLA follows jaxmem's order; for a GPU preset the orders of
+jaxmem's GPU plan and CPU-model plan are both judged and the lower kept (the original when
+neither is lower). Prints XLA's total before and after
 (XLA:GPU for `--device PRESET`, compiled deviceless; else XLA:CPU, which drops barriers before
 its last CSE pass), jaxmem's planned peak, and whether the values are unchanged (run here).
 
@@ -54,7 +56,7 @@ def main(argv: list[str]) -> int:
     fn, fn_args = load_target(args.target)
     donate = _donate(args.donate, len(fn_args))
     with _progress(not args.json and sys.stderr.isatty()) as bar:
-        task = bar.add_task("optimize", total=3) if bar is not None else None
+        task = bar.add_task("optimize", total=5) if bar is not None else None
 
         def step(label: str) -> None:
             if bar is not None:
@@ -66,7 +68,7 @@ def main(argv: list[str]) -> int:
             "xla_total_bytes_before": result.xla_total_bytes_before,
             "xla_total_bytes_after": result.xla_total_bytes_after, "saved_bytes": result.saved_bytes,
             "share_of_gap": round(result.share_of_gap, 4), "chained_steps": result.chained_steps,
-            "steps": result.steps, "extra_flops": 0, "values_unchanged": same}
+            "steps": result.steps, "order": result.order, "candidates": result.candidates, "extra_flops": 0, "values_unchanged": same}
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -81,6 +83,8 @@ def main(argv: list[str]) -> int:
     console.print(f"  XLA total, reordered: {format_size(result.xla_total_bytes_after)} "
                   f"({format_size(result.saved_bytes)} saved, {100 * result.share_of_gap:.0f}% of the gap to the plan; "
                   f"0 extra FLOPs; {result.chained_steps} of {result.steps} steps chained)")
+    tried = ", ".join(f"{name} {format_size(total)}" for name, total in result.candidates.items())
+    console.print(f"  order kept: {result.order} (XLA total per order tried: {tried})")
     if same is not None:
         console.print(f"  values unchanged: {'yes' if same else '[red]no[/red]'}")
     if result.judge == "XLA:CPU":

@@ -6,7 +6,9 @@ together with an output of the stored step before it, so it cannot start before 
 has run: the planned order becomes a chain XLA's scheduler must follow (XLA:GPU keeps barriers
 until after scheduling; XLA:CPU removes them before its last CSE, so on CPU the order is a
 request, not a constraint). Elementwise steps the plan fuses are left free, so XLA still fuses
-them.
+them. Scalar constants are tied too, so XLA's CSE cannot merge a forward constant with a
+backward one (`ordered_function`). `reorder` judges a few such candidates by XLA's total and
+keeps the lowest, or the original.
 
 >>> result = reorder(step, params, batch, donate_argnums=(0,), device="h100-80gb")  # doctest: +SKIP
 >>> result.xla_total_bytes_before, result.xla_total_bytes_after                       # doctest: +SKIP
@@ -14,7 +16,7 @@ them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
@@ -26,16 +28,19 @@ from jaxmem.fitting.judge import Judge
 
 @dataclass
 class ReorderResult:
-    """XLA's total for the original and for the function run in jaxmem's order."""
+    """XLA's total for the original and for the function run in the best of jaxmem's orders."""
 
     fn: Callable[..., Any]
     judge: str
-    planned_peak_bytes: int          # jaxmem's own plan of the original
+    planned_peak_bytes: int          # jaxmem's own plan of the original for the judge's target
     xla_total_bytes_before: int
     xla_total_bytes_after: int
-    chained_steps: int               # steps tied into the order
+    chained_steps: int               # steps tied into the order kept
     steps: int
-    scheduler: str                   # the plan's winning schedule
+    scheduler: str                   # the winning schedule of the plan whose order was kept
+    order: str = ""                  # the candidate kept ("gpu plan order", "constants only"), or
+                                     # "original" when no candidate was lower
+    candidates: dict[str, int] = field(default_factory=dict)   # XLA's total per order tried
 
     @property
     def saved_bytes(self) -> int:
@@ -48,10 +53,27 @@ class ReorderResult:
         return self.saved_bytes / gap if gap > 0 else 0.0
 
 
-def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0) -> Callable[..., Any]:
+def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0,
+                     tie_constants: bool = True, literals: str = "all") -> Callable[..., Any]:
     """A function of the original arguments that binds the plan's steps in its order, each
     stored step whose outputs hold at least `min_bytes` chained after the one before it
     (`chain=False`: the order is only the trace's order).
+
+    A tie is `optimization_barrier((x, a))` where x is what the step reads and a is an output
+    of the previous chained step; both results are used (later readers of a read the barrier's
+    copy), because XLA prunes a barrier's unused results, and with them the tie (in
+    transformer_train_donated's dump, 369 of 399 ties written as `(x, a), _ = ...` had lost
+    a). A step that already reads an output of the previous chained step needs no tie; one
+    whose predecessor's outputs are read by nobody after it is left untied.
+
+    With `tie_constants`, scalar constants are read through `optimization_barrier((c, a))`
+    with an output a of the previous stored step, whose copy of a is dropped: XLA prunes that
+    half, and what is left is the constant as a value of its own at each site, which XLA's
+    CSE cannot merge. Merged, one `broadcast(0)` serves the forward pass's `max(x, 0)` and a
+    backward pass's max-pool gradient (its scatter starts from zeros): XLA:GPU then computes
+    the zeros in the forward relu's fusion and holds them until the backward (cnn_train: 8
+    MiB per conv layer). `literals="all"` ties every scalar constant; "alone", those of steps
+    that read nothing else. The values are the same: a barrier returns its operands.
 
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
@@ -62,6 +84,12 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     literal_outs = {j: ja.literal_value(v) for j, v in enumerate(closed.jaxpr.outvars)
                     if outvars[j] is None and ja.is_literal(v)}
     nbytes = {vid: info.nbytes for vid, info in plan.values.items()}
+    last_read = _last_reads(schedule, outvars)
+
+    def chained(step: Any) -> bool:
+        if not chain or step.fused:
+            return False
+        return sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
 
     def ordered(*args: Any) -> Any:
         flat = jax.tree.leaves(args)
@@ -70,23 +98,35 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
         def read(v: Any) -> Any:
             return v.value if isinstance(v, Const) else env[v]
 
-        last: Any = None                              # an output of the previous stored step
-        for step in schedule:
+        def tie(x: Any, anchor: int) -> Any:
+            x, env[anchor] = jax.lax.optimization_barrier((x, env[anchor]))
+            return x
+
+        previous: list[int] = []                      # outputs of the previous chained step
+        made: Any = None                              # an output of the last stored step
+        for pos, step in enumerate(schedule):
             ins = [read(v) for v in step.operands]
-            stored = chain and not step.fused and \
-                sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
-            if stored and last is not None:
+            stored = chained(step)
+            # the smallest output of the previous chained step that someone reads after this one
+            later = [v for v in previous if last_read.get(v, -1) > pos]
+            anchor = min(later, key=lambda v: nbytes.get(v, 0)) if later else None
+            if tie_constants and made is not None and (literals == "all" or not step.inputs):
+                for k, v in enumerate(step.operands):
+                    if isinstance(v, Const) and _is_scalar(v) and not _folded(step.primitive, v):
+                        ins[k], _ = jax.lax.optimization_barrier((_array(v), made))
+            if stored and anchor is not None and not set(previous) & set(step.inputs):
                 arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
                 if arrays:
                     k = min(arrays, key=lambda k: nbytes.get(step.operands[k], 0))
-                    ins[k], _ = jax.lax.optimization_barrier((ins[k], last))
+                    ins[k] = tie(ins[k], anchor)
             outs = ja.bind(step.eqn, ins)
             for vid, val in zip(step.outputs, outs):
                 if vid is not None:
                     env[vid] = val
             if stored:
-                made = [(nbytes.get(v, 0), i) for i, v in enumerate(step.outputs) if v is not None]
-                last = outs[min(made)[1]]
+                previous = [v for v in step.outputs if v is not None]
+            if not step.fused and any(v is not None for v in step.outputs):
+                made = env[next(v for v in step.outputs if v is not None)]
         leaves = [literal_outs[j] if v is None else env[v] for j, v in enumerate(outvars)]
         return jax.tree.unflatten(traced.out_tree, leaves)
 
@@ -94,16 +134,76 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     return ordered
 
 
+def _last_reads(schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, int]:
+    """Per value, the position of the last step that reads it (past the end: an output)."""
+    out: dict[int, int] = {}
+    for pos, step in enumerate(schedule):
+        for v in step.inputs:
+            out[v] = pos
+    for v in outvars:
+        if v is not None:
+            out[v] = len(schedule)
+    return out
+
+
+# Arithmetic whose constants XLA's simplifier folds into others (`(x * c1) * c2` becomes
+# `x * (c1 * c2)`, `x / c` becomes `x * (1 / c)`): a constant it cannot see there would round
+# differently (transformer_train's Adam moments: 1e-11 apart), so those stay constants.
+FOLDED = frozenset({"add", "sub", "mul", "div", "pow"})
+
+
+def _folded(primitive: str, c: Const) -> bool:
+    """Whether the constant `c`, read by `primitive`, is left as one: arithmetic in `FOLDED`,
+    and the identity of max or min (`max(x, -inf)` is x to XLA's simplifier, which then fuses
+    what is around it differently: tying bf16_train's -inf changed its values)."""
+    import numpy as np
+
+    if primitive in FOLDED:
+        return True
+    value = np.asarray(c.value)
+    if primitive in ("max", "min") and value.size == 1 and np.issubdtype(value.dtype, np.floating):
+        return bool(np.isinf(value)) and (value < 0) == (primitive == "max")
+    return False
+
+
+def _is_scalar(c: Const) -> bool:
+    shape = getattr(c.aval, "shape", None)
+    return shape == () or (shape is None and getattr(c.value, "ndim", 0) == 0)
+
+
+def _array(c: Const) -> Any:
+    """A scalar constant as an array of its own dtype, which a barrier can take."""
+    import numpy as np
+
+    dtype = getattr(c.aval, "dtype", None)
+    return np.asarray(c.value, dtype=dtype) if dtype is not None else np.asarray(c.value)
+
+
+def candidates(plans: dict[str, Plan]) -> list[tuple[str, Plan, bool]]:
+    """(name, plan, chain) per candidate: each plan's order with every stored step chained and
+    scalar constants tied; then the first plan's steps with only the constants tied (XLA's
+    CSE can no longer merge a forward constant with a backward one, and XLA orders freely)."""
+    out = [(f"{name} order", plan, True) for name, plan in plans.items()]
+    first = next(iter(plans.items()))
+    return out + [("constants only", first[1], False)]
+
+
 def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
             device: str | None = None, progress: Callable[[str], None] | None = None,
             min_share: float = 0.0) -> ReorderResult:
     """Run `fn` in jaxmem's planned order and say what XLA's total becomes (no recompute).
 
+    The candidates (`candidates`): the order of the plan for the judge's target (for a GPU
+    preset, `plan_on_gpu`: planned with XLA:GPU's fusion rules) and, where it differs, of the
+    CPU-model plan, each with every scalar constant tied; and the constants tied alone. XLA
+    judges each and the lowest is kept; when none is below the original, the original is
+    returned.
+
     Args:
         fn, args: the function and its example arguments.
         donate_argnums: as `jax.jit`'s.
         device: a GPU preset (XLA:GPU judges, deviceless), or None (XLA:CPU).
-        progress: called with a short label before each step of the work.
+        progress: called with a short label before each step of the work (each compile).
         min_share: chain only steps whose outputs hold at least this share of the planned peak
             (0: every stored step).
 
@@ -118,18 +218,35 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
     traced = ja.trace(fn, args, donate_argnums=donate)
     note("plan")
     donated = [k in traced.donated for k in range(len(traced.in_avals))]
-    planned = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
+    cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
+    plans = {"cpu plan": cpu}
+    if device is not None:
+        from jaxmem.xla.gpu_model import plan_on_gpu
+
+        gpu = plan_on_gpu(cpu)
+        if gpu.peak_bytes < cpu.peak_bytes:
+            plans = {"gpu plan": gpu, "cpu plan": cpu}
+    planned = next(iter(plans.values()))           # jaxmem's own plan for this target
     min_bytes = int(min_share * planned.peak_bytes)
-    ordered = ordered_function(planned, traced, min_bytes=min_bytes)
     note("original")
     before = judge.total(fn, args, donate)
-    note("reordered")
-    after = judge.total(ordered, args, donate)
-    sizes = {vid: info.nbytes for vid, info in planned.values.items()}
-    chained = sum(1 for s in planned.schedule if not s.fused and
+    best = ("original", fn, before, None)
+    totals: dict[str, int] = {}
+    for name, plan, chain in candidates(plans):
+        note(name)
+        ordered = ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all")
+        totals[name] = judge.total(ordered, args, donate)
+        if totals[name] < best[2]:
+            best = (name, ordered, totals[name], plan if chain else None)
+    name, kept, after, plan = best
+    if plan is None:     # the original, or constants tied with no step chained
+        return ReorderResult(kept, judge.name, planned.peak_bytes, before, after, 0,
+                             len(planned.schedule), planned.scheduler, name, totals)
+    sizes = {vid: info.nbytes for vid, info in plan.values.items()}
+    chained = sum(1 for s in plan.schedule if not s.fused and
                   sum(sizes.get(o, 0) for o in s.outputs if o is not None) >= max(min_bytes, 1))
-    return ReorderResult(ordered, judge.name, planned.peak_bytes, before, after, chained,
-                         len(planned.schedule), planned.scheduler)
+    return ReorderResult(kept, judge.name, planned.peak_bytes, before, after, chained,
+                         len(plan.schedule), plan.scheduler, name, totals)
 
 
-__all__ = ["reorder", "ReorderResult", "ordered_function"]
+__all__ = ["reorder", "ReorderResult", "ordered_function", "candidates", "FOLDED"]

@@ -147,7 +147,7 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
     found = result.policies
     if found is None:
         return None
-    return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites],
+    return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites], "keys": c.keys,
              "xla_total_bytes": c.xla_total_bytes if not c.error else None,
              "planned_peak_bytes": c.planned_peak_bytes,
              "extra_flops": c.extra_flops, "extra_flops_ratio": c.extra_flops_ratio,
@@ -233,7 +233,10 @@ def _render_policies(console: Any, result: Any) -> None:
     for name in ("wrap", "policy", "jaxmem plan", "XLA total", "extra FLOPs", "fits"):
         table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left")
     for c in found.candidates:
-        where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function"}[c.kind]
+        where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function",
+                 "layer": "each layer call"}[c.kind]
+        if c.kind == "layer" and c.keys is not None:
+            where = ", ".join(f"{s.function} at line {s.call.line}" for s in c.sites)
         judged = not c.error and c.xla_total_bytes is not None
         total = "error" if c.error else (format_size(c.xla_total_bytes) if judged else "not compiled")
         fits = ("yes" if c.xla_total_bytes <= result.budget_bytes else "no") if judged else ""
@@ -243,7 +246,7 @@ def _render_policies(console: Any, result: Any) -> None:
     console.print(table)
     best = found.best
     if best.policy == "none" and best.xla_total_bytes is not None and best.xla_total_bytes > result.budget_bytes:
-        console.print("no jax.checkpoint policy on the sites found (scan bodies, the differentiated function) "
+        console.print("no jax.checkpoint policy on the sites found (scan bodies, layers, the differentiated function) "
                       "lowers XLA's total; see the rewrite")
         return
     verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"

@@ -195,8 +195,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             "auto" (cond on CPU, barrier elsewhere; barrier when judged by XLA:GPU).
         device: a GPU preset ("h100-80gb"): every candidate is judged by XLA:GPU's total,
             compiled deviceless (JAX must run with JAX_PLATFORMS=cpu); None: XLA:CPU.
-        policies: also judge `jax.checkpoint` policies on the scan bodies and the differentiated
-            function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
+        policies: also judge `jax.checkpoint` policies on the scan bodies, the layers called
+            from a Python loop and the differentiated function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
         rewrite: also run the rewriting search (`FitResult.fn`): True (the default), False
             (`fn` is the original), or "auto": only where no policy meets the budget (what
             `jaxmem fit` does).
@@ -230,8 +230,6 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         return judge_.total(f, a, d)
 
     found = None
-    from jaxmem.fitting.policy import with_policy
-
     if policies:
         from jaxmem.fitting.policy import search_policies
 
@@ -359,8 +357,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         floor_bytes=original.floor,
         infeasible=infeasible,
         rewrite_ran=bool(rewrite) and not infeasible,
-        policy_fn=(with_policy(fn, best.policy, (best.kind,)) if best is not None and best.kind != "none"
-                   else (fn if best is not None else None)),
+        policy_fn=best.apply(fn) if best is not None else None,
     )
 
 

@@ -1,15 +1,27 @@
-"""Checkpoint sites: the places in a user's code where `jax.checkpoint` can go, found and
-wrapped while the user's function is traced (a `lax.scan` body, the function handed to
-`jax.grad`), and the standard policies fit names. Public JAX API only: the sites are met by
-swapping `jax.lax.scan` and `jax.grad`-like attributes for the length of one trace.
+"""Checkpoint sites: the places in a user's code where `jax.checkpoint` can go, and the
+standard policies fit names.
+
+A site is the function handed to `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`),
+a `lax.scan` (or static `fori_loop`) body inside it (`"scan"`), or a user function called
+repeatedly from one line inside it, a layer written as a Python loop (`"layer"`). The grad
+functions are met through a wrapper installed once on `jax`'s attributes that dispatches
+through a context variable: a thread (or task) outside `checkpoint_sites` calls JAX's own.
+Scan and layer sites are read from the differentiated function's own trace, so they do not
+depend on how the user imported `scan`: its Python calls are traced under name scopes
+(`sys.setprofile`, per thread) and each call's equations are a run that `jax.checkpoint` can
+wrap (`compiler.jaxpr_adapter.run_checkpointed`).
 """
 
 from __future__ import annotations
 
+import ast
+import contextvars
 import functools
+import linecache
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import jax
 
@@ -20,19 +32,30 @@ from jaxmem.errors import PlanError
 
 @dataclass(frozen=True)
 class CheckpointSite:
-    """A place in the user's code where `jax.checkpoint` can go: the body handed to `lax.scan`
-    (`kind="scan"`) or the function differentiated by `jax.grad` / `jax.value_and_grad` /
-    `jax.vjp` (`kind="grad"`). `call` is the user's line that makes the call; `function` names
-    the wrapped function and where it is defined."""
+    """A place in the user's code where `jax.checkpoint` can go: the function differentiated by
+    `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`), a `lax.scan` body
+    (`"scan"`), or a function called once per layer from one line (`"layer"`). `call` is the
+    user's line that makes the call; `function` names the wrapped function and `defined` where
+    it is defined. For a layer, `text` is the line as written and `span` the call's columns in
+    it; `static` / `static_names` the non-array arguments; `calls` how many calls it makes."""
 
     kind: str
     call: SourceLine
     function: str
     defined: str                   # "file:line" of the wrapped function's def (or lambda)
+    text: str = ""
+    span: tuple[int, int] | None = None
+    callee: str = ""               # the called expression as written (`self.block`)
+    args: str = ""                 # the arguments as written
+    static: tuple[int, ...] = ()
+    static_names: tuple[str, ...] = ()
+    calls: int = 1
+    traced_for: str = "scan"
 
     @property
     def key(self) -> str:
-        return f"{self.kind}@{self.call.file}:{self.call.line}"
+        tail = f":{self.function}" if self.kind == "layer" else ""
+        return f"{self.kind}@{self.call.file}:{self.call.line}{tail}"
 
     def __str__(self) -> str:
         return f"{self.call.file}:{self.call.line} ({self.call.function})"
@@ -70,55 +93,254 @@ def checkpoint_policy(name: str) -> Any:
     return getattr(policies, name)
 
 
+# -- the grad sites: one wrapper per attribute, installed once, dispatching per context --------
+
+_GRADS = ("grad", "value_and_grad", "vjp")
+_ACTIVE: contextvars.ContextVar["checkpoint_sites | None"] = contextvars.ContextVar(
+    "jaxmem_checkpoint_sites", default=None)
+_INSTALL = threading.Lock()
+_ORIGINALS: dict[str, Any] = {}
+
+
+def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def dispatch(fun: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        ctx = _ACTIVE.get()
+        if ctx is None:  # another thread, or no fit running: JAX's own, untouched
+            return original(fun, *a, **k)
+        site = _calling_site("grad", fun)
+        ctx._note(site)
+        return original(ctx.wrap(site, fun), *a, **k)
+
+    dispatch.__jaxmem_original__ = original  # type: ignore[attr-defined]
+    return dispatch
+
+
+def _install() -> None:
+    """Put the dispatching wrappers on `jax.grad`, `jax.value_and_grad` and `jax.vjp`, once per
+    process (a wrapper outside any context is JAX's function)."""
+    with _INSTALL:
+        for name in _GRADS:
+            current = getattr(jax, name)
+            if getattr(current, "__jaxmem_original__", None) is None:
+                _ORIGINALS[name] = current
+                setattr(jax, name, _dispatcher(current))
+
+
 class checkpoint_sites:
-    """A context in which `jax.lax.scan` bodies and the functions given to `jax.grad`,
-    `jax.value_and_grad` and `jax.vjp` are passed through `wrap(site, fun) -> fun`, while a
-    user's function is traced. `found` lists every site met, in order.
+    """A context in which the functions this thread gives to `jax.grad`, `jax.value_and_grad`
+    and `jax.vjp` are passed through `wrap(site, fun) -> fun` while a user's function is
+    traced. `found` lists every site met, in order (scan and layer sites are added by whoever
+    traces the differentiated function: `trace_body`).
 
     >>> with checkpoint_sites(lambda site, f: f) as ctx:        # doctest: +SKIP
     ...     jax.make_jaxpr(step)(params, batch)
     >>> [str(s) for s in ctx.found]                                # doctest: +SKIP
 
-    Only calls through the public attributes are seen (`jax.lax.scan(...)`, `lax.scan(...)`);
-    a name imported before the context (`from jax.lax import scan`), `fori_loop` and
-    `while_loop` (no reverse-mode derivative, so no checkpoint to place) are not.
+    Only calls through the public attributes are seen (`jax.grad(...)`); a grad function
+    imported by name before the first context (`from jax import grad`) is not. Other threads,
+    and code run outside the context, see JAX's own functions.
     """
-
-    _GRADS = ("grad", "value_and_grad", "vjp")
 
     def __init__(self, wrap: Callable[[CheckpointSite, Callable[..., Any]], Callable[..., Any]]):
         self.wrap = wrap
         self.found: list[CheckpointSite] = []
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._tokens: list[contextvars.Token[Any]] = []
 
     def _note(self, site: CheckpointSite) -> None:
         if all(s.key != site.key for s in self.found):
             self.found.append(site)
 
     def __enter__(self) -> "checkpoint_sites":
-        scan = jax.lax.scan
-
-        def patched_scan(f: Callable[..., Any], *a: Any, **k: Any) -> Any:
-            site = _calling_site("scan", f)
-            self._note(site)
-            return scan(self.wrap(site, f), *a, **k)
-
-        self._saved.append((jax.lax, "scan", scan))
-        jax.lax.scan = patched_scan
-        for name in self._GRADS:
-            original = getattr(jax, name)
-
-            def patched(fun: Callable[..., Any], *a: Any, _original: Any = original, _name: str = name,
-                        **k: Any) -> Any:
-                site = _calling_site("grad", fun)
-                self._note(site)
-                return _original(self.wrap(site, fun), *a, **k)
-
-            self._saved.append((jax, name, original))
-            setattr(jax, name, patched)
+        _install()
+        self._tokens.append(_ACTIVE.set(self))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for module, name, original in reversed(self._saved):
-            setattr(module, name, original)
-        self._saved.clear()
+        _ACTIVE.reset(self._tokens.pop())
+
+
+# -- scan and layer sites, from the differentiated function's own trace -----------------------
+
+SCOPE = "jaxmem_call"
+
+
+@dataclass
+class _Call:
+    caller: SourceLine
+    function: str
+    defined: str
+    text: str
+    span: tuple[int, int] | None
+    callee: str
+    args: str
+    static: tuple[int, ...]
+    static_names: tuple[str, ...]
+    parent: int | None
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _is_array_tree(value: Any) -> bool:
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(_is_array(x) for x in leaves)
+
+
+def _call_expression(frame: Any) -> tuple[str, tuple[int, int] | None, str, str, int, tuple[str, ...]]:
+    """The line of a call, the call's columns in it, the called expression and the arguments as
+    written (from the caller's current instruction), how many positional argument expressions it
+    has and its keyword names."""
+    code, line = frame.f_code, frame.f_lineno
+    text = linecache.getline(code.co_filename, line).rstrip("\n")
+    try:
+        positions = list(code.co_positions())[frame.f_lasti // 2]
+    except (AttributeError, IndexError):
+        return text, None, "", "", 0, ()
+    start_line, end_line, col, end_col = positions
+    if start_line != line or end_line != line or col is None or end_col is None:
+        return text, None, "", "", 0, ()
+    raw = text.encode()[col:end_col].decode(errors="replace")
+    try:
+        node = ast.parse(raw, mode="eval").body
+    except SyntaxError:
+        return text, None, "", "", 0, ()
+    if not isinstance(node, ast.Call):
+        return text, None, "", "", 0, ()
+    args = ", ".join(ast.get_source_segment(raw, a) or ast.unparse(a) for a in [*node.args, *node.keywords])
+    keywords = tuple(k.arg for k in node.keywords if k.arg is not None)
+    return (text, (col, end_col), ast.get_source_segment(raw, node.func) or ast.unparse(node.func), args,
+            len(node.args), keywords)
+
+
+class _CallScopes:
+    """A profile hook that traces each call of a user function made from the user's code under
+    its own `jax.named_scope(f"{SCOPE}{n}")`, and remembers where the call was made."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, _Call] = {}
+        self.open: dict[int, tuple[int, Any]] = {}   # frame id -> (call number, its scope)
+        self.stack: list[int] = []
+        self.root: Any = None
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if not ja.is_user_file(code.co_filename) or (code.co_name.startswith("<") and code.co_name != "<lambda>"):
+                return
+            caller = frame.f_back
+            while caller is not None and caller is not self.root and ja.is_internal_frame(caller.f_code.co_filename):
+                caller = caller.f_back
+            if caller is None or caller is self.root or not ja.is_user_file(caller.f_code.co_filename):
+                return
+            n = len(self.calls)
+            text, span, callee, args, n_args, keywords = _call_expression(caller)
+            names = code.co_varnames[:code.co_argcount]
+            shift = 1 if names[:1] == ("self",) and "." in callee else 0
+            static = tuple(i - shift for i, v in enumerate(names[:shift + n_args])
+                           if i >= shift and v in frame.f_locals and not _is_array_tree(frame.f_locals[v]))
+            static_names = tuple(k for k in keywords if k in frame.f_locals and not _is_array_tree(frame.f_locals[k]))
+            self.calls[n] = _Call(SourceLine(caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name),
+                                  code.co_name, f"{code.co_filename}:{code.co_firstlineno}", text, span,
+                                  callee, args, static, static_names, self.stack[-1] if self.stack else None)
+            scope = jax.named_scope(f"{SCOPE}{n}")
+            scope.__enter__()
+            self.open[id(frame)] = (n, scope)
+            self.stack.append(n)
+        elif event == "return":
+            opened = self.open.pop(id(frame), None)
+            if opened is not None:
+                opened[1].__exit__(None, None, None)
+                self.stack.remove(opened[0])
+
+
+@dataclass
+class TracedBody:
+    """The differentiated function traced once: its jaxpr, and its scan and layer sites with
+    the equations each covers. `run(kinds, keys, checkpoint)` evaluates it with the chosen sites
+    under `checkpoint`; everything else is bound as traced."""
+
+    closed: Any
+    out_tree: Any
+    dynamic: list[Any]
+    scans: list[tuple[CheckpointSite, int]] = field(default_factory=list)
+    layers: list[tuple[CheckpointSite, list[tuple[int, int]]]] = field(default_factory=list)
+
+    @property
+    def sites(self) -> list[CheckpointSite]:
+        return [s for s, _ in self.scans] + [s for s, _ in self.layers]
+
+    def run(self, kinds: Sequence[str], keys: Sequence[str] | None,
+            checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
+        chosen = lambda s: s.kind in kinds and (keys is None or s.key in keys)  # noqa: E731
+        runs = sorted(r for s, rs in self.layers if chosen(s) for r in rs)
+        outer: list[tuple[int, int]] = []
+        for start, end in runs:  # a call inside a chosen call is already under its checkpoint
+            if not outer or start >= outer[-1][1]:
+                outer.append((start, end))
+        scans = [i for s, i in self.scans if chosen(s) and not any(a <= i < b for a, b in outer)]
+        flat = ja.run_checkpointed(self.closed, outer, scans, checkpoint)(*self.dynamic)
+        return jax.tree.unflatten(self.out_tree, flat)
+
+
+def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> TracedBody:
+    """Trace `body(*args, **kwargs)` (non-array leaves stay constants) with its user calls under
+    name scopes; a layer site is a (line, function) pair called at least twice, not inside
+    another such call."""
+    leaves, tree = jax.tree.flatten((tuple(args), dict(kwargs)))
+    dyn = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
+    scopes = _CallScopes()
+
+    def flat_body(*values: Any) -> Any:
+        scopes.root = sys._getframe()
+        full = list(leaves)
+        for i, v in zip(dyn, values):
+            full[i] = v
+        a, k = jax.tree.unflatten(tree, full)
+        return body(*a, **k)
+
+    dynamic = [leaves[i] for i in dyn]
+    previous = sys.getprofile()
+    sys.setprofile(scopes)
+    try:
+        closed, shape = jax.make_jaxpr(flat_body, return_shape=True)(*dynamic)
+    finally:
+        sys.setprofile(previous)
+        for _, scope in reversed(list(scopes.open.values())):  # an exception left calls open
+            scope.__exit__(None, None, None)
+    traced = TracedBody(closed, jax.tree.structure(shape), dynamic)
+    for scan in ja.scan_eqns(closed):
+        name, _, where = scan.body.partition(" at ")
+        call = scan.source or SourceLine("<unknown>", 0, "<unknown>")
+        traced.scans.append((CheckpointSite("scan", call, name or "body", where or "?",
+                                            traced_for=scan.traced_for), scan.index))
+    runs = ja.scope_runs(closed, SCOPE)
+    groups: dict[tuple[str, int, str, str], list[int]] = {}
+    for n, c in scopes.calls.items():
+        if n in runs:
+            groups.setdefault((c.caller.file, c.caller.line, c.function, c.defined), []).append(n)
+    repeated = {g: ns for g, ns in groups.items() if len(ns) >= 2}
+    in_repeated = {n for ns in repeated.values() for n in ns}
+
+    def nested(n: int) -> bool:
+        parent = scopes.calls[n].parent
+        while parent is not None:
+            if parent in in_repeated:
+                return True
+            parent = scopes.calls[parent].parent
+        return False
+
+    for g, ns in repeated.items():
+        mine = [runs[n] for n in ns]
+        if any(nested(n) for n in ns):
+            continue  # inside another repeated call: the outer one is the layer
+        c = scopes.calls[ns[0]]
+        traced.layers.append((CheckpointSite("layer", c.caller, c.function, c.defined, c.text, c.span,
+                                             c.callee, c.args, c.static, c.static_names, len(ns)), mine))
+    return traced
+
+
+def body_sites(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> list[CheckpointSite]:
+    """The scan and layer sites of a differentiated function, traced abstractly."""
+    return trace_body(body, args, kwargs).sites

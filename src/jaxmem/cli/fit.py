@@ -234,7 +234,7 @@ def _render_policies(console: Any, result: Any) -> None:
         table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left")
     for c in found.candidates:
         where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function",
-                 "layer": "each layer call"}[c.kind]
+                 "layer": "each layer call", "loop": "each loop iteration"}[c.kind]
         if c.kind == "layer" and c.keys is not None:
             where = ", ".join(f"{s.function} at line {s.call.line}" for s in c.sites)
         judged = not c.error and c.xla_total_bytes is not None

@@ -65,6 +65,8 @@ class PolicyCandidate:
             elif s.kind == "scan":
                 lines.append(f"{s}: jax.lax.scan(jax.checkpoint({s.function}, policy={pol}), ...)  "
                              f"# the scan body defined at {s.defined}")
+            elif s.kind == "loop":
+                lines.append(f"{s}: {loop_lines(s, pol)}")
             elif s.kind == "layer":
                 lines.append(f"{s}: {layer_line(s, pol)}  # {s.function} defined at {s.defined}, "
                              f"called {s.calls} times here")
@@ -124,6 +126,18 @@ def layer_line(site: CheckpointSite, pol: str) -> str:
     return (raw[:a].decode(errors="replace") + call + raw[b:].decode(errors="replace")).strip()
 
 
+def loop_lines(site: CheckpointSite, pol: str) -> str:
+    """A `for` loop's body as a function under `jax.checkpoint`: what to write for a layer
+    written inline in a loop (`site.callee`: the loop variable; `site.args`: the names the body
+    updates)."""
+    carried = site.args or "x"
+    ret = carried if "," not in carried else f"({carried})"
+    params = f"{carried}, {site.callee}"
+    return (f"move the body of `{site.text}` (the loop's lines) into `def layer({params}): ...; return {ret}`, "
+            f"and write `{ret} = jax.checkpoint(layer, policy={pol})({params})` as the loop's body "
+            f"({site.calls} iterations)")
+
+
 def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
                 keys: Sequence[str] | None = None) -> Callable[..., Any]:
     """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
@@ -134,7 +148,7 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
     """
     pol = checkpoint_policy(policy)
 
-    inner = [k for k in kinds if k in ("scan", "layer")]
+    inner = [k for k in kinds if k in ("scan", "layer", "loop")]
 
     def wrap(site: CheckpointSite, body: Callable[..., Any]) -> Callable[..., Any]:
         if inner:
@@ -233,7 +247,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         policies.insert(0, "save_only_these_names:" + ",".join(names))
     if offload if offload is not None else judge.device is not None:
         policies.append(OFFLOAD)
-    kinds = [k for k in ("scan", "layer", "grad") if any(s.kind == k for s in sites)]
+    kinds = [k for k in ("scan", "loop", "layer", "grad") if any(s.kind == k for s in sites)]
     planned_before = _planned(fn, args, donate)
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before

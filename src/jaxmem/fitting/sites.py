@@ -54,7 +54,7 @@ class CheckpointSite:
 
     @property
     def key(self) -> str:
-        tail = f":{self.function}" if self.kind == "layer" else ""
+        tail = f":{self.function}" if self.kind == "layer" else ""  # two functions called on one line
         return f"{self.kind}@{self.call.file}:{self.call.line}{tail}"
 
     def __str__(self) -> str:
@@ -214,45 +214,132 @@ def _call_expression(frame: Any) -> tuple[str, tuple[int, int] | None, str, str,
             len(node.args), keywords)
 
 
+@dataclass(frozen=True)
+class _Loop:
+    """A `for` statement at the top of a user function's body (not inside another loop)."""
+
+    head: int                      # the `for` line
+    last: int                      # the body's last line
+    target: str                    # the loop variable(s) as written
+    carried: tuple[str, ...]       # names the body reads before it assigns them (`x = f(x)`)
+
+
+def _names(node: ast.AST, ctx: type) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _loops(filename: str, firstlineno: int) -> dict[int, _Loop]:
+    """The outermost `for` loops of the function defined at `firstlineno`, by their `for` line."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return {}
+    func = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and min([n.lineno, *(d.lineno for d in n.decorator_list)]) == firstlineno), None)
+    if func is None:
+        return {}
+    found: dict[int, _Loop] = {}
+
+    def visit(stmts: list[ast.stmt]) -> None:
+        for st in stmts:
+            if isinstance(st, ast.For):
+                stored: set[str] = set()
+                carried: list[str] = []
+                assigned = {n for b in st.body for n in _names(b, ast.Store)}
+                for b in st.body:  # a statement reads its operands before it stores its targets
+                    carried += [n for n in _names(b, ast.Load) if n in assigned and n not in stored and n not in carried]
+                    stored |= set(_names(b, ast.Store))
+                found[st.lineno] = _Loop(st.lineno, st.body[-1].end_lineno or st.lineno, ast.unparse(st.target),
+                                         tuple(carried))
+            elif isinstance(st, (ast.If, ast.With, ast.Try)):
+                for field_ in ("body", "orelse", "finalbody", "handlers"):
+                    visit([x for x in getattr(st, field_, []) if isinstance(x, ast.stmt)])
+
+    visit(func.body)
+    return found
+
+
 class _CallScopes:
-    """A profile hook that traces each call of a user function made from the user's code under
-    its own `jax.named_scope(f"{SCOPE}{n}")`, and remembers where the call was made."""
+    """A trace hook (`sys.settrace`, this thread only) that traces each call of a user function
+    made from the user's code, and each iteration of a `for` loop at the top of a user function,
+    under its own `jax.named_scope(f"{SCOPE}{n}")`, and remembers where it was made."""
 
     def __init__(self) -> None:
         self.calls: dict[int, _Call] = {}
-        self.open: dict[int, tuple[int, Any]] = {}   # frame id -> (call number, its scope)
-        self.stack: list[int] = []
+        self.stack: list[tuple[int, Any]] = []   # (number, scope) of every scope open, innermost last
         self.root: Any = None
 
-    def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            if not ja.is_user_file(code.co_filename) or (code.co_name.startswith("<") and code.co_name != "<lambda>"):
+    def _open(self, info: _Call) -> int:
+        n = len(self.calls)
+        self.calls[n] = info
+        scope = jax.named_scope(f"{SCOPE}{n}")
+        scope.__enter__()
+        self.stack.append((n, scope))
+        return n
+
+    def _close(self, n: int) -> None:
+        while self.stack:  # scopes close innermost first
+            m, scope = self.stack.pop()
+            scope.__exit__(None, None, None)
+            if m == n:
                 return
-            caller = frame.f_back
-            while caller is not None and caller is not self.root and ja.is_internal_frame(caller.f_code.co_filename):
-                caller = caller.f_back
-            if caller is None or caller is self.root or not ja.is_user_file(caller.f_code.co_filename):
-                return
-            n = len(self.calls)
-            text, span, callee, args, n_args, keywords = _call_expression(caller)
-            names = code.co_varnames[:code.co_argcount]
-            shift = 1 if names[:1] == ("self",) and "." in callee else 0
-            static = tuple(i - shift for i, v in enumerate(names[:shift + n_args])
-                           if i >= shift and v in frame.f_locals and not _is_array_tree(frame.f_locals[v]))
-            static_names = tuple(k for k in keywords if k in frame.f_locals and not _is_array_tree(frame.f_locals[k]))
-            self.calls[n] = _Call(SourceLine(caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name),
-                                  code.co_name, f"{code.co_filename}:{code.co_firstlineno}", text, span,
-                                  callee, args, static, static_names, self.stack[-1] if self.stack else None)
-            scope = jax.named_scope(f"{SCOPE}{n}")
-            scope.__enter__()
-            self.open[id(frame)] = (n, scope)
-            self.stack.append(n)
-        elif event == "return":
-            opened = self.open.pop(id(frame), None)
-            if opened is not None:
-                opened[1].__exit__(None, None, None)
-                self.stack.remove(opened[0])
+
+    def _parent(self) -> int | None:
+        return self.stack[-1][0] if self.stack else None
+
+    def _call(self, frame: Any) -> int | None:
+        code = frame.f_code
+        caller = frame.f_back
+        while caller is not None and caller is not self.root and ja.is_internal_frame(caller.f_code.co_filename):
+            caller = caller.f_back
+        if caller is None or caller is self.root or not ja.is_user_file(caller.f_code.co_filename):
+            return None
+        text, span, callee, args, n_args, keywords = _call_expression(caller)
+        names = code.co_varnames[:code.co_argcount]
+        shift = 1 if names[:1] == ("self",) and "." in callee else 0
+        static = tuple(i - shift for i, v in enumerate(names[:shift + n_args])
+                       if i >= shift and v in frame.f_locals and not _is_array_tree(frame.f_locals[v]))
+        static_names = tuple(k for k in keywords if k in frame.f_locals and not _is_array_tree(frame.f_locals[k]))
+        return self._open(_Call(SourceLine(caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name),
+                                code.co_name, f"{code.co_filename}:{code.co_firstlineno}", text, span,
+                                callee, args, static, static_names, self._parent()))
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if event != "call":
+            return None
+        code = frame.f_code
+        if not ja.is_user_file(code.co_filename) or (code.co_name.startswith("<") and code.co_name != "<lambda>"):
+            return None
+        call = self._call(frame)
+        loops = _loops(code.co_filename, code.co_firstlineno) if frame is not self.root else {}
+        if call is None and not loops:
+            return None
+        iteration: list[Any] = [None, None]   # (scope number, loop) of the iteration running
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and loops:
+                line = frame.f_lineno
+                n, loop = iteration
+                if line in loops:  # the `for` line: one iteration ends, the next begins
+                    if n is not None:
+                        self._close(n)
+                    loop = loops[line]
+                    text = linecache.getline(code.co_filename, line).strip()
+                    iteration[:] = [self._open(_Call(SourceLine(code.co_filename, line, code.co_name), "<loop>",
+                                                     f"{code.co_filename}:{line}", text, None, loop.target,
+                                                     ", ".join(loop.carried), (), (), self._parent())), loop]
+                elif n is not None and not loop.head < line <= loop.last:
+                    self._close(n)
+                    iteration[:] = [None, None]
+            elif event == "return":
+                if iteration[0] is not None:
+                    self._close(iteration[0])
+                if call is not None:
+                    self._close(call)
+            return local
+
+        return local
 
 
 @dataclass
@@ -301,14 +388,14 @@ def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, 
         return body(*a, **k)
 
     dynamic = [leaves[i] for i in dyn]
-    previous = sys.getprofile()
-    sys.setprofile(scopes)
+    previous = sys.gettrace()
+    sys.settrace(scopes)
     try:
         closed, shape = jax.make_jaxpr(flat_body, return_shape=True)(*dynamic)
     finally:
-        sys.setprofile(previous)
-        for _, scope in reversed(list(scopes.open.values())):  # an exception left calls open
-            scope.__exit__(None, None, None)
+        sys.settrace(previous)
+        while scopes.stack:  # an exception left scopes open
+            scopes.stack.pop()[1].__exit__(None, None, None)
     traced = TracedBody(closed, jax.tree.structure(shape), dynamic)
     for scan in ja.scan_eqns(closed):
         name, _, where = scan.body.partition(" at ")
@@ -321,23 +408,31 @@ def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, 
         if n in runs:
             groups.setdefault((c.caller.file, c.caller.line, c.function, c.defined), []).append(n)
     repeated = {g: ns for g, ns in groups.items() if len(ns) >= 2}
-    in_repeated = {n for ns in repeated.values() for n in ns}
+    in_calls = {n for g, ns in repeated.items() if g[2] != "<loop>" for n in ns}
+    in_loops = {n for g, ns in repeated.items() if g[2] == "<loop>" for n in ns}
 
-    def nested(n: int) -> bool:
+    def nested(n: int, outer: set[int]) -> bool:
         parent = scopes.calls[n].parent
         while parent is not None:
-            if parent in in_repeated:
+            if parent in outer:
                 return True
             parent = scopes.calls[parent].parent
         return False
 
     for g, ns in repeated.items():
-        mine = [runs[n] for n in ns]
-        if any(nested(n) for n in ns):
-            continue  # inside another repeated call: the outer one is the layer
+        loop = g[2] == "<loop>"
+        # A call inside a repeated call is part of that layer; a loop inside a repeated call or
+        # loop is part of it too. A call inside a loop's iteration is a site of its own.
+        if any(nested(n, in_calls | in_loops if loop else in_calls) for n in ns):
+            continue
         c = scopes.calls[ns[0]]
-        traced.layers.append((CheckpointSite("layer", c.caller, c.function, c.defined, c.text, c.span,
-                                             c.callee, c.args, c.static, c.static_names, len(ns)), mine))
+        if loop:
+            site = CheckpointSite("loop", c.caller, c.caller.function, c.defined, c.text, None, c.callee,
+                                  c.args, calls=len(ns))
+        else:
+            site = CheckpointSite("layer", c.caller, c.function, c.defined, c.text, c.span, c.callee, c.args,
+                                  c.static, c.static_names, len(ns))
+        traced.layers.append((site, [runs[n] for n in ns]))
     return traced
 
 

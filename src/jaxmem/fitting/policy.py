@@ -46,10 +46,11 @@ class PolicyCandidate:
     planned_peak_bytes: int | None = None
     error: str = ""
     keys: list[str] | None = None  # only these sites (None: every site of `kind`)
+    but_last: bool = False         # every call (iteration) of a layer or loop site but the last
 
     def apply(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """`fn` with this alternative's jax.checkpoint, as `jax.jit` traces it."""
-        return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys)
+        return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last)
 
     @property
     def code(self) -> str:
@@ -74,6 +75,9 @@ class PolicyCandidate:
                 lines.append(f"{s}: jax.value_and_grad(jax.checkpoint({s.function}, policy={pol}))  "
                              f"# (or jax.grad / jax.vjp as written there; non-array keyword arguments "
                              f"bound first with functools.partial); {s.function} defined at {s.defined}")
+        if self.but_last:
+            lines.append("on every call (loop iteration) but the last: the backward pass uses the last one's "
+                         "values at once, so checkpointing it would recompute them and save nothing")
         return "\n".join(lines)
 
     @property
@@ -139,7 +143,7 @@ def loop_lines(site: CheckpointSite, pol: str) -> str:
 
 
 def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
-                keys: Sequence[str] | None = None) -> Callable[..., Any]:
+                keys: Sequence[str] | None = None, but_last: bool = False) -> Callable[..., Any]:
     """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
     the sites whose `key` is in `keys`). A fresh function object each call, so no trace cache
     hands back the unwrapped trace.
@@ -156,7 +160,7 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
             # with those equations under jax.checkpoint.
             @functools.wraps(body)
             def rebuilt(*a: Any, **k: Any) -> Any:
-                return trace_body(body, a, k).run(inner, keys, lambda f: jax.checkpoint(f, policy=pol))
+                return trace_body(body, a, k).run(inner, keys, lambda f: jax.checkpoint(f, policy=pol), but_last)
 
             return rebuilt
         if site.kind not in kinds or (keys is not None and site.key not in keys):
@@ -252,15 +256,17 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before
     pending = []
-    choices: list[tuple[str, list[str] | None]] = [(k, None) for k in kinds]
+    choices: list[tuple[str, list[str] | None, bool]] = [(k, None, False) for k in kinds]
+    # Every call but the last of each loop or layer site: the same memory at fewer FLOPs.
+    choices += [(k, None, True) for k in kinds if k in ("loop", "layer")]
     layers = [s for s in sites if s.kind == "layer"]
     if 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:  # each layer site alone, too
-        choices += [("layer", [s.key]) for s in layers]
-    for kind, keys in choices:
+        choices += [("layer", [s.key], False) for s in layers]
+    for kind, keys, but_last in choices:
         for name in policies:
-            cand = with_policy(fn, name, (kind,), keys)
+            cand = with_policy(fn, name, (kind,), keys, but_last)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
-                                    None, 0, 0, keys=keys)
+                                    None, 0, 0, keys=keys, but_last=but_last)
             try:
                 entry.flops = _flops(cand, args)
                 entry.extra_flops = max(0, entry.flops - base_flops)
@@ -284,7 +290,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         pending = likely or sorted(pending, key=lambda ec: (predicted(ec[0]), ec[0].extra_flops))[:1]
     for entry, cand in pending:
         if progress is not None:
-            progress(f"{entry.policy} on {entry.kind}")
+            progress(f"{entry.policy} on {entry.kind}{' but the last' if entry.but_last else ''}")
         try:
             entry.xla_total_bytes = judge.total(cand, args, donate)
         except Exception as err:  # a policy XLA refuses here (offload on XLA:CPU)

@@ -359,9 +359,11 @@ class TracedBody:
         return [s for s, _ in self.scans] + [s for s, _ in self.layers]
 
     def run(self, kinds: Sequence[str], keys: Sequence[str] | None,
-            checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
+            checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]], but_last: bool = False) -> Any:
+        """`but_last`: leave each site's last call (iteration) as it is: the backward pass uses
+        its values at once, so a checkpoint there recomputes them for no memory."""
         chosen = lambda s: s.kind in kinds and (keys is None or s.key in keys)  # noqa: E731
-        runs = sorted(r for s, rs in self.layers if chosen(s) for r in rs)
+        runs = sorted(r for s, rs in self.layers if chosen(s) for r in (sorted(rs)[:-1] if but_last else rs))
         outer: list[tuple[int, int]] = []
         for start, end in runs:  # a call inside a chosen call is already under its checkpoint
             if not outer or start >= outer[-1][1]:

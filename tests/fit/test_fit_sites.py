@@ -165,3 +165,35 @@ def test_a_thread_outside_the_site_context_sees_jax_own_grad():
 
 def _count_remat(closed):
     return str(closed).count("remat")
+
+
+def inline_loss(ws, x):
+    for w in ws:
+        h = jnp.sin(x @ w)
+        x = x + jnp.tanh(h)
+    return jnp.mean(x ** 2)
+
+
+def test_inline_loop_body_is_a_site_and_the_refactor_it_prints_gives_the_same_program():
+    step = _step(inline_loss)
+    (loop,) = [s for s in find_sites(step, (WS, X)) if s.kind == "loop"]
+    assert loop.call.line == inline_loss.__code__.co_firstlineno + 1 and loop.calls == 4
+    assert (loop.callee, loop.args) == ("w", "x")   # the loop variable, the name the body updates
+    policy = jax.checkpoint_policies.nothing_saveable
+
+    def layer(x, w):
+        h = jnp.sin(x @ w)
+        x = x + jnp.tanh(h)
+        return x
+
+    def by_hand(ws, x, but_last=False):
+        for i, w in enumerate(ws):
+            x = layer(x, w) if but_last and i == len(ws) - 1 else jax.checkpoint(layer, policy=policy)(x, w)
+        return jnp.mean(x ** 2)
+
+    for but_last in (False, True):
+        fitted = with_policy(step, "nothing_saveable", ("loop",), None, but_last)
+        assert _remats(fitted) == (3 if but_last else 4)
+        hand = _step(partial(by_hand, but_last=but_last))
+        assert xla_reference(fitted, (WS, X)).total_bytes == xla_reference(hand, (WS, X)).total_bytes
+        _close(jax.jit(step)(WS, X), jax.jit(fitted)(WS, X))

@@ -315,22 +315,25 @@ class _CallScopes:
         loops = _loops(code.co_filename, code.co_firstlineno) if frame is not self.root else {}
         if call is None and not loops:
             return None
-        iteration: list[Any] = [None, None]   # (scope number, loop) of the iteration running
+        iteration: list[Any] = [None, None]   # (scope number or None, loop) of the iteration running
 
         def local(frame: Any, event: str, arg: Any) -> Any:
             if event == "line" and loops:
                 line = frame.f_lineno
                 n, loop = iteration
-                if line in loops:  # the `for` line: one iteration ends, the next begins
+                if line in loops:  # the `for` line: an iteration ends; the next item is taken outside any
                     if n is not None:
                         self._close(n)
-                    loop = loops[line]
-                    text = linecache.getline(code.co_filename, line).strip()
-                    iteration[:] = [self._open(_Call(SourceLine(code.co_filename, line, code.co_name), "<loop>",
-                                                     f"{code.co_filename}:{line}", text, None, loop.target,
-                                                     ", ".join(loop.carried), (), (), self._parent())), loop]
-                elif n is not None and not loop.head < line <= loop.last:
-                    self._close(n)
+                    iteration[:] = [None, loops[line]]
+                elif loop is not None and loop.head < line <= loop.last:
+                    if n is None:  # the body's first line: the iteration begins
+                        text = linecache.getline(code.co_filename, loop.head).strip()
+                        iteration[0] = self._open(_Call(SourceLine(code.co_filename, loop.head, code.co_name), "<loop>",
+                                                        f"{code.co_filename}:{loop.head}", text, None, loop.target,
+                                                        ", ".join(loop.carried), (), (), self._parent()))
+                elif loop is not None:  # past the loop
+                    if n is not None:
+                        self._close(n)
                     iteration[:] = [None, None]
             elif event == "return":
                 if iteration[0] is not None:

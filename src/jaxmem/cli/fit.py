@@ -1,7 +1,7 @@
 """Fit a JAX function to a memory budget: a jax.checkpoint policy to paste, or a rewrite: `jaxmem fit TARGET --budget 2GiB`.
 
 TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory()` returns
-`(fn, args)`. Prints the `jax.checkpoint` policy to write (which scan body or differentiated
+`(fn, args)`. Prints the `jax.checkpoint` policy to write (which scan body, layer, loop body or differentiated
 function to wrap, and XLA's total for each alternative), the peak before and after the
 rewriting search (jaxmem's plan and XLA's memory_analysis(): XLA:GPU for `--device PRESET`,
 compiled deviceless, else XLA:CPU), the extra compute, and the values recomputed.
@@ -148,6 +148,7 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
     if found is None:
         return None
     return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites], "keys": c.keys,
+             "but_last": c.but_last,
              "xla_total_bytes": c.xla_total_bytes if not c.error else None,
              "planned_peak_bytes": c.planned_peak_bytes,
              "extra_flops": c.extra_flops, "extra_flops_ratio": c.extra_flops_ratio,
@@ -237,6 +238,8 @@ def _render_policies(console: Any, result: Any) -> None:
                  "layer": "each layer call", "loop": "each loop iteration"}[c.kind]
         if c.kind == "layer" and c.keys is not None:
             where = ", ".join(f"{s.function} at line {s.call.line}" for s in c.sites)
+        if c.but_last:
+            where += " but the last"
         judged = not c.error and c.xla_total_bytes is not None
         total = "error" if c.error else (format_size(c.xla_total_bytes) if judged else "not compiled")
         fits = ("yes" if c.xla_total_bytes <= result.budget_bytes else "no") if judged else ""

@@ -137,8 +137,10 @@ def loop_lines(site: CheckpointSite, pol: str) -> str:
     carried = site.args or "x"
     ret = carried if "," not in carried else f"({carried})"
     params = f"{carried}, {site.callee}"
-    return (f"move the body of `{site.text}` (the loop's lines) into `def layer({params}): ...; return {ret}`, "
-            f"and write `{ret} = jax.checkpoint(layer, policy={pol})({params})` as the loop's body "
+    taken = {n.strip("() ") for n in params.split(",")}
+    name = next(n for n in ("layer", "block", "layer_fn", "jaxmem_layer") if n not in taken)
+    return (f"move the body of `{site.text}` (the loop's lines) into `def {name}({params}): ...; return {ret}`, "
+            f"and write `{ret} = jax.checkpoint({name}, policy={pol})({params})` as the loop's body "
             f"({site.calls} iterations)")
 
 

@@ -1,8 +1,8 @@
 """Fit a JAX function to a memory budget: a jax.checkpoint policy to paste, or a rewrite: `jaxmem fit TARGET --budget 2GiB`.
 
 TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory()` returns
-`(fn, args)`. Prints the `jax.checkpoint` policy to write (which scan body, layer, loop body or differentiated
-function to wrap, and XLA's total for each alternative), the peak before and after the
+`(fn, args)`. Prints the `jax.checkpoint` policy to write (which scan body, layer, loop body
+or differentiated function to wrap, and XLA's total for each alternative), the peak before and after the
 rewriting search (jaxmem's plan and XLA's memory_analysis(): XLA:GPU for `--device PRESET`,
 compiled deviceless, else XLA:CPU), the extra compute, and the values recomputed.
 

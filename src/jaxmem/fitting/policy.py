@@ -259,10 +259,13 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     result.candidates[0].planned_peak_bytes = planned_before
     pending = []
     choices: list[tuple[str, list[str] | None, bool]] = [(k, None, False) for k in kinds]
-    # Every call but the last of each loop or layer site: the same memory at fewer FLOPs.
-    choices += [(k, None, True) for k in kinds if k in ("loop", "layer")]
+    # Every iteration (call) but the last of the per-layer sites: the same memory at fewer
+    # FLOPs. Each function site alone where no loop holds them (keeps the planner's work small).
+    per_layer = "loop" if "loop" in kinds else ("layer" if "layer" in kinds else None)
+    if per_layer is not None:
+        choices.append((per_layer, None, True))
     layers = [s for s in sites if s.kind == "layer"]
-    if 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:  # each layer site alone, too
+    if per_layer == "layer" and 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:
         choices += [("layer", [s.key], False) for s in layers]
     for kind, keys, but_last in choices:
         for name in policies:

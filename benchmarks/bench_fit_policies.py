@@ -10,6 +10,7 @@ equal the original's (run here with jax.jit on CPU). XLA:GPU compiles are device
 (JAX_PLATFORMS=cpu).
 
     .venv/bin/python benchmarks/bench_fit_policies.py scanned_transformer_train cnn_train --out results.jsonl
+    .venv/bin/python benchmarks/bench_fit_policies.py transformer_train --device h100-80gb --policy-only
     .venv/bin/python benchmarks/bench_fit_policies.py --table results.jsonl
 """
 
@@ -119,7 +120,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {_mib(r['dots_no_batch'])} (+{_pct(r['dots_no_batch_flops'])}) | {_mib(r['nothing'])} (+{_pct(r['nothing_flops'])}) "
             f"| {_mib(r['policy_total'])} {'fits' if r['policy_total'] <= r['budget'] else 'over'}: {r['policy']} (+{_pct(r['policy_flops'])}) "
             f"| {_rewrite(r)} "
-            f"| {r['policy_equal']} / {r['rewrite_equal']} | {r['seconds']} |")
+            f"| {r['policy_equal']} / {'-' if r['rewrite_equal'] is None else r['rewrite_equal']} | {r['seconds']} |")
     return "\n".join(out)
 
 

@@ -2,14 +2,15 @@
 standard policies fit names.
 
 A site is the function handed to `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`),
-a `lax.scan` (or static `fori_loop`) body inside it (`"scan"`), or a user function called
-repeatedly from one line inside it, a layer written as a Python loop (`"layer"`). The grad
+a `lax.scan` (or static `fori_loop`) body inside it (`"scan"`), a user function called
+repeatedly from one line inside it, a layer called from a Python loop (`"layer"`), or each
+iteration of a `for` loop at the top of a user function, a layer written inline (`"loop"`). The grad
 functions are met through a wrapper installed once on `jax`'s attributes that dispatches
 through a context variable: a thread (or task) outside `checkpoint_sites` calls JAX's own.
-Scan and layer sites are read from the differentiated function's own trace, so they do not
-depend on how the user imported `scan`: its Python calls are traced under name scopes
-(`sys.setprofile`, per thread) and each call's equations are a run that `jax.checkpoint` can
-wrap (`compiler.jaxpr_adapter.run_checkpointed`).
+Scan, layer and loop sites are read from the differentiated function's own trace, so they do
+not depend on how the user imported `scan`: its Python calls and loop iterations are traced
+under name scopes (`sys.settrace`, this thread only) and each one's equations are a run that
+`jax.checkpoint` can wrap (`compiler.jaxpr_adapter.run_checkpointed`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from jaxmem.errors import PlanError
 class CheckpointSite:
     """A place in the user's code where `jax.checkpoint` can go: the function differentiated by
     `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`), a `lax.scan` body
-    (`"scan"`), or a function called once per layer from one line (`"layer"`). `call` is the
-    user's line that makes the call; `function` names the wrapped function and `defined` where
+    (`"scan"`), a function called once per layer from one line (`"layer"`), or the iterations
+    of a `for` loop (`"loop"`: `callee` is the loop variable, `args` the names the body
+    updates). `call` is the user's line that makes the call; `function` names the wrapped function and `defined` where
     it is defined. For a layer, `text` is the line as written and `span` the call's columns in
     it; `static` / `static_names` the non-array arguments; `calls` how many calls it makes."""
 
@@ -377,9 +379,9 @@ class TracedBody:
 
 
 def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> TracedBody:
-    """Trace `body(*args, **kwargs)` (non-array leaves stay constants) with its user calls under
-    name scopes; a layer site is a (line, function) pair called at least twice, not inside
-    another such call."""
+    """Trace `body(*args, **kwargs)` (non-array leaves stay constants) with its user calls and
+    loop iterations under name scopes; a layer site is a (line, function) pair called at least
+    twice, not inside another such call; a loop site a loop run at least twice per trace."""
     leaves, tree = jax.tree.flatten((tuple(args), dict(kwargs)))
     dyn = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
     scopes = _CallScopes()
@@ -442,5 +444,5 @@ def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, 
 
 
 def body_sites(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> list[CheckpointSite]:
-    """The scan and layer sites of a differentiated function, traced abstractly."""
+    """The scan, layer and loop sites of a differentiated function, traced abstractly."""
     return trace_body(body, args, kwargs).sites

@@ -255,7 +255,8 @@ def _render_policies(console: Any, result: Any) -> None:
     verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"
     console.print(f"[bold]policy to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
                   f"{100 * best.extra_flops_ratio:.1f}% extra FLOPs):")
-    console.print(markup(best.code))
+    for line in best.code.splitlines():  # one print per site: markup escapes a newline
+        console.print(markup(line))
 
 
 def main(argv: list[str]) -> int:

@@ -201,8 +201,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             (`fn` is the original), or "auto": only where no policy meets the budget (what
             `jaxmem fit` does).
         exhaustive: compile every policy alternative (else stop at the first that fits).
-        time_limit: seconds after which the rewriting search compiles no further candidate and
-            answers with the best judged so far (None: no limit).
+        time_limit: seconds, counted from the start of the rewriting search, after which it
+            compiles no further candidate and answers with the best judged so far (None: no limit).
         progress: called with a short label before each XLA compile.
 
     Returns:
@@ -210,8 +210,6 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
     from jaxmem.fitting.judge import Judge, infeasible_line, resolve_budget
-
-    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
 
     judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)
@@ -241,6 +239,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         rewrite = not (best_ is not None and best_.xla_total_bytes is not None
                        and best_.xla_total_bytes <= budget_bytes)
     planned_before = _planned_peak(fn, args, donate)
+    # The rewriting search's own time: the policy search before it (many per-layer candidates on
+    # a deep model) must not leave it without a judged rewrite.
+    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
     if not rewrite or infeasible:
         snaps = [Snapshot(graph, 0, 0, [])]
     else:

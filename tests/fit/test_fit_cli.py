@@ -32,5 +32,8 @@ def test_fit_policy_only_json_lists_the_alternatives(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["judge"] == "XLA:CPU"
     kinds = {p["kind"] for p in data["policies"]}
-    assert kinds == {"none", "grad"}
+    assert kinds == {"none", "loop", "grad"}   # the MLP's layers are a Python loop in mlp.forward
+    loop = next(p for p in data["policies"] if p["kind"] == "loop")
+    assert loop["sites"][0].split(" (")[0].endswith("mlp.py:37")
+    assert "for layer in params[:-1]:" in loop["code"] and "x = jax.checkpoint(block, policy=" in loop["code"]
     assert sum(p["chosen"] for p in data["policies"]) == 1

@@ -55,6 +55,35 @@ def _by_hand(policy_name: str):
     return step, args
 
 
+def _loop():
+    return zoo._lm(**SMALL)
+
+
+def _loop_by_hand(policy_name: str):
+    """The Python-loop transformer as a user writes it after reading fit's answer for its layer
+    site, `x = jax.checkpoint(body, policy=P)(x, lp)` (a copy of zoo._lm, by hand)."""
+    _, args = _loop()
+    policy = eval(policy_expression(policy_name), {"jax": jax})
+
+    def layer(x, p):
+        return zoo._block(p, x, SMALL["n_heads"], jnp.float32)
+
+    def loss_fn(p, tokens):
+        x = p["embed"][tokens[:, :-1]]
+        for lp in p["layers"]:
+            x = jax.checkpoint(layer, policy=policy)(x, lp)
+        x = layernorm(x, p["ln_f"], p["ln_f_b"])
+        logp = jax.nn.log_softmax(x @ p["embed"].T, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        new_params, new_state = adam_update(params, grads, opt_state)
+        return loss, new_params, new_state
+
+    return step, args
+
+
 def _close(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-6)
@@ -91,6 +120,23 @@ def test_printed_policy_pasted_by_hand_gives_the_reported_xla_total_and_the_same
     assert xla_reference(step, a, donate_argnums=donate).total_bytes == result.policy_xla_total_bytes
     _close(jax.jit(fn)(*args), jax.jit(step)(*a))
     _close(jax.jit(fn)(*args), jax.jit(with_policy(fn, best.policy))(*args))
+
+
+@pytest.mark.slow
+def test_python_loop_layer_policy_pasted_by_hand_gives_the_reported_xla_total():
+    fn, args = _loop()
+    donate = (0, 1)
+    result = fit(fn, *args, budget="half-temp", donate_argnums=donate, rewrite=False, exhaustive=True)
+    layer = [c for c in result.policies.candidates if c.kind == "layer" and not c.error]
+    assert {c.policy for c in layer} >= {"dots_saveable", "nothing_saveable"}
+    for cand in layer:
+        (site,) = cand.sites
+        assert site.function == "layer" and site.calls == SMALL["n_layers"]
+        assert f"x = jax.checkpoint(body, policy={policy_expression(cand.policy)})(x, lp)" in cand.code
+        step, a = _loop_by_hand(cand.policy)
+        assert xla_reference(step, a, donate_argnums=donate).total_bytes == cand.xla_total_bytes, cand.policy
+        _close(jax.jit(fn)(*args), jax.jit(step)(*a))
+        _close(jax.jit(fn)(*args), jax.jit(cand.apply(fn))(*args))
 
 
 def test_half_temp_budget_and_bad_input_are_one_line_errors():

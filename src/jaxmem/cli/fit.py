@@ -1,8 +1,8 @@
 """Fit a JAX function to a memory budget: a jax.checkpoint policy to paste, or a rewrite: `jaxmem fit TARGET --budget 2GiB`.
 
 TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory()` returns
-`(fn, args)`. Prints the `jax.checkpoint` policy to write (which scan body or differentiated
-function to wrap, and XLA's total for each alternative), the peak before and after the
+`(fn, args)`. Prints the `jax.checkpoint` policy to write (which scan body, layer, loop body
+or differentiated function to wrap, and XLA's total for each alternative), the peak before and after the
 rewriting search (jaxmem's plan and XLA's memory_analysis(): XLA:GPU for `--device PRESET`,
 compiled deviceless, else XLA:CPU), the extra compute, and the values recomputed.
 
@@ -147,7 +147,8 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
     found = result.policies
     if found is None:
         return None
-    return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites],
+    return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites], "keys": c.keys,
+             "but_last": c.but_last,
              "xla_total_bytes": c.xla_total_bytes if not c.error else None,
              "planned_peak_bytes": c.planned_peak_bytes,
              "extra_flops": c.extra_flops, "extra_flops_ratio": c.extra_flops_ratio,
@@ -233,7 +234,12 @@ def _render_policies(console: Any, result: Any) -> None:
     for name in ("wrap", "policy", "jaxmem plan", "XLA total", "extra FLOPs", "fits"):
         table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left")
     for c in found.candidates:
-        where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function"}[c.kind]
+        where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function",
+                 "layer": "each layer call", "loop": "each loop iteration"}[c.kind]
+        if c.kind == "layer" and c.keys is not None:
+            where = ", ".join(f"{s.function} at line {s.call.line}" for s in c.sites)
+        if c.but_last:
+            where += " but the last"
         judged = not c.error and c.xla_total_bytes is not None
         total = "error" if c.error else (format_size(c.xla_total_bytes) if judged else "not compiled")
         fits = ("yes" if c.xla_total_bytes <= result.budget_bytes else "no") if judged else ""
@@ -243,13 +249,14 @@ def _render_policies(console: Any, result: Any) -> None:
     console.print(table)
     best = found.best
     if best.policy == "none" and best.xla_total_bytes is not None and best.xla_total_bytes > result.budget_bytes:
-        console.print("no jax.checkpoint policy on the sites found (scan bodies, the differentiated function) "
+        console.print("no jax.checkpoint policy on the sites found (scan bodies, layers, the differentiated function) "
                       "lowers XLA's total; see the rewrite")
         return
     verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"
     console.print(f"[bold]policy to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
                   f"{100 * best.extra_flops_ratio:.1f}% extra FLOPs):")
-    console.print(markup(best.code))
+    for line in best.code.splitlines():  # one print per site: markup escapes a newline
+        console.print(markup(line))
 
 
 def main(argv: list[str]) -> int:

@@ -667,3 +667,121 @@ def checkpoint_names(closed_jaxpr: Any) -> list[str]:
 
     walk(closed_jaxpr)
     return found
+
+
+def is_user_file(filename: str) -> bool:
+    """True for a frame of the user's own code (not JAX, jaxmem, an installed library or the
+    interpreter): where a checkpoint site's call can be written."""
+    return _frame_kind(filename) == _USER
+
+
+def scope_runs(closed_jaxpr: Any, prefix: str) -> dict[int, tuple[int, int]]:
+    """For each name scope `f"{prefix}{n}"` on the top-level equations, the range [start, end)
+    of the equations made under it (a Python call traced inside `jax.named_scope`)."""
+    import re
+
+    pattern = re.compile(re.escape(prefix) + r"(\d+)(?![\d])")
+    runs: dict[int, tuple[int, int]] = {}
+    for i, eqn in enumerate(jaxpr_eqns(closed_jaxpr)):
+        for n in {int(m) for m in pattern.findall(eqn_name_stack(eqn) or "")}:
+            start, _ = runs.get(n, (i, i))
+            runs[n] = (start, i + 1)
+    return runs
+
+
+@dataclass(frozen=True)
+class ScanEqn:
+    """A top-level `scan` equation: where, what it iterates (`traced_for`: "scan" or
+    "fori_loop") and the name of the body the user handed it."""
+
+    index: int
+    source: SourceLine | None
+    traced_for: str
+    body: str
+
+
+def scan_eqns(closed_jaxpr: Any) -> list[ScanEqn]:
+    """The top-level `scan` equations of a jaxpr (from `lax.scan` however imported, and from
+    `fori_loop` with static bounds)."""
+    found = []
+    for i, eqn in enumerate(jaxpr_eqns(closed_jaxpr)):
+        if eqn.primitive.name != "scan":
+            continue
+        info = getattr(eqn.params["jaxpr"].jaxpr, "debug_info", None)
+        src = str(getattr(info, "func_src_info", "") or "")
+        found.append(ScanEqn(i, source_line(eqn), str(getattr(info, "traced_for", "scan") or "scan"),
+                             src.split(" at ")[0] or "body"))
+    return found
+
+
+def run_checkpointed(closed_jaxpr: Any, runs: Sequence[tuple[int, int]], scans: Sequence[int],
+                     checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[..., list[Any]]:
+    """A function of the flat arguments that runs a ClosedJaxpr with each range of top-level
+    equations in `runs` evaluated as one function under `checkpoint(fn)` (a user's call wrapped
+    in `jax.checkpoint`), and each scan equation in `scans` run again through `lax.scan` with
+    `checkpoint(body)`. Ranges must not overlap; everything else is bound as traced."""
+    jaxpr, consts = split_closed(closed_jaxpr)
+    eqns = list(jaxpr.eqns)
+    starts = {s: e for s, e in runs}
+    scan_set = set(scans)
+
+    def read_from(env: dict[Any, Any], atom: Any) -> Any:
+        return literal_value(atom) if is_literal(atom) else env[atom]
+
+    def write(env: dict[Any, Any], eqn: Any, outs: Sequence[Any]) -> None:
+        for var, out in zip(eqn.outvars, outs):
+            if not is_dropvar(var):
+                env[var] = out
+
+    def later_reads(end: int) -> set[Any]:
+        used = {a for e in eqns[end:] for a in e.invars if not is_literal(a)}
+        return used | {a for a in jaxpr.outvars if not is_literal(a)}
+
+    def run_range(env: dict[Any, Any], start: int, end: int) -> None:
+        block = eqns[start:end]
+        made = {v for e in block for v in e.outvars if not is_dropvar(v)}
+        ins = list(dict.fromkeys(a for e in block for a in e.invars if not is_literal(a) and a not in made))
+        needed = later_reads(end)
+        outs = [v for e in block for v in e.outvars if not is_dropvar(v) and v in needed]
+
+        def call(*values: Any) -> list[Any]:
+            local = dict(zip(ins, values))
+            for e in block:
+                write(local, e, bind(e, [read_from(local, a) for a in e.invars], subfuns_ok=True))
+            return [local[v] for v in outs]
+
+        for var, value in zip(outs, checkpoint(call)(*[env[a] for a in ins])):
+            env[var] = value
+
+    def run_scan(env: dict[Any, Any], eqn: Any) -> None:
+        body = eqn.params["jaxpr"]
+        n_consts, n_carry = scan_counts(eqn)
+        values = [read_from(env, a) for a in eqn.invars]
+        consts_, init, xs = values[:n_consts], values[n_consts:n_consts + n_carry], values[n_consts + n_carry:]
+
+        def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            outs = jcore.jaxpr_as_fun(body)(*consts_, *carry, *x)
+            return list(outs[:n_carry]), list(outs[n_carry:])
+
+        carry, ys = jax.lax.scan(checkpoint(step), init, xs, length=eqn.params["length"],
+                                 reverse=eqn.params["reverse"], unroll=eqn.params["unroll"])
+        write(env, eqn, [*carry, *ys])
+
+    def run(*args: Any) -> list[Any]:
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        i = 0
+        while i < len(eqns):
+            if i in starts:
+                run_range(env, i, starts[i])
+                i = starts[i]
+                continue
+            eqn = eqns[i]
+            if i in scan_set:
+                run_scan(env, eqn)
+            else:
+                write(env, eqn, bind(eqn, [read_from(env, a) for a in eqn.invars], subfuns_ok=True))
+            i += 1
+        return [read_from(env, a) for a in jaxpr.outvars]
+
+    return run

@@ -195,14 +195,14 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             "auto" (cond on CPU, barrier elsewhere; barrier when judged by XLA:GPU).
         device: a GPU preset ("h100-80gb"): every candidate is judged by XLA:GPU's total,
             compiled deviceless (JAX must run with JAX_PLATFORMS=cpu); None: XLA:CPU.
-        policies: also judge `jax.checkpoint` policies on the scan bodies and the differentiated
-            function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
+        policies: also judge `jax.checkpoint` policies on the scan bodies, the layers called
+            from a Python loop and the differentiated function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
         rewrite: also run the rewriting search (`FitResult.fn`): True (the default), False
             (`fn` is the original), or "auto": only where no policy meets the budget (what
             `jaxmem fit` does).
         exhaustive: compile every policy alternative (else stop at the first that fits).
-        time_limit: seconds after which the rewriting search compiles no further candidate and
-            answers with the best judged so far (None: no limit).
+        time_limit: seconds, counted from the start of the rewriting search, after which it
+            compiles no further candidate and answers with the best judged so far (None: no limit).
         progress: called with a short label before each XLA compile.
 
     Returns:
@@ -210,8 +210,6 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
     from jaxmem.fitting.judge import Judge, infeasible_line, resolve_budget
-
-    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
 
     judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)
@@ -230,8 +228,6 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         return judge_.total(f, a, d)
 
     found = None
-    from jaxmem.fitting.policy import with_policy
-
     if policies:
         from jaxmem.fitting.policy import search_policies
 
@@ -243,6 +239,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         rewrite = not (best_ is not None and best_.xla_total_bytes is not None
                        and best_.xla_total_bytes <= budget_bytes)
     planned_before = _planned_peak(fn, args, donate)
+    # The rewriting search's own time: the policy search before it (many per-layer candidates on
+    # a deep model) must not leave it without a judged rewrite.
+    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
     if not rewrite or infeasible:
         snaps = [Snapshot(graph, 0, 0, [])]
     else:
@@ -359,8 +358,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         floor_bytes=original.floor,
         infeasible=infeasible,
         rewrite_ran=bool(rewrite) and not infeasible,
-        policy_fn=(with_policy(fn, best.policy, (best.kind,)) if best is not None and best.kind != "none"
-                   else (fn if best is not None else None)),
+        policy_fn=best.apply(fn) if best is not None else None,
     )
 
 

@@ -1,10 +1,11 @@
 """A `jax.checkpoint` policy as fit's answer: which function to wrap (a `lax.scan` body, the
-function handed to `jax.value_and_grad`), with which `jax.checkpoint_policies` policy, and the
-XLA total each alternative measured.
+function handed to `jax.value_and_grad`, a layer called from a Python loop), with which
+`jax.checkpoint_policies` policy, and the XLA total each alternative measured.
 
 Each candidate re-traces the user's function with `jax.checkpoint(body, policy=P)` put around
-the chosen sites (`sites.checkpoint_sites`): exactly what the printed line asks the user
-to write, so applying it gives the total reported.
+the chosen sites (`sites.checkpoint_sites`, `sites.trace_body`): the same equations under the
+same `jax.checkpoint` as the printed line asks the user to write, so applying it gives the
+total reported.
 
 >>> found = search_policies(step, args, donate=(0, 1), judge=Judge("h100-80gb"), budget=b)  # doctest: +SKIP
 >>> print(found.best.code)                                                                  # doctest: +SKIP
@@ -21,19 +22,22 @@ import jax
 from jaxmem.compiler.jaxpr_adapter import checkpoint_names
 from jaxmem.errors import JaxmemError
 from jaxmem.fitting.judge import Judge
-from jaxmem.fitting.sites import CheckpointSite, checkpoint_policy, checkpoint_sites
+from jaxmem.fitting.sites import CheckpointSite, body_sites, checkpoint_policy, checkpoint_sites, trace_body
 
 # Policies tried, least recompute first (the order ties are broken in).
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
 OFFLOAD = "offload_dot_with_no_batch_dims"
+MAX_SINGLE_LAYER_SITES = 6  # up to this many layer sites, each is also tried alone
 SLACK = 1.25   # a candidate the planner predicts within SLACK x budget is compiled first
 
 
 @dataclass
 class PolicyCandidate:
-    """One alternative: `policy` on every site of `kind`, XLA's total and the extra FLOPs."""
+    """One alternative: `policy` on every site of `kind` (or on the sites listed in `keys`),
+    XLA's total and the extra FLOPs."""
 
-    kind: str                      # "scan" (each lax.scan body) or "grad" (the differentiated function)
+    kind: str                      # "scan" (each lax.scan body), "grad" (the differentiated
+                                   # function) or "layer" (a function called once per layer)
     policy: str                    # a jax.checkpoint_policies name, or "none" (the original)
     sites: list[CheckpointSite]
     xla_total_bytes: int | None    # the judge's total; None: not compiled (the planner ranked it out)
@@ -41,6 +45,12 @@ class PolicyCandidate:
     extra_flops: int
     planned_peak_bytes: int | None = None
     error: str = ""
+    keys: list[str] | None = None  # only these sites (None: every site of `kind`)
+    but_last: bool = False         # every call (iteration) of a layer or loop site but the last
+
+    def apply(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn` with this alternative's jax.checkpoint, as `jax.jit` traces it."""
+        return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last)
 
     @property
     def code(self) -> str:
@@ -50,13 +60,24 @@ class PolicyCandidate:
         pol = policy_expression(self.policy)
         lines = []
         for s in self.sites:
-            if s.kind == "scan":
+            if s.kind == "scan" and s.traced_for == "fori_loop":
+                lines.append(f"{s}: jax.lax.fori_loop(lower, upper, jax.checkpoint({s.function}, policy={pol}), "
+                             f"...)  # the loop body defined at {s.defined}")
+            elif s.kind == "scan":
                 lines.append(f"{s}: jax.lax.scan(jax.checkpoint({s.function}, policy={pol}), ...)  "
                              f"# the scan body defined at {s.defined}")
+            elif s.kind == "loop":
+                lines.append(f"{s}: {loop_lines(s, pol)}")
+            elif s.kind == "layer":
+                lines.append(f"{s}: {layer_line(s, pol)}  # {s.function} defined at {s.defined}, "
+                             f"called {s.calls} times here")
             else:
                 lines.append(f"{s}: jax.value_and_grad(jax.checkpoint({s.function}, policy={pol}))  "
                              f"# (or jax.grad / jax.vjp as written there; non-array keyword arguments "
                              f"bound first with functools.partial); {s.function} defined at {s.defined}")
+        if self.but_last:
+            lines.append("on every call (loop iteration) but the last: the backward pass uses the last one's "
+                         "values at once, so checkpointing it would recompute them and save nothing")
         return "\n".join(lines)
 
     @property
@@ -93,8 +114,38 @@ def policy_expression(name: str) -> str:
     return f"jax.checkpoint_policies.{name}"
 
 
+def layer_line(site: CheckpointSite, pol: str) -> str:
+    """The user's line with the call wrapped: `x = block(p, x)` becomes
+    `x = jax.checkpoint(block, policy=P)(p, x)` (static_argnums for non-array arguments)."""
+    static = f", static_argnums={site.static[0] if len(site.static) == 1 else site.static}" if site.static else ""
+    if site.static_names:
+        names = site.static_names
+        static += f", static_argnames={names[0]!r}" if len(names) == 1 else f", static_argnames={names!r}"
+    callee = site.callee or site.function
+    call = f"jax.checkpoint({callee}, policy={pol}{static})({site.args})"
+    if site.span is None or not site.text:
+        return call + "  (in place of the call)"
+    raw = site.text.encode()
+    a, b = site.span
+    return (raw[:a].decode(errors="replace") + call + raw[b:].decode(errors="replace")).strip()
+
+
+def loop_lines(site: CheckpointSite, pol: str) -> str:
+    """A `for` loop's body as a function under `jax.checkpoint`: what to write for a layer
+    written inline in a loop (`site.callee`: the loop variable; `site.args`: the names the body
+    updates)."""
+    carried = site.args or "x"
+    ret = carried if "," not in carried else f"({carried})"
+    params = f"{carried}, {site.callee}"
+    taken = {n.strip("() ") for n in params.split(",")}
+    name = next(n for n in ("layer", "block", "layer_fn", "jaxmem_layer") if n not in taken)
+    return (f"move the body of `{site.text}` (the loop's lines) into `def {name}({params}): ...; return {ret}`, "
+            f"and write `{ret} = jax.checkpoint({name}, policy={pol})({params})` as the loop's body "
+            f"({site.calls} iterations)")
+
+
 def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
-                keys: Sequence[str] | None = None) -> Callable[..., Any]:
+                keys: Sequence[str] | None = None, but_last: bool = False) -> Callable[..., Any]:
     """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
     the sites whose `key` is in `keys`). A fresh function object each call, so no trace cache
     hands back the unwrapped trace.
@@ -103,11 +154,19 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
     """
     pol = checkpoint_policy(policy)
 
+    inner = [k for k in kinds if k in ("scan", "layer", "loop")]
+
     def wrap(site: CheckpointSite, body: Callable[..., Any]) -> Callable[..., Any]:
+        if inner:
+            # Scan bodies and layers inside the differentiated function: trace it, and run it
+            # with those equations under jax.checkpoint.
+            @functools.wraps(body)
+            def rebuilt(*a: Any, **k: Any) -> Any:
+                return trace_body(body, a, k).run(inner, keys, lambda f: jax.checkpoint(f, policy=pol), but_last)
+
+            return rebuilt
         if site.kind not in kinds or (keys is not None and site.key not in keys):
             return body
-        if site.kind == "scan":
-            return jax.checkpoint(body, policy=pol)
 
         @functools.wraps(body)
         def differentiated(*a: Any, **k: Any) -> Any:
@@ -138,8 +197,20 @@ def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSi
     def fresh(*a: Any) -> Any:  # a new function object: JAX's trace cache is keyed by it
         return fn(*a)
 
-    with checkpoint_sites(lambda site, body: body) as ctx:
+    inner: list[CheckpointSite] = []
+
+    def probe(site: CheckpointSite, body: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(body)
+        def traced(*a: Any, **k: Any) -> Any:
+            inner.extend(body_sites(body, a, k))
+            return body(*a, **k)
+
+        return traced
+
+    with checkpoint_sites(probe) as ctx:
         jax.eval_shape(fresh, *args)
+    for site in inner:
+        ctx._note(site)
     return ctx.found
 
 
@@ -182,15 +253,25 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         policies.insert(0, "save_only_these_names:" + ",".join(names))
     if offload if offload is not None else judge.device is not None:
         policies.append(OFFLOAD)
-    kinds = [k for k in ("scan", "grad") if any(s.kind == k for s in sites)]
+    kinds = [k for k in ("scan", "loop", "layer", "grad") if any(s.kind == k for s in sites)]
     planned_before = _planned(fn, args, donate)
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before
     pending = []
-    for kind in kinds:
+    choices: list[tuple[str, list[str] | None, bool]] = [(k, None, False) for k in kinds]
+    # Every iteration (call) but the last of the per-layer sites: the same memory at fewer
+    # FLOPs. Each function site alone where no loop holds them (keeps the planner's work small).
+    per_layer = "loop" if "loop" in kinds else ("layer" if "layer" in kinds else None)
+    if per_layer is not None:
+        choices.append((per_layer, None, True))
+    layers = [s for s in sites if s.kind == "layer"]
+    if per_layer == "layer" and 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:
+        choices += [("layer", [s.key], False) for s in layers]
+    for kind, keys, but_last in choices:
         for name in policies:
-            cand = with_policy(fn, name, (kind,))
-            entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind], None, 0, 0)
+            cand = with_policy(fn, name, (kind,), keys, but_last)
+            entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
+                                    None, 0, 0, keys=keys, but_last=but_last)
             try:
                 entry.flops = _flops(cand, args)
                 entry.extra_flops = max(0, entry.flops - base_flops)
@@ -214,7 +295,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         pending = likely or sorted(pending, key=lambda ec: (predicted(ec[0]), ec[0].extra_flops))[:1]
     for entry, cand in pending:
         if progress is not None:
-            progress(f"{entry.policy} on {entry.kind}")
+            progress(f"{entry.policy} on {entry.kind}{' but the last' if entry.but_last else ''}")
         try:
             entry.xla_total_bytes = judge.total(cand, args, donate)
         except Exception as err:  # a policy XLA refuses here (offload on XLA:CPU)

@@ -1,15 +1,28 @@
-"""Checkpoint sites: the places in a user's code where `jax.checkpoint` can go, found and
-wrapped while the user's function is traced (a `lax.scan` body, the function handed to
-`jax.grad`), and the standard policies fit names. Public JAX API only: the sites are met by
-swapping `jax.lax.scan` and `jax.grad`-like attributes for the length of one trace.
+"""Checkpoint sites: the places in a user's code where `jax.checkpoint` can go, and the
+standard policies fit names.
+
+A site is the function handed to `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`),
+a `lax.scan` (or static `fori_loop`) body inside it (`"scan"`), a user function called
+repeatedly from one line inside it, a layer called from a Python loop (`"layer"`), or each
+iteration of a `for` loop at the top of a user function, a layer written inline (`"loop"`). The grad
+functions are met through a wrapper installed once on `jax`'s attributes that dispatches
+through a context variable: a thread (or task) outside `checkpoint_sites` calls JAX's own.
+Scan, layer and loop sites are read from the differentiated function's own trace, so they do
+not depend on how the user imported `scan`: its Python calls and loop iterations are traced
+under name scopes (`sys.settrace`, this thread only) and each one's equations are a run that
+`jax.checkpoint` can wrap (`compiler.jaxpr_adapter.run_checkpointed`).
 """
 
 from __future__ import annotations
 
+import ast
+import contextvars
 import functools
+import linecache
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import jax
 
@@ -20,19 +33,31 @@ from jaxmem.errors import PlanError
 
 @dataclass(frozen=True)
 class CheckpointSite:
-    """A place in the user's code where `jax.checkpoint` can go: the body handed to `lax.scan`
-    (`kind="scan"`) or the function differentiated by `jax.grad` / `jax.value_and_grad` /
-    `jax.vjp` (`kind="grad"`). `call` is the user's line that makes the call; `function` names
-    the wrapped function and where it is defined."""
+    """A place in the user's code where `jax.checkpoint` can go: the function differentiated by
+    `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`), a `lax.scan` body
+    (`"scan"`), a function called once per layer from one line (`"layer"`), or the iterations
+    of a `for` loop (`"loop"`: `callee` is the loop variable, `args` the names the body
+    updates). `call` is the user's line that makes the call; `function` names the wrapped function and `defined` where
+    it is defined. For a layer, `text` is the line as written and `span` the call's columns in
+    it; `static` / `static_names` the non-array arguments; `calls` how many calls it makes."""
 
     kind: str
     call: SourceLine
     function: str
     defined: str                   # "file:line" of the wrapped function's def (or lambda)
+    text: str = ""
+    span: tuple[int, int] | None = None
+    callee: str = ""               # the called expression as written (`self.block`)
+    args: str = ""                 # the arguments as written
+    static: tuple[int, ...] = ()
+    static_names: tuple[str, ...] = ()
+    calls: int = 1
+    traced_for: str = "scan"
 
     @property
     def key(self) -> str:
-        return f"{self.kind}@{self.call.file}:{self.call.line}"
+        tail = f":{self.function}" if self.kind == "layer" else ""  # two functions called on one line
+        return f"{self.kind}@{self.call.file}:{self.call.line}{tail}"
 
     def __str__(self) -> str:
         return f"{self.call.file}:{self.call.line} ({self.call.function})"
@@ -70,55 +95,354 @@ def checkpoint_policy(name: str) -> Any:
     return getattr(policies, name)
 
 
+# -- the grad sites: one wrapper per attribute, installed once, dispatching per context --------
+
+_GRADS = ("grad", "value_and_grad", "vjp")
+_ACTIVE: contextvars.ContextVar["checkpoint_sites | None"] = contextvars.ContextVar(
+    "jaxmem_checkpoint_sites", default=None)
+_INSTALL = threading.Lock()
+_ORIGINALS: dict[str, Any] = {}
+
+
+def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def dispatch(fun: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        ctx = _ACTIVE.get()
+        if ctx is None:  # another thread, or no fit running: JAX's own, untouched
+            return original(fun, *a, **k)
+        site = _calling_site("grad", fun)
+        ctx._note(site)
+        return original(ctx.wrap(site, fun), *a, **k)
+
+    dispatch.__jaxmem_original__ = original  # type: ignore[attr-defined]
+    return dispatch
+
+
+def _install() -> None:
+    """Put the dispatching wrappers on `jax.grad`, `jax.value_and_grad` and `jax.vjp`, once per
+    process (a wrapper outside any context is JAX's function)."""
+    with _INSTALL:
+        for name in _GRADS:
+            current = getattr(jax, name)
+            if getattr(current, "__jaxmem_original__", None) is None:
+                _ORIGINALS[name] = current
+                setattr(jax, name, _dispatcher(current))
+
+
 class checkpoint_sites:
-    """A context in which `jax.lax.scan` bodies and the functions given to `jax.grad`,
-    `jax.value_and_grad` and `jax.vjp` are passed through `wrap(site, fun) -> fun`, while a
-    user's function is traced. `found` lists every site met, in order.
+    """A context in which the functions this thread gives to `jax.grad`, `jax.value_and_grad`
+    and `jax.vjp` are passed through `wrap(site, fun) -> fun` while a user's function is
+    traced. `found` lists every site met, in order (scan and layer sites are added by whoever
+    traces the differentiated function: `trace_body`).
 
     >>> with checkpoint_sites(lambda site, f: f) as ctx:        # doctest: +SKIP
     ...     jax.make_jaxpr(step)(params, batch)
     >>> [str(s) for s in ctx.found]                                # doctest: +SKIP
 
-    Only calls through the public attributes are seen (`jax.lax.scan(...)`, `lax.scan(...)`);
-    a name imported before the context (`from jax.lax import scan`), `fori_loop` and
-    `while_loop` (no reverse-mode derivative, so no checkpoint to place) are not.
+    Only calls through the public attributes are seen (`jax.grad(...)`); a grad function
+    imported by name before the first context (`from jax import grad`) is not. Other threads,
+    and code run outside the context, see JAX's own functions.
     """
-
-    _GRADS = ("grad", "value_and_grad", "vjp")
 
     def __init__(self, wrap: Callable[[CheckpointSite, Callable[..., Any]], Callable[..., Any]]):
         self.wrap = wrap
         self.found: list[CheckpointSite] = []
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._tokens: list[contextvars.Token[Any]] = []
 
     def _note(self, site: CheckpointSite) -> None:
         if all(s.key != site.key for s in self.found):
             self.found.append(site)
 
     def __enter__(self) -> "checkpoint_sites":
-        scan = jax.lax.scan
-
-        def patched_scan(f: Callable[..., Any], *a: Any, **k: Any) -> Any:
-            site = _calling_site("scan", f)
-            self._note(site)
-            return scan(self.wrap(site, f), *a, **k)
-
-        self._saved.append((jax.lax, "scan", scan))
-        jax.lax.scan = patched_scan
-        for name in self._GRADS:
-            original = getattr(jax, name)
-
-            def patched(fun: Callable[..., Any], *a: Any, _original: Any = original, _name: str = name,
-                        **k: Any) -> Any:
-                site = _calling_site("grad", fun)
-                self._note(site)
-                return _original(self.wrap(site, fun), *a, **k)
-
-            self._saved.append((jax, name, original))
-            setattr(jax, name, patched)
+        _install()
+        self._tokens.append(_ACTIVE.set(self))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for module, name, original in reversed(self._saved):
-            setattr(module, name, original)
-        self._saved.clear()
+        _ACTIVE.reset(self._tokens.pop())
+
+
+# -- scan and layer sites, from the differentiated function's own trace -----------------------
+
+SCOPE = "jaxmem_call"
+
+
+@dataclass
+class _Call:
+    caller: SourceLine
+    function: str
+    defined: str
+    text: str
+    span: tuple[int, int] | None
+    callee: str
+    args: str
+    static: tuple[int, ...]
+    static_names: tuple[str, ...]
+    parent: int | None
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _is_array_tree(value: Any) -> bool:
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(_is_array(x) for x in leaves)
+
+
+def _call_expression(frame: Any) -> tuple[str, tuple[int, int] | None, str, str, int, tuple[str, ...]]:
+    """The line of a call, the call's columns in it, the called expression and the arguments as
+    written (from the caller's current instruction), how many positional argument expressions it
+    has and its keyword names."""
+    code, line = frame.f_code, frame.f_lineno
+    text = linecache.getline(code.co_filename, line).rstrip("\n")
+    try:
+        positions = list(code.co_positions())[frame.f_lasti // 2]
+    except (AttributeError, IndexError):
+        return text, None, "", "", 0, ()
+    start_line, end_line, col, end_col = positions
+    if start_line != line or end_line != line or col is None or end_col is None:
+        return text, None, "", "", 0, ()
+    raw = text.encode()[col:end_col].decode(errors="replace")
+    try:
+        node = ast.parse(raw, mode="eval").body
+    except SyntaxError:
+        return text, None, "", "", 0, ()
+    if not isinstance(node, ast.Call):
+        return text, None, "", "", 0, ()
+    args = ", ".join(ast.get_source_segment(raw, a) or ast.unparse(a) for a in [*node.args, *node.keywords])
+    keywords = tuple(k.arg for k in node.keywords if k.arg is not None)
+    return (text, (col, end_col), ast.get_source_segment(raw, node.func) or ast.unparse(node.func), args,
+            len(node.args), keywords)
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """A `for` statement at the top of a user function's body (not inside another loop)."""
+
+    head: int                      # the `for` line
+    last: int                      # the body's last line
+    target: str                    # the loop variable(s) as written
+    carried: tuple[str, ...]       # names the body reads before it assigns them (`x = f(x)`)
+
+
+def _names(node: ast.AST, ctx: type) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _loops(filename: str, firstlineno: int) -> dict[int, _Loop]:
+    """The outermost `for` loops of the function defined at `firstlineno`, by their `for` line."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return {}
+    func = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and min([n.lineno, *(d.lineno for d in n.decorator_list)]) == firstlineno), None)
+    if func is None:
+        return {}
+    found: dict[int, _Loop] = {}
+
+    def visit(stmts: list[ast.stmt]) -> None:
+        for st in stmts:
+            if isinstance(st, ast.For):
+                stored: set[str] = set()
+                carried: list[str] = []
+                assigned = {n for b in st.body for n in _names(b, ast.Store)}
+                for b in st.body:  # a statement reads its operands before it stores its targets
+                    carried += [n for n in _names(b, ast.Load) if n in assigned and n not in stored and n not in carried]
+                    stored |= set(_names(b, ast.Store))
+                found[st.lineno] = _Loop(st.lineno, st.body[-1].end_lineno or st.lineno, ast.unparse(st.target),
+                                         tuple(carried))
+            elif isinstance(st, (ast.If, ast.With, ast.Try)):
+                for field_ in ("body", "orelse", "finalbody", "handlers"):
+                    visit([x for x in getattr(st, field_, []) if isinstance(x, ast.stmt)])
+
+    visit(func.body)
+    return found
+
+
+class _CallScopes:
+    """A trace hook (`sys.settrace`, this thread only) that traces each call of a user function
+    made from the user's code, and each iteration of a `for` loop at the top of a user function,
+    under its own `jax.named_scope(f"{SCOPE}{n}")`, and remembers where it was made."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, _Call] = {}
+        self.stack: list[tuple[int, Any]] = []   # (number, scope) of every scope open, innermost last
+        self.root: Any = None
+
+    def _open(self, info: _Call) -> int:
+        n = len(self.calls)
+        self.calls[n] = info
+        scope = jax.named_scope(f"{SCOPE}{n}")
+        scope.__enter__()
+        self.stack.append((n, scope))
+        return n
+
+    def _close(self, n: int) -> None:
+        while self.stack:  # scopes close innermost first
+            m, scope = self.stack.pop()
+            scope.__exit__(None, None, None)
+            if m == n:
+                return
+
+    def _parent(self) -> int | None:
+        return self.stack[-1][0] if self.stack else None
+
+    def _call(self, frame: Any) -> int | None:
+        code = frame.f_code
+        caller = frame.f_back
+        while caller is not None and caller is not self.root and ja.is_internal_frame(caller.f_code.co_filename):
+            caller = caller.f_back
+        if caller is None or caller is self.root or not ja.is_user_file(caller.f_code.co_filename):
+            return None
+        text, span, callee, args, n_args, keywords = _call_expression(caller)
+        names = code.co_varnames[:code.co_argcount]
+        shift = 1 if names[:1] == ("self",) and "." in callee else 0
+        static = tuple(i - shift for i, v in enumerate(names[:shift + n_args])
+                       if i >= shift and v in frame.f_locals and not _is_array_tree(frame.f_locals[v]))
+        static_names = tuple(k for k in keywords if k in frame.f_locals and not _is_array_tree(frame.f_locals[k]))
+        return self._open(_Call(SourceLine(caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name),
+                                code.co_name, f"{code.co_filename}:{code.co_firstlineno}", text, span,
+                                callee, args, static, static_names, self._parent()))
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if event != "call":
+            return None
+        code = frame.f_code
+        if not ja.is_user_file(code.co_filename) or (code.co_name.startswith("<") and code.co_name != "<lambda>"):
+            return None
+        call = self._call(frame)
+        loops = _loops(code.co_filename, code.co_firstlineno) if frame is not self.root else {}
+        if call is None and not loops:
+            return None
+        iteration: list[Any] = [None, None]   # (scope number or None, loop) of the iteration running
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and loops:
+                line = frame.f_lineno
+                n, loop = iteration
+                if line in loops:  # the `for` line: an iteration ends; the next item is taken outside any
+                    if n is not None:
+                        self._close(n)
+                    iteration[:] = [None, loops[line]]
+                elif loop is not None and loop.head < line <= loop.last:
+                    if n is None:  # the body's first line: the iteration begins
+                        text = linecache.getline(code.co_filename, loop.head).strip()
+                        iteration[0] = self._open(_Call(SourceLine(code.co_filename, loop.head, code.co_name), "<loop>",
+                                                        f"{code.co_filename}:{loop.head}", text, None, loop.target,
+                                                        ", ".join(loop.carried), (), (), self._parent()))
+                elif loop is not None:  # past the loop
+                    if n is not None:
+                        self._close(n)
+                    iteration[:] = [None, None]
+            elif event == "return":
+                if iteration[0] is not None:
+                    self._close(iteration[0])
+                if call is not None:
+                    self._close(call)
+            return local
+
+        return local
+
+
+@dataclass
+class TracedBody:
+    """The differentiated function traced once: its jaxpr, and its scan and layer sites with
+    the equations each covers. `run(kinds, keys, checkpoint)` evaluates it with the chosen sites
+    under `checkpoint`; everything else is bound as traced."""
+
+    closed: Any
+    out_tree: Any
+    dynamic: list[Any]
+    scans: list[tuple[CheckpointSite, int]] = field(default_factory=list)
+    layers: list[tuple[CheckpointSite, list[tuple[int, int]]]] = field(default_factory=list)
+
+    @property
+    def sites(self) -> list[CheckpointSite]:
+        return [s for s, _ in self.scans] + [s for s, _ in self.layers]
+
+    def run(self, kinds: Sequence[str], keys: Sequence[str] | None,
+            checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]], but_last: bool = False) -> Any:
+        """`but_last`: leave each site's last call (iteration) as it is: the backward pass uses
+        its values at once, so a checkpoint there recomputes them for no memory."""
+        chosen = lambda s: s.kind in kinds and (keys is None or s.key in keys)  # noqa: E731
+        runs = sorted(r for s, rs in self.layers if chosen(s) for r in (sorted(rs)[:-1] if but_last else rs))
+        outer: list[tuple[int, int]] = []
+        for start, end in runs:  # a call inside a chosen call is already under its checkpoint
+            if not outer or start >= outer[-1][1]:
+                outer.append((start, end))
+        scans = [i for s, i in self.scans if chosen(s) and not any(a <= i < b for a, b in outer)]
+        flat = ja.run_checkpointed(self.closed, outer, scans, checkpoint)(*self.dynamic)
+        return jax.tree.unflatten(self.out_tree, flat)
+
+
+def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> TracedBody:
+    """Trace `body(*args, **kwargs)` (non-array leaves stay constants) with its user calls and
+    loop iterations under name scopes; a layer site is a (line, function) pair called at least
+    twice, not inside another such call; a loop site a loop run at least twice per trace."""
+    leaves, tree = jax.tree.flatten((tuple(args), dict(kwargs)))
+    dyn = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
+    scopes = _CallScopes()
+
+    def flat_body(*values: Any) -> Any:
+        scopes.root = sys._getframe()
+        full = list(leaves)
+        for i, v in zip(dyn, values):
+            full[i] = v
+        a, k = jax.tree.unflatten(tree, full)
+        return body(*a, **k)
+
+    dynamic = [leaves[i] for i in dyn]
+    previous = sys.gettrace()
+    sys.settrace(scopes)
+    try:
+        closed, shape = jax.make_jaxpr(flat_body, return_shape=True)(*dynamic)
+    finally:
+        sys.settrace(previous)
+        while scopes.stack:  # an exception left scopes open
+            scopes.stack.pop()[1].__exit__(None, None, None)
+    traced = TracedBody(closed, jax.tree.structure(shape), dynamic)
+    for scan in ja.scan_eqns(closed):
+        name, _, where = scan.body.partition(" at ")
+        call = scan.source or SourceLine("<unknown>", 0, "<unknown>")
+        traced.scans.append((CheckpointSite("scan", call, name or "body", where or "?",
+                                            traced_for=scan.traced_for), scan.index))
+    runs = ja.scope_runs(closed, SCOPE)
+    groups: dict[tuple[str, int, str, str], list[int]] = {}
+    for n, c in scopes.calls.items():
+        if n in runs:
+            groups.setdefault((c.caller.file, c.caller.line, c.function, c.defined), []).append(n)
+    repeated = {g: ns for g, ns in groups.items() if len(ns) >= 2}
+    in_calls = {n for g, ns in repeated.items() if g[2] != "<loop>" for n in ns}
+    in_loops = {n for g, ns in repeated.items() if g[2] == "<loop>" for n in ns}
+
+    def nested(n: int, outer: set[int]) -> bool:
+        parent = scopes.calls[n].parent
+        while parent is not None:
+            if parent in outer:
+                return True
+            parent = scopes.calls[parent].parent
+        return False
+
+    for g, ns in repeated.items():
+        loop = g[2] == "<loop>"
+        # A call inside a repeated call is part of that layer; a loop inside a repeated call or
+        # loop is part of it too. A call inside a loop's iteration is a site of its own.
+        if any(nested(n, in_calls | in_loops if loop else in_calls) for n in ns):
+            continue
+        c = scopes.calls[ns[0]]
+        if loop:
+            site = CheckpointSite("loop", c.caller, c.caller.function, c.defined, c.text, None, c.callee,
+                                  c.args, calls=len(ns))
+        else:
+            site = CheckpointSite("layer", c.caller, c.function, c.defined, c.text, c.span, c.callee, c.args,
+                                  c.static, c.static_names, len(ns))
+        traced.layers.append((site, [runs[n] for n in ns]))
+    return traced
+
+
+def body_sites(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> list[CheckpointSite]:
+    """The scan, layer and loop sites of a differentiated function, traced abstractly."""
+    return trace_body(body, args, kwargs).sites

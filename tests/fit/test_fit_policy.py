@@ -228,3 +228,25 @@ def test_grad_site_keeps_flag_keywords_constant_under_checkpoint():
 
     for policy in ("nothing_saveable", "dots_with_no_batch_dims_saveable"):
         _close(jax.jit(step)(w, x), jax.jit(with_policy(step, policy, ("grad",)))(w, x))
+
+
+def test_policy_search_out_of_time_plans_and_compiles_one_and_lists_the_rest():
+    # A deadline already past: one alternative is still planned and compiled (the answer is a
+    # judged one), and every other is listed as not tried, neither planned nor compiled.
+    import time
+
+    from jaxmem.fitting.policy import search_policies
+
+    step, args = _scanned()
+    judge = Judge(None)
+    original = judge.figures(step, args, (0, 1))
+    budget = resolve_budget("half-temp", original)
+    found = search_policies(step, args, donate=(0, 1), judge=judge, budget=budget,
+                            original_total=original.total, deadline=time.perf_counter() - 1)
+    tried = [c for c in found.candidates[1:] if not c.error]
+    skipped = [c for c in found.candidates[1:] if c.error]
+    assert len(tried) == 1 and tried[0].planned_peak_bytes is not None
+    assert tried[0].xla_total_bytes is not None
+    assert skipped and all("time ran out" in c.error and c.xla_total_bytes is None
+                           and c.planned_peak_bytes is None for c in skipped)
+    assert found.best is not None and found.best.xla_total_bytes is not None

@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compile every policy alternative (default: stop at the first that fits)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--time-limit", type=float, default=240.0, metavar="S",
-                        help="seconds after which the rewriting search stops compiling and answers with the "
-                             "best rewrite judged so far (default 240; 0: no limit)")
+                        help="seconds for the whole search: the policy search stops at half, the rewriting "
+                             "search at the end, each answering with the best judged so far (default 240; 0: no limit)")
     parser.add_argument("--donate", default="", metavar="0,1",
                         help="positional arguments of fn to donate, as jax.jit's donate_argnums")
     parser.add_argument("--rounds", type=int, default=8, metavar="N",

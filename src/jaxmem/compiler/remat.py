@@ -201,8 +201,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             (`fn` is the original), or "auto": only where no policy meets the budget (what
             `jaxmem fit` does).
         exhaustive: compile every policy alternative (else stop at the first that fits).
-        time_limit: seconds, counted from the start of the rewriting search, after which it
-            compiles no further candidate and answers with the best judged so far (None: no limit).
+        time_limit: seconds for the whole fit, counted from its start: the policy search stops
+            at half of it, the rewriting search at the end (given at least a quarter of it),
+            each then answering with the best judged so far (None: no limit).
         progress: called with a short label before each XLA compile.
 
     Returns:
@@ -211,6 +212,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     """
     from jaxmem.fitting.judge import Judge, infeasible_line, resolve_budget
 
+    started = time.perf_counter()
     judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)
     if max_rounds < 1:
@@ -231,17 +233,20 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     if policies:
         from jaxmem.fitting.policy import search_policies
 
+        # Half the time limit: the rewriting search after it must not be left without time.
         found = search_policies(fn, args, donate=donate, judge=judge_, budget=budget_bytes,
                                 original_total=xla_before, progress=lambda l: note(f"policy: {l}"),
-                                exhaustive=exhaustive)
+                                exhaustive=exhaustive,
+                                deadline=None if time_limit is None else started + float(time_limit) / 2)
     if rewrite == "auto":
         best_ = found.best if found is not None else None
         rewrite = not (best_ is not None and best_.xla_total_bytes is not None
                        and best_.xla_total_bytes <= budget_bytes)
     planned_before = _planned_peak(fn, args, donate)
-    # The rewriting search's own time: the policy search before it (many per-layer candidates on
-    # a deep model) must not leave it without a judged rewrite.
-    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
+    # One limit for both searches, the policy search held to its first half (above); the
+    # rewrite gets at least a quarter of it even where the policy search overran its half.
+    deadline = None if time_limit is None else max(started + float(time_limit),
+                                                    time.perf_counter() + float(time_limit) / 4)
     if not rewrite or infeasible:
         snaps = [Snapshot(graph, 0, 0, [])]
     else:

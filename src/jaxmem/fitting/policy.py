@@ -14,6 +14,7 @@ total reported.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -214,15 +215,10 @@ def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSi
     return ctx.found
 
 
-def _flops(fn: Callable[..., Any], args: Sequence[Any]) -> int:
-    from jaxmem.compiler.costs import jaxpr_flops
-
-    return jaxpr_flops(jax.make_jaxpr(lambda *a: fn(*a))(*args).jaxpr)
-
-
 def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequence[int], judge: Judge,
                     budget: int, original_total: int | None = None, offload: bool | None = None,
-                    progress: Callable[[str], None] | None = None, exhaustive: bool = False) -> PolicySearch:
+                    progress: Callable[[str], None] | None = None, exhaustive: bool = False,
+                    deadline: float | None = None) -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
     function, and pick the cheapest in FLOPs that meets `budget`.
 
@@ -235,14 +231,19 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         progress: called with a short label before each compile.
         exhaustive: compile every alternative; otherwise stop at the first (least extra FLOPs,
             in the planner's ranking) that XLA confirms within the budget.
+        deadline: a `time.perf_counter()` after which no further alternative is planned or
+            compiled (at least one of each is); those left are listed with the reason.
 
     Returns:
         A `PolicySearch`; `best` is None where `fn` has no site (no scan, no jax.grad call seen).
     """
     sites = find_sites(fn, args)
     result = PolicySearch(judge.name, budget, sites=sites)
-    base_flops = _flops(fn, args)
-    names = checkpoint_names(jax.make_jaxpr(lambda *a: fn(*a))(*args))
+    from jaxmem.compiler.costs import jaxpr_flops
+
+    original = _trace(fn, args, donate)
+    base_flops = jaxpr_flops(original.closed_jaxpr.jaxpr)
+    names = checkpoint_names(original.closed_jaxpr)
     if original_total is None:
         original_total = judge.total(fn, args, donate)
     result.candidates.append(PolicyCandidate("none", "none", [], original_total, base_flops, 0))
@@ -254,7 +255,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     if offload if offload is not None else judge.device is not None:
         policies.append(OFFLOAD)
     kinds = [k for k in ("scan", "loop", "layer", "grad") if any(s.kind == k for s in sites)]
-    planned_before = _planned(fn, args, donate)
+    planned_before = _planned_peak(original)
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before
     pending = []
@@ -272,10 +273,13 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
             cand = with_policy(fn, name, (kind,), keys, but_last)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
                                     None, 0, 0, keys=keys, but_last=but_last)
+            if deadline is not None and time.perf_counter() > deadline and pending:
+                entry.error = "not tried: the policy search's time ran out"
+                result.candidates.append(entry)
+                continue
             try:
-                entry.flops = _flops(cand, args)
+                entry.flops, entry.planned_peak_bytes = _measured(cand, args, donate)
                 entry.extra_flops = max(0, entry.flops - base_flops)
-                entry.planned_peak_bytes = _planned(cand, args, donate)
             except Exception as err:  # a policy JAX refuses for this function
                 entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
             result.candidates.append(entry)
@@ -293,7 +297,9 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         # table has one confirmed figure), and the rewriting search gets the time.
         likely = [ec for ec in pending if predicted(ec[0]) <= SLACK * budget]
         pending = likely or sorted(pending, key=lambda ec: (predicted(ec[0]), ec[0].extra_flops))[:1]
-    for entry, cand in pending:
+    for k, (entry, cand) in enumerate(pending):
+        if k and deadline is not None and time.perf_counter() > deadline:
+            break  # out of time: the ones compiled so far are the answer
         if progress is not None:
             progress(f"{entry.policy} on {entry.kind}{' but the last' if entry.but_last else ''}")
         try:
@@ -313,13 +319,36 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     return result
 
 
-def _planned(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> int | None:
-    from jaxmem.compiler.planner import plan
+def _trace(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Any:
+    from jaxmem.compiler import jaxpr_adapter as ja
 
+    return ja.trace(lambda *a: fn(*a), tuple(args), {}, tuple(donate))
+
+
+def _planned_peak(traced: Any) -> int | None:
+    """jaxmem's planned peak of a traced candidate (None where the planner refuses it)."""
+    from jaxmem.compiler.planner import plan_jaxpr
+
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
     try:
-        return plan(lambda *a: fn(*a), *args, donate_argnums=tuple(donate), xla=False).peak_bytes
+        return plan_jaxpr(traced.closed_jaxpr, donated=donated).peak_bytes
     except JaxmemError:
         return None
+
+
+def _flops(fn: Callable[..., Any], args: Sequence[Any]) -> int:
+    from jaxmem.compiler.costs import jaxpr_flops
+
+    return jaxpr_flops(_trace(fn, args, ()).closed_jaxpr.jaxpr)
+
+
+def _measured(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> tuple[int, int | None]:
+    """A candidate's FLOPs and planned peak from one trace: tracing a deep model costs as much
+    as planning it."""
+    from jaxmem.compiler.costs import jaxpr_flops
+
+    traced = _trace(fn, args, donate)
+    return jaxpr_flops(traced.closed_jaxpr.jaxpr), _planned_peak(traced)
 
 
 __all__ = ["PolicyCandidate", "PolicySearch", "search_policies", "with_policy", "find_sites",

@@ -3,10 +3,6 @@ fit reported (judged against XLA's own memory_analysis(), values against JAX's).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -179,16 +175,8 @@ GPU_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_xla_gpu_judge_pasted_policy_gives_the_reported_total():
-    from jaxmem.xla.gpu import unavailable_reason
-
-    if unavailable_reason():
-        pytest.skip(unavailable_reason())
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    script = GPU_SCRIPT.format(tests=os.path.dirname(__file__))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
-    data = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+def test_xla_gpu_judge_pasted_policy_gives_the_reported_total(run_gpu_script):
+    data = run_gpu_script(GPU_SCRIPT)
     assert data["judge"] == "XLA:GPU h100-80gb"
     assert data["reported"] == data["by_hand"] <= data["budget"]
 

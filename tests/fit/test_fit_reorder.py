@@ -5,9 +5,6 @@ before it with a barrier; its figures are XLA's memory_analysis()."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -163,16 +160,8 @@ GPU_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_order_lowers_xla_gpu_memory_analysis_on_a_small_cnn():
-    from jaxmem.xla.gpu import unavailable_reason
-
-    if unavailable_reason():
-        pytest.skip(unavailable_reason())
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    script = GPU_SCRIPT.format(tests=os.path.dirname(__file__))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
-    data = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+def test_order_lowers_xla_gpu_memory_analysis_on_a_small_cnn(run_gpu_script):
+    data = run_gpu_script(GPU_SCRIPT)
     # The figures are XLA:GPU's own memory_analysis(), compiled afresh.
     assert (data["before"], data["after"]) == (data["xla_before"], data["xla_after"])
     assert data["plan"] < data["after"] < data["before"] and data["order"] != "original"

@@ -64,6 +64,11 @@ def _subjaxprs(params: dict[str, Any]) -> list[Any]:
     return found
 
 
+# XLA runs no kernel for these: a barrier's results are its operands' buffers, so it computes and
+# moves nothing (a reordering that adds barriers adds no FLOPs).
+NO_KERNEL = frozenset({"optimization_barrier"})
+
+
 def jaxpr_flops(jaxpr: Any) -> int:
     """Sum of `eqn_cost(...).flops` over a jaxpr's equations (nested jaxprs included).
 
@@ -81,8 +86,16 @@ def eqn_cost(eqn: Any) -> Cost:
         eqn: a jaxpr equation (`jax.extend.core.JaxprEqn`).
 
     Returns:
-        A `Cost`. Unknown primitives cost one FLOP per output element.
+        A `Cost`. Unknown primitives cost one FLOP per output element; an `optimization_barrier`
+        costs nothing.
+
+    >>> import jax, jax.numpy as jnp
+    >>> tied = jax.make_jaxpr(lambda x, y: jax.lax.optimization_barrier((x, y)))(jnp.ones(8), jnp.ones(8))
+    >>> eqn_cost(tied.jaxpr.eqns[0])
+    Cost(flops=0, bytes=0)
     """
+    if eqn_name(eqn) in NO_KERNEL:
+        return Cost(0, 0)
     kind = rule(eqn_name(eqn)).cost
     params, ins, outs = eqn_params(eqn), eqn_in_avals(eqn), eqn_out_avals(eqn)
     out_elems = sum(_elements(a) for a in outs)

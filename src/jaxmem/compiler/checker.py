@@ -66,7 +66,7 @@ def check_plan(plan: Plan) -> list[str]:
             buf = plan.buffers[info.buffer]
             if vid not in buf.values:
                 bad(f"value {vid}: buffer {buf.id} does not list it")
-            if info.nbytes > buf.size:
+            if info.nbytes > buf.size and buf.kind != "external":
                 bad(f"value {vid}: {info.nbytes} bytes do not fit buffer {buf.id} of {buf.size}")
             if not buf.start <= def_pos[vid] <= buf.end:
                 bad(f"value {vid}: defined at {def_pos[vid]} outside buffer {buf.id} [{buf.start}, {buf.end}]")
@@ -85,16 +85,17 @@ def check_plan(plan: Plan) -> list[str]:
         if info.buffer is not None and plan.buffers[info.buffer].start != -1:
             bad(f"donated argument {k}: buffer does not start on entry")
 
+    outside = set(plan.external_outputs)
     writers = _writers(plan, def_pos)
     fused_inputs: dict[int, list[int]] = {}
     gemm_inputs: dict[int, list[int]] = {}
     fused_gemms = any(s.fused and s.primitive in DOT_LIKE for s in plan.schedule)
     for i, step in enumerate(plan.schedule):
         outs = [v for v in step.outputs if v is not None]
-        all_fused = bool(outs) and all(plan.values[v].buffer is None for v in outs)
+        all_fused = bool(outs) and all(_fused(plan, v, outside) for v in outs)
         if step.fused != all_fused:
             bad(f"step {i} ({step.primitive}): fused={step.fused} but outputs fused={all_fused}")
-        if not all_fused and any(plan.values[v].buffer is None for v in outs):
+        if not all_fused and any(_fused(plan, v, outside) for v in outs):
             bad(f"step {i} ({step.primitive}): some outputs stored and some fused")
         for v in step.inputs:
             if v not in plan.values:
@@ -117,7 +118,7 @@ def check_plan(plan: Plan) -> list[str]:
             continue
         info = plan.values[v]
         if info.buffer is None:
-            if info.producer is not None:
+            if info.producer is not None and v not in outside:
                 bad(f"output {k} (value {v}) is fused: it would never be stored")
             continue
         buf = plan.buffers[info.buffer]
@@ -134,6 +135,13 @@ def check_plan(plan: Plan) -> list[str]:
     if plan.lower_bound_bytes > plan.peak_bytes:
         bad(f"lower bound {plan.lower_bound_bytes} above the peak {plan.peak_bytes}")
     return problems
+
+
+def _fused(plan: Plan, v: int, outside: set[int]) -> bool:
+    """A value computed inside its readers: no buffer, made by a step, and not a result written
+    into memory outside the plan."""
+    info = plan.values[v]
+    return info.buffer is None and info.producer is not None and v not in outside
 
 
 def _check_buffers(plan: Plan, n: int, bad) -> None:
@@ -185,9 +193,10 @@ def _stored_reads(plan: Plan, inputs: list[int], memo: dict[int, list[int]]) -> 
     """Values really read from memory: fused operands are replaced by what they are computed
     from, through chains of fused values (iteratively: chains can be thousands long)."""
 
+    outside = set(plan.external_outputs)
+
     def is_fused(v: int) -> bool:
-        info = plan.values.get(v)
-        return info is not None and info.buffer is None and info.producer is not None
+        return v in plan.values and _fused(plan, v, outside)
 
     for v in inputs:
         if not is_fused(v) or v in memo:
@@ -236,9 +245,10 @@ def _gemm_operands(plan: Plan, v: int, memo: dict[int, list[int]], gemm_memo: di
     """The stored values GEMMs read inside the fused chain that computes `v` (none when `v` is
     stored); iterative, memoized per fused value."""
 
+    outside = set(plan.external_outputs)
+
     def is_fused(w: int) -> bool:
-        info = plan.values.get(w)
-        return info is not None and info.buffer is None and info.producer is not None
+        return w in plan.values and _fused(plan, w, outside)
 
     if not is_fused(v):
         return []

@@ -155,6 +155,9 @@ class Plan:
     fused_values: int = 0          # values the fusion model keeps out of memory
     problems: list[str] = field(default_factory=list)  # the checker's findings (empty: valid)
     check_seconds: float = 0.0
+    # Results written straight into memory outside this plan (a loop body's results, in the
+    # loop's own buffers): stored, though they hold no buffer here.
+    external_outputs: tuple[ValueId, ...] = ()
 
     def location(self, value: ValueId) -> tuple[int, int] | None:
         """(offset, nbytes) of a value in the arena, or None when it has no buffer of its own

@@ -60,7 +60,6 @@ HEROES = frozenset({
 })
 SCATTERS = frozenset(n for n in HEROES if n.startswith("scatter"))
 GEMMS = frozenset({"dot_general", "conv_general_dilated"})
-_ALIAS_RE = re.compile(r"%arg(\d+): [^{,)]*(\{[^}]*\})?")
 
 
 @dataclass(frozen=True)
@@ -168,14 +167,16 @@ def _aliases(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int],
     kept = _kept_arguments(lowered, n_in)
     aliases: dict[int, int] = {}
     donors: set[int] = set()
-    for m in _ALIAS_RE.finditer(head):
-        number, attrs = int(m.group(1)), m.group(2) or ""
-        if number >= len(kept):
+    # Each argument's text runs to the next `%arg` (its attributes may nest braces: shardings).
+    for chunk in head.split("%arg")[1:]:
+        number_text = chunk.split(":", 1)[0]
+        if not number_text.isdigit() or int(number_text) >= len(kept):
             continue
-        found = re.search(r"tf\.aliasing_output = (\d+)", attrs)
+        number = int(number_text)
+        found = re.search(r"tf\.aliasing_output = (\d+)", chunk)
         if found:
             aliases[int(found.group(1))] = kept[number]
-        elif "jax.buffer_donor" in attrs:
+        elif "jax.buffer_donor" in chunk:
             donors.add(kept[number])
     return aliases, donors
 

@@ -154,7 +154,8 @@ def _result_cost(p: Program, op: Any, heroes: list[bool], is_out: list[bool]) ->
     return best
 
 
-def _aliases(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], n_in: int) -> tuple[dict[int, int], set[int]]:
+def _aliases(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int],
+             n_in: int) -> tuple[dict[int, int], set[int]]:
     """(output position -> flat argument, donated flat arguments with no output named) from JAX's
     lowering (`tf.aliasing_output`; `jax.buffer_donor`: XLA picks the output itself)."""
     from jaxmem.xla.gpu import _kept_arguments

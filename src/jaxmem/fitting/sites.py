@@ -10,9 +10,9 @@ reverse-mode entry runs through (so `from jax import grad` done earlier is seen 
 dispatch through a context variable: a thread (or task) outside `checkpoint_sites` runs JAX's own.
 Scan, layer and loop sites are read from the differentiated function's own trace, so they do
 not depend on how the user imported `scan`: its Python calls and loop iterations are traced
-under name scopes (`sys.settrace`, this thread only, chained with any trace function
-already installed) and each one's equations are a run that
-`jax.checkpoint` can wrap (`compiler.jaxpr_adapter.run_checkpointed`).
+under name scopes (`sys.settrace`, this thread only, chained with any trace function already
+installed) and each one's equations are a run that `jax.checkpoint` can wrap
+(`compiler.jaxpr_adapter.run_checkpointed`).
 """
 
 from __future__ import annotations
@@ -182,8 +182,9 @@ def _install() -> None:
 class checkpoint_sites:
     """A context in which the functions this thread differentiates in reverse mode
     (`jax.grad`, `jax.value_and_grad`, `jax.vjp`, however imported) are passed through
-    `wrap(site, fun) -> fun` while a user's function is traced. `found` lists every site met, in order (scan and layer sites are added by whoever
-    traces the differentiated function: `trace_body`).
+    `wrap(site, fun) -> fun` while a user's function is traced. `found` lists every site met,
+    in order (scan and layer sites are added by whoever traces the differentiated function:
+    `trace_body`).
 
     >>> with checkpoint_sites(lambda site, f: f) as ctx:        # doctest: +SKIP
     ...     jax.make_jaxpr(step)(params, batch)

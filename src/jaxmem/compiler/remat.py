@@ -225,6 +225,10 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     budget_bytes = resolve_budget(budget, original)
     xla_before = original.total
     infeasible = infeasible_line(budget_bytes, original.floor, judge_.name)
+    if infeasible is None and judge_.device is not None:  # XLA:GPU: a bound over every remat and order
+        from jaxmem.fitting.bound import verdict
+
+        infeasible = verdict(fn, args, donate, budget_bytes, original.floor, judge_.name)
 
     def total_of(f: Callable, a: Sequence[Any], d: tuple[int, ...]) -> int:
         return judge_.total(f, a, d)

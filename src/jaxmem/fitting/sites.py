@@ -4,13 +4,15 @@ standard policies fit names.
 A site is the function handed to `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`),
 a `lax.scan` (or static `fori_loop`) body inside it (`"scan"`), a user function called
 repeatedly from one line inside it, a layer called from a Python loop (`"layer"`), or each
-iteration of a `for` loop at the top of a user function, a layer written inline (`"loop"`). The grad
-functions are met through a wrapper installed once on `jax`'s attributes that dispatches
-through a context variable: a thread (or task) outside `checkpoint_sites` calls JAX's own.
+iteration of a `for` loop at the top of a user function, a layer written inline (`"loop"`). The
+differentiated function is met through hooks installed once on the JAX internals every
+reverse-mode entry runs through (so `from jax import grad` done earlier is seen too), which
+dispatch through a context variable: a thread (or task) outside `checkpoint_sites` runs JAX's own.
 Scan, layer and loop sites are read from the differentiated function's own trace, so they do
 not depend on how the user imported `scan`: its Python calls and loop iterations are traced
-under name scopes (`sys.settrace`, this thread only) and each one's equations are a run that
-`jax.checkpoint` can wrap (`compiler.jaxpr_adapter.run_checkpointed`).
+under name scopes (`sys.settrace`, this thread only, chained with any trace function already
+installed) and each one's equations are a run that `jax.checkpoint` can wrap
+(`compiler.jaxpr_adapter.run_checkpointed`).
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ class CheckpointSite:
         return f"{self.call.file}:{self.call.line} ({self.call.function})"
 
 
-def _calling_site(kind: str, fun: Callable[..., Any]) -> CheckpointSite:
-    frame = sys._getframe(2)
+def _calling_site(kind: str, fun: Callable[..., Any], depth: int = 2) -> CheckpointSite:
+    """The user's line that called into JAX (the first frame up from `depth` that is neither
+    JAX's nor jaxmem's)."""
+    frame = sys._getframe(depth)
     while frame is not None and ja.is_internal_frame(frame.f_code.co_filename):
         frame = frame.f_back
     call = (SourceLine(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
@@ -95,52 +99,99 @@ def checkpoint_policy(name: str) -> Any:
     return getattr(policies, name)
 
 
-# -- the grad sites: one wrapper per attribute, installed once, dispatching per context --------
+# -- the grad sites: hooks on JAX's internals, installed once, dispatching per context -------
 
-_GRADS = ("grad", "value_and_grad", "vjp")
 _ACTIVE: contextvars.ContextVar["checkpoint_sites | None"] = contextvars.ContextVar(
     "jaxmem_checkpoint_sites", default=None)
 _INSTALL = threading.Lock()
-_ORIGINALS: dict[str, Any] = {}
+_INSTALLED: list[str] = []
+_PARTIAL = "__jaxmem_grad_of__"   # marks the closure `argnums_partial2` builds around a user function
 
 
-def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
+def _note_and_wrap(ctx: "checkpoint_sites", fun: Callable[..., Any]) -> Callable[..., Any]:
+    site = _calling_site("grad", fun, depth=3)
+    ctx._note(site)
+    return ctx.wrap(site, fun)
+
+
+def _hooked_partial(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`jax._src.api.argnums_partial2(f, argnums, args, kwargs)`: where `grad` and
+    `value_and_grad` bind the user's function to the call's arguments. The returned closure is
+    marked with the user's function and arguments; the reverse-mode hook below wraps them."""
+
     @functools.wraps(original)
-    def dispatch(fun: Callable[..., Any], *a: Any, **k: Any) -> Any:
-        ctx = _ACTIVE.get()
-        if ctx is None:  # another thread, or no fit running: JAX's own, untouched
-            return original(fun, *a, **k)
-        site = _calling_site("grad", fun)
-        ctx._note(site)
-        return original(ctx.wrap(site, fun), *a, **k)
+    def argnums_partial2(f: Callable[..., Any], dyn_argnums: Any, args: Any, kwargs: Any) -> Any:
+        bound, dyn = original(f, dyn_argnums, args, kwargs)
+        if _ACTIVE.get() is not None:
+            setattr(bound, _PARTIAL, (original, f, dyn_argnums, args, kwargs))
+        return bound, dyn
 
-    dispatch.__jaxmem_original__ = original  # type: ignore[attr-defined]
-    return dispatch
+    argnums_partial2.__jaxmem_original__ = original  # type: ignore[attr-defined]
+    return argnums_partial2
+
+
+def _hooked_linearize(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`jax._src.interpreters.ad.linearize(..., is_vjp=True)`: what every reverse-mode entry
+    (`grad`, `value_and_grad`, `vjp`, `jacrev`) calls at call time, however the user imported
+    it. Its function is either the user's (`vjp(f, x)`) or the closure `argnums_partial2` made
+    (`grad(f)(x)`): then the user's function is wrapped and bound again."""
+
+    @functools.wraps(original)
+    def linearize(traceable: Any, primals_ft: Any, has_aux: bool = False, is_vjp: bool = False) -> Any:
+        ctx = _ACTIVE.get()
+        if ctx is None or not is_vjp:  # another thread, no fit running, or forward mode: JAX's own
+            return original(traceable, primals_ft, has_aux=has_aux, is_vjp=is_vjp)
+        bound = getattr(traceable, _PARTIAL, None)
+        if bound is None:
+            traceable = _note_and_wrap(ctx, traceable)
+        else:
+            partial2, f, dyn_argnums, args, kwargs = bound
+            traceable, _ = partial2(_note_and_wrap(ctx, f), dyn_argnums, args, kwargs)
+        return original(traceable, primals_ft, has_aux=has_aux, is_vjp=is_vjp)
+
+    linearize.__jaxmem_original__ = original  # type: ignore[attr-defined]
+    return linearize
+
+
+def _hook(module: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    current = getattr(module, name, None)
+    if current is None:
+        return False
+    if getattr(current, "__jaxmem_original__", None) is None:
+        setattr(module, name, make(current))
+    return True
 
 
 def _install() -> None:
-    """Put the dispatching wrappers on `jax.grad`, `jax.value_and_grad` and `jax.vjp`, once per
-    process (a wrapper outside any context is JAX's function)."""
+    """Hook, once per process, the two module globals of JAX that `grad`, `value_and_grad` and
+    `vjp` look up when they run (JAX 0.10: `api.argnums_partial2`, `ad.linearize`), so a
+    function the user imported by name before fit started (`from jax import grad`) is seen.
+    Outside any context the hooks call JAX's own at once."""
     with _INSTALL:
-        for name in _GRADS:
-            current = getattr(jax, name)
-            if getattr(current, "__jaxmem_original__", None) is None:
-                _ORIGINALS[name] = current
-                setattr(jax, name, _dispatcher(current))
+        if _INSTALLED:
+            return
+        from jax._src import api
+        from jax._src.interpreters import ad
+
+        if not (_hook(api, "argnums_partial2", _hooked_partial) and _hook(ad, "linearize", _hooked_linearize)):
+            raise PlanError("this JAX has no jax._src.api.argnums_partial2 / jax._src.interpreters.ad.linearize "
+                            "for fit to find the differentiated function")
+        _INSTALLED.append(jax.__version__)
 
 
 class checkpoint_sites:
-    """A context in which the functions this thread gives to `jax.grad`, `jax.value_and_grad`
-    and `jax.vjp` are passed through `wrap(site, fun) -> fun` while a user's function is
-    traced. `found` lists every site met, in order (scan and layer sites are added by whoever
-    traces the differentiated function: `trace_body`).
+    """A context in which the functions this thread differentiates in reverse mode
+    (`jax.grad`, `jax.value_and_grad`, `jax.vjp`, however imported) are passed through
+    `wrap(site, fun) -> fun` while a user's function is traced. `found` lists every site met,
+    in order (scan and layer sites are added by whoever traces the differentiated function:
+    `trace_body`).
 
     >>> with checkpoint_sites(lambda site, f: f) as ctx:        # doctest: +SKIP
     ...     jax.make_jaxpr(step)(params, batch)
     >>> [str(s) for s in ctx.found]                                # doctest: +SKIP
 
-    Only calls through the public attributes are seen (`jax.grad(...)`); a grad function
-    imported by name before the first context (`from jax import grad`) is not. Other threads,
+    The site's `call` is the user's line that calls the gradient function (for
+    `g = jax.grad(f)` written apart, where `g(x)` runs, not where `g` was made). Other threads,
     and code run outside the context, see JAX's own functions.
     """
 
@@ -267,10 +318,11 @@ class _CallScopes:
     made from the user's code, and each iteration of a `for` loop at the top of a user function,
     under its own `jax.named_scope(f"{SCOPE}{n}")`, and remembers where it was made."""
 
-    def __init__(self) -> None:
+    def __init__(self, previous: Any = None) -> None:
         self.calls: dict[int, _Call] = {}
         self.stack: list[tuple[int, Any]] = []   # (number, scope) of every scope open, innermost last
         self.root: Any = None
+        self.previous = previous                 # the trace function installed before (a debugger's, coverage's)
 
     def _open(self, info: _Call) -> int:
         n = len(self.calls)
@@ -308,6 +360,16 @@ class _CallScopes:
                                 callee, args, static, static_names, self._parent()))
 
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        """The global trace function: ours, chained with the one installed before, so a debugger
+        or coverage keeps its events while fit traces (the frames already running keep their
+        own local trace functions: the interpreter calls those directly)."""
+        theirs = self.previous(frame, event, arg) if self.previous is not None else None
+        ours = self._trace(frame, event, arg)
+        if theirs is None or ours is None:
+            return ours if theirs is None else theirs
+        return _chain(ours, theirs)
+
+    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
         if event != "call":
             return None
         code = frame.f_code
@@ -347,6 +409,22 @@ class _CallScopes:
         return local
 
 
+def _chain(ours: Any, theirs: Any) -> Any:
+    """A frame's local trace function that calls both, each keeping the local function it
+    returns (None from a local function keeps the current one, as CPython does)."""
+    local = [ours, theirs]
+
+    def both(frame: Any, event: str, arg: Any) -> Any:
+        for k, fn in enumerate(local):
+            if fn is not None:
+                got = fn(frame, event, arg)
+                if got is not None:
+                    local[k] = got
+        return both
+
+    return both
+
+
 @dataclass
 class TracedBody:
     """The differentiated function traced once: its jaxpr, and its scan and layer sites with
@@ -384,7 +462,8 @@ def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, 
     twice, not inside another such call; a loop site a loop run at least twice per trace."""
     leaves, tree = jax.tree.flatten((tuple(args), dict(kwargs)))
     dyn = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
-    scopes = _CallScopes()
+    previous = sys.gettrace()
+    scopes = _CallScopes(previous)
 
     def flat_body(*values: Any) -> Any:
         scopes.root = sys._getframe()
@@ -395,7 +474,6 @@ def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, 
         return body(*a, **k)
 
     dynamic = [leaves[i] for i in dyn]
-    previous = sys.gettrace()
     sys.settrace(scopes)
     try:
         closed, shape = jax.make_jaxpr(flat_body, return_shape=True)(*dynamic)

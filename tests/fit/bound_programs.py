@@ -1,0 +1,55 @@
+"""Small training steps for the lower-bound tests (imported by the XLA:GPU child script)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmem.examples.adam import adam_state_midrun, adam_update
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> jax.Array:
+    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale)
+
+
+def _step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+    def step(params: Any, opt_state: Any, batch: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        new_params, new_state = adam_update(params, grads, opt_state)
+        return loss, new_params, new_state
+    return step
+
+
+def embedding_lm(vocab: int = 4096, d: int = 256, batch: int = 32, seq: int = 64) -> tuple[Any, tuple[Any, ...]]:
+    """Token embedding (a gather: its gradient a scatter-add), two dense layers, tied logits."""
+    rng = np.random.default_rng(3)
+    params = {"embed": _normal(rng, (vocab, d), 0.02), "w1": _normal(rng, (d, 2 * d), d ** -0.5),
+              "w2": _normal(rng, (2 * d, d), (2 * d) ** -0.5)}
+    tokens = jnp.asarray(rng.integers(0, vocab, (batch, seq + 1)), jnp.int32)
+
+    def loss_fn(p: Any, tok: jax.Array) -> jax.Array:
+        x = p["embed"][tok[:, :-1]]
+        for _ in range(2):  # two layers sharing weights, a loop site
+            x = x + jnp.tanh(x @ p["w1"]) @ p["w2"]
+        logits = x @ p["embed"].T
+        logp = jax.nn.log_softmax(logits[:, :, :512])   # a slice of the vocabulary keeps it small
+        return -jnp.mean(jnp.take_along_axis(logp, tok[:, 1:, None] % 512, axis=-1))
+
+    return _step(loss_fn), (params, adam_state_midrun(params), tokens)
+
+
+def deep_mlp(width: int = 512, layers: int = 4, batch: int = 1024) -> tuple[Any, tuple[Any, ...]]:
+    """GEMMs only: a Python loop of tanh layers."""
+    rng = np.random.default_rng(4)
+    params = [_normal(rng, (width, width), width ** -0.5) for _ in range(layers)]
+    x = _normal(rng, (batch, width), 1.0)
+
+    def loss_fn(p: Any, x: jax.Array) -> jax.Array:
+        for w in p:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    return _step(loss_fn), (params, adam_state_midrun(params), x)

@@ -188,16 +188,66 @@ def candidates(plans: dict[str, Plan]) -> list[tuple[str, Plan, bool]]:
     return out + [("constants only", first[1], False)]
 
 
+def _plans(traced: ja.Traced, device: str | None) -> dict[str, Plan]:
+    """jaxmem's plans of `traced`, the target's own first: for a GPU preset, the plan with
+    XLA:GPU's fusion rules (`plan_on_gpu`) where it is lower than the CPU-model plan, then the
+    CPU-model plan. No XLA compile: a user's process on a real GPU can build them too."""
+    from jaxmem.compiler.planner import plan_jaxpr
+
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
+    cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
+    if device is not None:
+        from jaxmem.xla.gpu_model import plan_on_gpu
+
+        gpu = plan_on_gpu(cpu)
+        if gpu.peak_bytes < cpu.peak_bytes:
+            return {"gpu plan": gpu, "cpu plan": cpu}
+    return {"cpu plan": cpu}
+
+
+ORDERS = ("gpu plan order", "cpu plan order", "constants only")
+
+
+def reordered(fn: Callable[..., Any], *args: Any, order: str, donate_argnums: int | Sequence[int] = (),
+              device: str | None = None, min_share: float = 0.0) -> Callable[..., Any]:
+    """`fn` run in the order `reorder` (or `jaxmem optimize`, or `jaxmem fit`) kept, rebuilt
+    without judging: what a user writes in their training script, on a real GPU or here
+    (jaxmem's plans need no XLA compile). `order` is `ReorderResult.order`; "original" gives
+    `fn` back. The arguments only need the shapes and dtypes of the real ones.
+
+    >>> step = reordered(step, params, opt_state, batch, order="cpu plan order",
+    ...                  donate_argnums=(0, 1), device="h100-80gb")     # doctest: +SKIP
+    >>> jax.jit(step, donate_argnums=(0, 1))(params, opt_state, batch)  # doctest: +SKIP
+    """
+    if order == "original":
+        return fn
+    if order not in ORDERS:
+        from jaxmem.errors import ConfigError
+
+        raise ConfigError(f"unknown order {order!r}: one of {', '.join(('original',) + ORDERS)}")
+    donate = ja.donate_positions(len(args), donate_argnums)
+    traced = ja.trace(fn, args, donate_argnums=donate)
+    plans = _plans(traced, device)
+    for name, plan, chain in candidates(plans):
+        if name == order:
+            min_bytes = int(min_share * next(iter(plans.values())).peak_bytes)
+            return ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all")
+    from jaxmem.errors import ConfigError
+
+    raise ConfigError(f"order {order!r} is not one for this target (device {device!r}): "
+                      f"{', '.join(name for name, _, _ in candidates(plans))}")
+
+
 def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
             device: str | None = None, progress: Callable[[str], None] | None = None,
-            min_share: float = 0.0) -> ReorderResult:
+            min_share: float = 0.0, before: int | None = None) -> ReorderResult:
     """Run `fn` in jaxmem's planned order and say what XLA's total becomes (no recompute).
 
     The candidates (`candidates`): the order of the plan for the judge's target (for a GPU
     preset, `plan_on_gpu`: planned with XLA:GPU's fusion rules) and, where it differs, of the
     CPU-model plan, each with every scalar constant tied; and the constants tied alone. XLA
     judges each and the lowest is kept; when none is below the original, the original is
-    returned.
+    returned. `reordered(fn, *args, order=result.order, ...)` rebuilds the one kept.
 
     Args:
         fn, args: the function and its example arguments.
@@ -206,30 +256,22 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
         progress: called with a short label before each step of the work (each compile).
         min_share: chain only steps whose outputs hold at least this share of the planned peak
             (0: every stored step).
+        before: XLA's total for `fn` itself, when already known (one compile fewer).
 
     Returns:
         A `ReorderResult`; `fn` computes the same values as the original.
     """
-    from jaxmem.compiler.planner import plan_jaxpr
-
     note = progress or (lambda label: None)
     judge = Judge(device)
     donate = ja.donate_positions(len(args), donate_argnums)
     traced = ja.trace(fn, args, donate_argnums=donate)
     note("plan")
-    donated = [k in traced.donated for k in range(len(traced.in_avals))]
-    cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
-    plans = {"cpu plan": cpu}
-    if device is not None:
-        from jaxmem.xla.gpu_model import plan_on_gpu
-
-        gpu = plan_on_gpu(cpu)
-        if gpu.peak_bytes < cpu.peak_bytes:
-            plans = {"gpu plan": gpu, "cpu plan": cpu}
+    plans = _plans(traced, device)
     planned = next(iter(plans.values()))           # jaxmem's own plan for this target
     min_bytes = int(min_share * planned.peak_bytes)
-    note("original")
-    before = judge.total(fn, args, donate)
+    if before is None:
+        note("original")
+        before = judge.total(fn, args, donate)
     best = ("original", fn, before, None)
     totals: dict[str, int] = {}
     for name, plan, chain in candidates(plans):
@@ -249,4 +291,4 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
                          len(plan.schedule), plan.scheduler, name, totals)
 
 
-__all__ = ["reorder", "ReorderResult", "ordered_function", "candidates", "FOLDED"]
+__all__ = ["reorder", "reordered", "ReorderResult", "ordered_function", "candidates", "FOLDED", "ORDERS"]

@@ -73,7 +73,8 @@ def run(name: str, device: str | None, rounds: int, policy_only: bool = False) -
             compared[policy] = (None, None)
     expected = jax.jit(fn)(*args)
     best = found.best
-    where = best.kind + (" but the last" if best.but_last else "") + (f" ({', '.join(s.function for s in best.sites)})" if best.keys else "")
+    where = best.kind + best.where + (f" ({', '.join(s.function for s in best.sites)})" if best.keys else "") \
+        + (f", reordered ({best.order})" if best.order else "")
     row = {
         "program": name, "judge": judge.name, "site": kind, "budget": result.budget_bytes,
         "original": result.xla_total_bytes_before,

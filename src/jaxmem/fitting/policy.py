@@ -14,6 +14,7 @@ total reported.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -49,6 +50,7 @@ class PolicyCandidate:
     error: str = ""
     keys: list[str] | None = None  # only these sites (None: every site of `kind`)
     but_last: bool = False         # every call (iteration) of a layer or loop site but the last
+    first: int = 0                 # only the first `first` calls (iterations), in program order (0: all)
     order: str = ""                # "": as XLA orders it; else the order `reorder` kept for the
                                    # function with this policy ("cpu plan order", ...)
     reorder_call: str = ""         # the line that rebuilds that order in the user's code
@@ -59,7 +61,15 @@ class PolicyCandidate:
         order, for a reordered alternative: that function was built for the searched `fn`)."""
         if self.reordered_fn is not None:
             return self.reordered_fn
-        return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last)
+        return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last,
+                                                            self.first)
+
+    @property
+    def where(self) -> str:
+        """Which calls of the sites: "" (every one), " but the last", " (the first k)"."""
+        if self.first:
+            return f" (the first {self.first})"
+        return " but the last" if self.but_last else ""
 
     @property
     def code(self) -> str:
@@ -94,6 +104,11 @@ class PolicyCandidate:
         if self.but_last:
             lines.append("on every call (loop iteration) but the last: the backward pass uses the last one's "
                          "values at once, so checkpointing it would recompute them and save nothing")
+        if self.first:
+            lines.append(f"on the first {self.first} call(s) (loop iteration(s)) only, the others as written "
+                         f"(`... = jax.checkpoint(f, policy=...)(...) if i < {self.first} else f(...)`, i the "
+                         f"iteration's index): the first layers' values are held the longest, from the forward "
+                         f"pass to the end of the backward")
         return lines
 
     @property
@@ -161,10 +176,11 @@ def loop_lines(site: CheckpointSite, pol: str) -> str:
 
 
 def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
-                keys: Sequence[str] | None = None, but_last: bool = False) -> Callable[..., Any]:
+                keys: Sequence[str] | None = None, but_last: bool = False, first: int = 0) -> Callable[..., Any]:
     """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
-    the sites whose `key` is in `keys`). A fresh function object each call, so no trace cache
-    hands back the unwrapped trace.
+    the sites whose `key` is in `keys`; on layer and loop sites, `but_last`: every call but the
+    last, `first`: only the first `first` calls in program order). A fresh function object each
+    call, so no trace cache hands back the unwrapped trace.
 
     >>> jax.jit(with_policy(step, "nothing_saveable"))(*args)   # doctest: +SKIP
     """
@@ -178,7 +194,12 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
             # with those equations under jax.checkpoint.
             @functools.wraps(body)
             def rebuilt(*a: Any, **k: Any) -> Any:
-                return trace_body(body, a, k).run(inner, keys, lambda f: jax.checkpoint(f, policy=pol), but_last)
+                calls = itertools.count()   # run() wraps each call once, in program order
+
+                def checkpoint(f: Callable[..., Any]) -> Callable[..., Any]:
+                    return jax.checkpoint(f, policy=pol) if not first or next(calls) < first else f
+
+                return trace_body(body, a, k).run(inner, keys, checkpoint, but_last)
 
             return rebuilt
         if site.kind not in kinds or (keys is not None and site.key not in keys):
@@ -277,20 +298,27 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before
     pending = []
-    choices: list[tuple[str, list[str] | None, bool]] = [(k, None, False) for k in kinds]
+    choices: list[tuple[str, list[str] | None, bool, int]] = [(k, None, False, 0) for k in kinds]
     # Every iteration (call) but the last of the per-layer sites: the same memory at fewer
     # FLOPs. Each function site alone where no loop holds them (keeps the planner's work small).
     per_layer = "loop" if "loop" in kinds else ("layer" if "layer" in kinds else None)
     if per_layer is not None:
-        choices.append((per_layer, None, True))
+        choices.append((per_layer, None, True, 0))
+        # The first call alone: its values are held the longest (forward to the end of the
+        # backward), and in a conv net it is the widest stage (cnn_train's first stage: 8 MiB
+        # per activation, the last 2 MiB), so it saves the most bytes per FLOP recomputed.
+        if max((s.calls or 0) for s in sites if s.kind == per_layer) >= 3:
+            choices.append((per_layer, None, False, 1))
     layers = [s for s in sites if s.kind == "layer"]
     if per_layer == "layer" and 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:
-        choices += [("layer", [s.key], False) for s in layers]
-    for kind, keys, but_last in choices:
+        choices += [("layer", [s.key], False, 0) for s in layers]
+    for kind, keys, but_last, first in choices:
         for name in policies:
-            cand = with_policy(fn, name, (kind,), keys, but_last)
+            if first and name.startswith(OFFLOAD):
+                continue
+            cand = with_policy(fn, name, (kind,), keys, but_last, first)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
-                                    None, 0, 0, keys=keys, but_last=but_last)
+                                    None, 0, 0, keys=keys, but_last=but_last, first=first)
             if deadline is not None and time.perf_counter() > deadline and pending:
                 entry.error = "not tried: the policy search's time ran out"
                 result.candidates.append(entry)
@@ -320,7 +348,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         if k and deadline is not None and time.perf_counter() > deadline:
             break  # out of time: the ones compiled so far are the answer
         if progress is not None:
-            progress(f"{entry.policy} on {entry.kind}{' but the last' if entry.but_last else ''}")
+            progress(f"{entry.policy} on {entry.kind}{entry.where}")
         try:
             entry.xla_total_bytes = judge.total(cand, args, donate)
         except Exception as err:  # a policy XLA refuses here (offload on XLA:CPU)
@@ -348,27 +376,27 @@ def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int
     """Up to MAX_REORDERED candidates (the original among them) run in jaxmem's order, each
     judged by XLA: recompute lowers jaxmem's plan, and reordering brings XLA's total towards
     the plan (cnn_train: dots_saveable on its stages plans 23.6 MiB, but XLA holds 47.3 in its
-    own order and 26.2 in the plan's). Least extra FLOPs first, skipping a candidate jaxmem's
-    plan already puts over the budget (no order of it goes below the plan) and offload (host
-    copies the plan does not model); stops at the first that fits unless `exhaustive`."""
-    from jaxmem.fitting.reorder import reorder
+    own order and 26.2 in the plan's). Least extra FLOPs first, skipping one that jaxmem's plan
+    puts no lower than a cheaper one already taken, and offload (host copies the plan does not
+    model); stops at the first that fits unless `exhaustive`."""
+    from jaxmem.fitting.reorder import reorder, reordered_line
 
-    seen: set[tuple[int | None, int]] = set()
-    picked = []
+    picked: list[tuple[PolicyCandidate, Callable[..., Any]]] = []
     for entry, cand in sorted(traced, key=lambda ec: (ec[0].extra_flops, ec[0].planned_peak_bytes or 0)):
-        key = (entry.planned_peak_bytes, entry.flops)   # the same program under two names
-        if entry.error or entry.policy.startswith(OFFLOAD) or key in seen:
+        if entry.error or entry.policy.startswith(OFFLOAD):
             continue
-        if entry.planned_peak_bytes is None or entry.planned_peak_bytes > budget:
+        if entry.planned_peak_bytes is None:
             continue
-        seen.add(key)
+        # One with no more FLOPs already planned as low: this one can only cost more.
+        if any(p.planned_peak_bytes <= entry.planned_peak_bytes for p, _ in picked):
+            continue
         picked.append((entry, cand))
     out: list[PolicyCandidate] = []
     name = getattr(fn, "__name__", "step")
     for entry, cand in picked[:MAX_REORDERED]:
         if out and deadline is not None and time.perf_counter() > deadline:
             break
-        label = f"{entry.policy} on {entry.kind}{' but the last' if entry.but_last else ''}, reordered"
+        label = f"{entry.policy} on {entry.kind}{entry.where}, reordered"
         try:
             found = reorder(cand, *args, donate_argnums=tuple(donate), device=judge.device,
                             before=entry.xla_total_bytes,
@@ -379,13 +407,12 @@ def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int
             entry.xla_total_bytes = found.xla_total_bytes_before
         if found.order == "original":
             continue
-        call = (f"{name} = jaxmem.fitting.reorder.reordered({name}, *example_args, order={found.order!r}, "
-                f"donate_argnums={tuple(donate)!r}, device={judge.device!r})  # example_args: arrays "
+        call = (f"{reordered_line(name, found.order, donate, judge.device)}  # example_args: arrays "
                 f"(or jax.ShapeDtypeStruct) of the step's argument shapes; then jax.jit({name}"
                 f"{f', donate_argnums={tuple(donate)!r}' if donate else ''}) as before")
         out.append(PolicyCandidate(entry.kind, entry.policy, entry.sites, found.xla_total_bytes_after,
                                    entry.flops, entry.extra_flops, entry.planned_peak_bytes, keys=entry.keys,
-                                   but_last=entry.but_last, order=found.order, reorder_call=call,
+                                   but_last=entry.but_last, first=entry.first, order=found.order, reorder_call=call,
                                    reordered_fn=found.fn))
         if not exhaustive and found.xla_total_bytes_after <= budget:
             break

@@ -298,6 +298,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before
     pending = []
+    costs = {"plan": 0.0, "compile": 0.0}   # the longest seen: what one reordering will cost
     choices: list[tuple[str, list[str] | None, bool, int]] = [(k, None, False, 0) for k in kinds]
     # Every iteration (call) but the last of the per-layer sites: the same memory at fewer
     # FLOPs. Each function site alone where no loop holds them (keeps the planner's work small).
@@ -324,7 +325,9 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
                 result.candidates.append(entry)
                 continue
             try:
+                began = time.perf_counter()
                 entry.flops, entry.planned_peak_bytes = _measured(cand, args, donate)
+                costs["plan"] = max(costs["plan"], time.perf_counter() - began)
                 entry.extra_flops = max(0, entry.flops - base_flops)
             except Exception as err:  # a policy JAX refuses for this function
                 entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
@@ -350,7 +353,9 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         if progress is not None:
             progress(f"{entry.policy} on {entry.kind}{entry.where}")
         try:
+            began = time.perf_counter()
             entry.xla_total_bytes = judge.total(cand, args, donate)
+            costs["compile"] = max(costs["compile"], time.perf_counter() - began)
         except Exception as err:  # a policy XLA refuses here (offload on XLA:CPU)
             entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
         if not exhaustive and entry.xla_total_bytes is not None and entry.xla_total_bytes <= budget \
@@ -359,7 +364,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
     fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if (reorder if reorder is not None else judge.device is not None) and (exhaustive or not fitting):
-        result.candidates += _reordered(fn, args, donate, judge, budget, traced_all, progress, exhaustive, deadline)
+        # One reordering: a trace and two plans (CPU model, GPU fusion), then three compiles.
+        cost = 2 * costs["plan"] + 3 * costs["compile"]
+        result.candidates += _reordered(fn, args, donate, judge, budget, traced_all, progress, exhaustive,
+                                        None if deadline is None else deadline - cost)
         ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
         fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if fitting:
@@ -376,25 +384,26 @@ def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int
     """Up to MAX_REORDERED candidates (the original among them) run in jaxmem's order, each
     judged by XLA: recompute lowers jaxmem's plan, and reordering brings XLA's total towards
     the plan (cnn_train: dots_saveable on its stages plans 23.6 MiB, but XLA holds 47.3 in its
-    own order and 26.2 in the plan's). Least extra FLOPs first, skipping one that jaxmem's plan
-    puts no lower than a cheaper one already taken, and offload (host copies the plan does not
-    model); stops at the first that fits unless `exhaustive`."""
+    own order and 26.2 in the plan's). The lowest plan first (the order is the plan's: the
+    closer it is to the budget, the likelier XLA's total gets there), fewer FLOPs breaking
+    ties, skipping one with no fewer FLOPs than a candidate already taken, and offload (host
+    copies the plan does not model); stops at the first that fits unless `exhaustive`. None starts after `deadline`
+    (the policy search's end less what one reordering costs): a 12-layer transformer's takes
+    minutes, and its own order is kept there anyway."""
     from jaxmem.fitting.reorder import reorder, reordered_line
 
     picked: list[tuple[PolicyCandidate, Callable[..., Any]]] = []
-    for entry, cand in sorted(traced, key=lambda ec: (ec[0].extra_flops, ec[0].planned_peak_bytes or 0)):
-        if entry.error or entry.policy.startswith(OFFLOAD):
-            continue
-        if entry.planned_peak_bytes is None:
-            continue
-        # One with no more FLOPs already planned as low: this one can only cost more.
-        if any(p.planned_peak_bytes <= entry.planned_peak_bytes for p, _ in picked):
+    usable = [ec for ec in traced if not ec[0].error and not ec[0].policy.startswith(OFFLOAD)
+              and ec[0].planned_peak_bytes is not None]
+    for entry, cand in sorted(usable, key=lambda ec: (ec[0].planned_peak_bytes, ec[0].extra_flops)):
+        # One planned no lower than a candidate taken at no more FLOPs can only cost more.
+        if any(p.extra_flops <= entry.extra_flops for p, _ in picked):
             continue
         picked.append((entry, cand))
     out: list[PolicyCandidate] = []
     name = getattr(fn, "__name__", "step")
     for entry, cand in picked[:MAX_REORDERED]:
-        if out and deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and time.perf_counter() > deadline:
             break
         label = f"{entry.policy} on {entry.kind}{entry.where}, reordered"
         try:

@@ -60,7 +60,8 @@ def run(name: str, device: str | None, rounds: int, policy_only: bool = False) -
     base_flops = found.candidates[0].flops
     compared: dict[str, tuple[Any, Any]] = {}
     for policy in ("default", "dots_with_no_batch_dims_saveable", "nothing_saveable"):
-        done = next((c for c in found.candidates if (c.kind, c.policy, c.keys, c.but_last) == (kind, policy, None, False)
+        done = next((c for c in found.candidates
+                     if (c.kind, c.policy, c.keys, c.but_last, c.first, c.order) == (kind, policy, None, False, 0, "")
                      and not c.error and c.xla_total_bytes is not None), None)
         if done is not None:
             compared[policy] = (done.xla_total_bytes, done.extra_flops_ratio)
@@ -73,7 +74,8 @@ def run(name: str, device: str | None, rounds: int, policy_only: bool = False) -
             compared[policy] = (None, None)
     expected = jax.jit(fn)(*args)
     best = found.best
-    where = best.kind + (" but the last" if best.but_last else "") + (f" ({', '.join(s.function for s in best.sites)})" if best.keys else "")
+    where = best.kind + best.where + (f" ({', '.join(s.function for s in best.sites)})" if best.keys else "") \
+        + (f", reordered ({best.order})" if best.order else "")
     row = {
         "program": name, "judge": judge.name, "site": kind, "budget": result.budget_bytes,
         "original": result.xla_total_bytes_before,

@@ -148,7 +148,7 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
     if found is None:
         return None
     return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites], "keys": c.keys,
-             "but_last": c.but_last,
+             "but_last": c.but_last, "first": c.first or None, "order": c.order or None,
              "xla_total_bytes": c.xla_total_bytes if not c.error else None,
              "planned_peak_bytes": c.planned_peak_bytes,
              "extra_flops": c.extra_flops, "extra_flops_ratio": c.extra_flops_ratio,
@@ -238,8 +238,9 @@ def _render_policies(console: Any, result: Any) -> None:
                  "layer": "each layer call", "loop": "each loop iteration"}[c.kind]
         if c.kind == "layer" and c.keys is not None:
             where = ", ".join(f"{s.function} at line {s.call.line}" for s in c.sites)
-        if c.but_last:
-            where += " but the last"
+        where += c.where
+        if c.order:
+            where += f", run in jaxmem's {c.order}"
         judged = not c.error and c.xla_total_bytes is not None
         total = "error" if c.error else (format_size(c.xla_total_bytes) if judged else "not compiled")
         fits = ("yes" if c.xla_total_bytes <= result.budget_bytes else "no") if judged else ""
@@ -248,12 +249,14 @@ def _render_policies(console: Any, result: Any) -> None:
         table.add_row(where + mark, c.policy, plan, total, f"{100 * c.extra_flops_ratio:.1f}%", fits)
     console.print(table)
     best = found.best
-    if best.policy == "none" and best.xla_total_bytes is not None and best.xla_total_bytes > result.budget_bytes:
+    if best.policy == "none" and not best.order and best.xla_total_bytes is not None \
+            and best.xla_total_bytes > result.budget_bytes:
         console.print("no jax.checkpoint policy on the sites found (scan bodies, layers, the differentiated function) "
                       "lowers XLA's total; see the rewrite")
         return
     verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"
-    console.print(f"[bold]policy to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
+    what = "policy and order" if best.order else "policy"
+    console.print(f"[bold]{what} to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
                   f"{100 * best.extra_flops_ratio:.1f}% extra FLOPs):")
     for line in best.code.splitlines():  # one print per site: markup escapes a newline
         console.print(markup(line))

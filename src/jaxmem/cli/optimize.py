@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     from jaxmem.cli.fit import _abstract, _donate, _progress
     from jaxmem.compiler.target import load_target
     from jaxmem.fitting.judge import Judge
-    from jaxmem.fitting.reorder import reorder
+    from jaxmem.fitting.reorder import reorder, reordered_line
 
     if args.device is not None:
         Judge(args.device)
@@ -68,7 +68,9 @@ def main(argv: list[str]) -> int:
             "xla_total_bytes_before": result.xla_total_bytes_before,
             "xla_total_bytes_after": result.xla_total_bytes_after, "saved_bytes": result.saved_bytes,
             "share_of_gap": round(result.share_of_gap, 4), "chained_steps": result.chained_steps,
-            "steps": result.steps, "order": result.order, "candidates": result.candidates, "extra_flops": 0, "values_unchanged": same}
+            "steps": result.steps, "order": result.order, "candidates": result.candidates, "extra_flops": 0,
+            "values_unchanged": same, "apply": None if result.order == "original" else
+            reordered_line(getattr(fn, "__name__", "step"), result.order, donate, args.device)}
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -87,6 +89,8 @@ def main(argv: list[str]) -> int:
     console.print(f"  order kept: {result.order} (XLA total per order tried: {tried})")
     if same is not None:
         console.print(f"  values unchanged: {'yes' if same else '[red]no[/red]'}")
+    if data["apply"]:
+        console.print(f"  to run it in this order in your code: {markup(data['apply'])}")
     if result.judge == "XLA:CPU":
         console.print("  note: XLA:CPU removes optimization barriers before its last CSE pass, so the order "
                       "is not enforced there; use --device for a GPU")

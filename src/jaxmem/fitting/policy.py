@@ -14,6 +14,7 @@ total reported.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -29,6 +30,7 @@ from jaxmem.fitting.sites import CheckpointSite, body_sites, checkpoint_policy, 
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
 OFFLOAD = "offload_dot_with_no_batch_dims"
 MAX_SINGLE_LAYER_SITES = 6  # up to this many layer sites, each is also tried alone
+MAX_REORDERED = 3  # policy candidates also run in jaxmem's order, when no policy alone fits
 SLACK = 1.25   # a candidate the planner predicts within SLACK x budget is compiled first
 
 
@@ -48,16 +50,39 @@ class PolicyCandidate:
     error: str = ""
     keys: list[str] | None = None  # only these sites (None: every site of `kind`)
     but_last: bool = False         # every call (iteration) of a layer or loop site but the last
+    first: int = 0                 # only the first `first` calls (iterations), in program order (0: all)
+    order: str = ""                # "": as XLA orders it; else the order `reorder` kept for the
+                                   # function with this policy ("cpu plan order", ...)
+    reorder_call: str = ""         # the line that rebuilds that order in the user's code
+    reordered_fn: Callable[..., Any] | None = None  # the policy applied, run in `order`
 
     def apply(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """`fn` with this alternative's jax.checkpoint, as `jax.jit` traces it."""
-        return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last)
+        """`fn` with this alternative's jax.checkpoint, as `jax.jit` traces it (and run in its
+        order, for a reordered alternative: that function was built for the searched `fn`)."""
+        if self.reordered_fn is not None:
+            return self.reordered_fn
+        return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last,
+                                                            self.first)
+
+    @property
+    def where(self) -> str:
+        """Which calls of the sites: "" (every one), " but the last", " (the first k)"."""
+        if self.first:
+            return f" (the first {self.first})"
+        return " but the last" if self.but_last else ""
 
     @property
     def code(self) -> str:
-        """What to write in the user's code, one line per site."""
+        """What to write in the user's code, one line per site (then the reordering, if any)."""
+        lines = self._policy_lines()
+        if self.order:
+            lines.append(f"then run the step in jaxmem's {self.order} (no recompute; the order is enforced "
+                         f"by data dependencies XLA:GPU keeps): {self.reorder_call}")
+        return "\n".join(lines)
+
+    def _policy_lines(self) -> list[str]:
         if self.policy == "none":
-            return "no jax.checkpoint needed"
+            return [] if self.order else ["no jax.checkpoint needed"]
         pol = policy_expression(self.policy)
         lines = []
         for s in self.sites:
@@ -79,7 +104,12 @@ class PolicyCandidate:
         if self.but_last:
             lines.append("on every call (loop iteration) but the last: the backward pass uses the last one's "
                          "values at once, so checkpointing it would recompute them and save nothing")
-        return "\n".join(lines)
+        if self.first:
+            lines.append(f"on the first {self.first} call(s) (loop iteration(s)) only, the others as written "
+                         f"(`... = jax.checkpoint(f, policy=...)(...) if i < {self.first} else f(...)`, i the "
+                         f"iteration's index): the first layers' values are held the longest, from the forward "
+                         f"pass to the end of the backward")
+        return lines
 
     @property
     def extra_flops_ratio(self) -> float:
@@ -146,10 +176,11 @@ def loop_lines(site: CheckpointSite, pol: str) -> str:
 
 
 def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
-                keys: Sequence[str] | None = None, but_last: bool = False) -> Callable[..., Any]:
+                keys: Sequence[str] | None = None, but_last: bool = False, first: int = 0) -> Callable[..., Any]:
     """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
-    the sites whose `key` is in `keys`). A fresh function object each call, so no trace cache
-    hands back the unwrapped trace.
+    the sites whose `key` is in `keys`; on layer and loop sites, `but_last`: every call but the
+    last, `first`: only the first `first` calls in program order). A fresh function object each
+    call, so no trace cache hands back the unwrapped trace.
 
     >>> jax.jit(with_policy(step, "nothing_saveable"))(*args)   # doctest: +SKIP
     """
@@ -163,7 +194,12 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
             # with those equations under jax.checkpoint.
             @functools.wraps(body)
             def rebuilt(*a: Any, **k: Any) -> Any:
-                return trace_body(body, a, k).run(inner, keys, lambda f: jax.checkpoint(f, policy=pol), but_last)
+                calls = itertools.count()   # run() wraps each call once, in program order
+
+                def checkpoint(f: Callable[..., Any]) -> Callable[..., Any]:
+                    return jax.checkpoint(f, policy=pol) if not first or next(calls) < first else f
+
+                return trace_body(body, a, k).run(inner, keys, checkpoint, but_last)
 
             return rebuilt
         if site.kind not in kinds or (keys is not None and site.key not in keys):
@@ -218,7 +254,7 @@ def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSi
 def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequence[int], judge: Judge,
                     budget: int, original_total: int | None = None, offload: bool | None = None,
                     progress: Callable[[str], None] | None = None, exhaustive: bool = False,
-                    deadline: float | None = None) -> PolicySearch:
+                    deadline: float | None = None, reorder: bool | None = None) -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
     function, and pick the cheapest in FLOPs that meets `budget`.
 
@@ -233,6 +269,9 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
             in the planner's ranking) that XLA confirms within the budget.
         deadline: a `time.perf_counter()` after which no further alternative is planned or
             compiled (at least one of each is); those left are listed with the reason.
+        reorder: where no policy alone meets the budget, also run the best policy candidates
+            (and the original) in jaxmem's planned order (`fitting.reorder`), each judged by
+            XLA; default on for XLA:GPU (XLA:CPU drops the barriers that enforce the order).
 
     Returns:
         A `PolicySearch`; `best` is None where `fn` has no site (no scan, no jax.grad call seen).
@@ -259,26 +298,36 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before
     pending = []
-    choices: list[tuple[str, list[str] | None, bool]] = [(k, None, False) for k in kinds]
+    costs = {"plan": 0.0, "compile": 0.0}   # the longest seen: what one reordering will cost
+    choices: list[tuple[str, list[str] | None, bool, int]] = [(k, None, False, 0) for k in kinds]
     # Every iteration (call) but the last of the per-layer sites: the same memory at fewer
     # FLOPs. Each function site alone where no loop holds them (keeps the planner's work small).
     per_layer = "loop" if "loop" in kinds else ("layer" if "layer" in kinds else None)
     if per_layer is not None:
-        choices.append((per_layer, None, True))
+        choices.append((per_layer, None, True, 0))
+        # The first call alone: its values are held the longest (forward to the end of the
+        # backward), and in a conv net it is the widest stage (cnn_train's first stage: 8 MiB
+        # per activation, the last 2 MiB), so it saves the most bytes per FLOP recomputed.
+        if max((s.calls or 0) for s in sites if s.kind == per_layer) >= 3:
+            choices.append((per_layer, None, False, 1))
     layers = [s for s in sites if s.kind == "layer"]
     if per_layer == "layer" and 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:
-        choices += [("layer", [s.key], False) for s in layers]
-    for kind, keys, but_last in choices:
+        choices += [("layer", [s.key], False, 0) for s in layers]
+    for kind, keys, but_last, first in choices:
         for name in policies:
-            cand = with_policy(fn, name, (kind,), keys, but_last)
+            if first and name.startswith(OFFLOAD):
+                continue
+            cand = with_policy(fn, name, (kind,), keys, but_last, first)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
-                                    None, 0, 0, keys=keys, but_last=but_last)
+                                    None, 0, 0, keys=keys, but_last=but_last, first=first)
             if deadline is not None and time.perf_counter() > deadline and pending:
                 entry.error = "not tried: the policy search's time ran out"
                 result.candidates.append(entry)
                 continue
             try:
+                began = time.perf_counter()
                 entry.flops, entry.planned_peak_bytes = _measured(cand, args, donate)
+                costs["plan"] = max(costs["plan"], time.perf_counter() - began)
                 entry.extra_flops = max(0, entry.flops - base_flops)
             except Exception as err:  # a policy JAX refuses for this function
                 entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
@@ -292,6 +341,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     # The planner ranks, XLA confirms: least extra FLOPs first; a candidate the planner puts
     # well over the budget is compiled only when everything cheaper failed to fit.
     pending.sort(key=lambda ec: (ec[0].extra_flops, ec[0].policy.startswith(OFFLOAD), predicted(ec[0])))
+    traced_all = [(result.candidates[0], fn)] + list(pending)
     if not exhaustive:
         # Only what the planner says may fit; when nothing may, the one it puts lowest (so the
         # table has one confirmed figure), and the rewriting search gets the time.
@@ -301,9 +351,11 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         if k and deadline is not None and time.perf_counter() > deadline:
             break  # out of time: the ones compiled so far are the answer
         if progress is not None:
-            progress(f"{entry.policy} on {entry.kind}{' but the last' if entry.but_last else ''}")
+            progress(f"{entry.policy} on {entry.kind}{entry.where}")
         try:
+            began = time.perf_counter()
             entry.xla_total_bytes = judge.total(cand, args, donate)
+            costs["compile"] = max(costs["compile"], time.perf_counter() - began)
         except Exception as err:  # a policy XLA refuses here (offload on XLA:CPU)
             entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
         if not exhaustive and entry.xla_total_bytes is not None and entry.xla_total_bytes <= budget \
@@ -311,12 +363,69 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
             break
     ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
     fitting = [c for c in ok if c.xla_total_bytes <= budget]
+    if (reorder if reorder is not None else judge.device is not None) and (exhaustive or not fitting):
+        # One reordering: a trace and two plans (CPU model, GPU fusion), then three compiles.
+        cost = 2 * costs["plan"] + 3 * costs["compile"]
+        result.candidates += _reordered(fn, args, donate, judge, budget, traced_all, progress, exhaustive,
+                                        None if deadline is None else deadline - cost)
+        ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
+        fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if fitting:
         # Equal FLOPs: keep activations on the device (offload costs host transfers FLOPs omit).
         result.best = min(fitting, key=lambda c: (c.extra_flops, c.policy.startswith(OFFLOAD), c.xla_total_bytes))
     else:
         result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
     return result
+
+
+def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], judge: Judge, budget: int,
+               traced: list[tuple[PolicyCandidate, Callable[..., Any]]], progress: Callable[[str], None] | None,
+               exhaustive: bool, deadline: float | None) -> list[PolicyCandidate]:
+    """Up to MAX_REORDERED candidates (the original among them) run in jaxmem's order, each
+    judged by XLA: recompute lowers jaxmem's plan, and reordering brings XLA's total towards
+    the plan (cnn_train: dots_saveable on its stages plans 23.6 MiB, but XLA holds 47.3 in its
+    own order and 26.2 in the plan's). The lowest plan first (the order is the plan's: the
+    closer it is to the budget, the likelier XLA's total gets there), fewer FLOPs breaking
+    ties, skipping one with no fewer FLOPs than a candidate already taken, and offload (host
+    copies the plan does not model); stops at the first that fits unless `exhaustive`. None starts after `deadline`
+    (the policy search's end less what one reordering costs): a 12-layer transformer's takes
+    minutes, and its own order is kept there anyway."""
+    from jaxmem.fitting.reorder import reorder, reordered_line
+
+    picked: list[tuple[PolicyCandidate, Callable[..., Any]]] = []
+    usable = [ec for ec in traced if not ec[0].error and not ec[0].policy.startswith(OFFLOAD)
+              and ec[0].planned_peak_bytes is not None]
+    for entry, cand in sorted(usable, key=lambda ec: (ec[0].planned_peak_bytes, ec[0].extra_flops)):
+        # One planned no lower than a candidate taken at no more FLOPs can only cost more.
+        if any(p.extra_flops <= entry.extra_flops for p, _ in picked):
+            continue
+        picked.append((entry, cand))
+    out: list[PolicyCandidate] = []
+    name = getattr(fn, "__name__", "step")
+    for entry, cand in picked[:MAX_REORDERED]:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        label = f"{entry.policy} on {entry.kind}{entry.where}, reordered"
+        try:
+            found = reorder(cand, *args, donate_argnums=tuple(donate), device=judge.device,
+                            before=entry.xla_total_bytes,
+                            progress=None if progress is None else (lambda step: progress(f"{label}: {step}")))
+        except Exception:  # noqa: BLE001 - a candidate jaxmem cannot plan or XLA cannot compile reordered
+            continue          # stays as judged without the order
+        if entry.xla_total_bytes is None:
+            entry.xla_total_bytes = found.xla_total_bytes_before
+        if found.order == "original":
+            continue
+        call = (f"{reordered_line(name, found.order, donate, judge.device)}  # example_args: arrays "
+                f"(or jax.ShapeDtypeStruct) of the step's argument shapes; then jax.jit({name}"
+                f"{f', donate_argnums={tuple(donate)!r}' if donate else ''}) as before")
+        out.append(PolicyCandidate(entry.kind, entry.policy, entry.sites, found.xla_total_bytes_after,
+                                   entry.flops, entry.extra_flops, entry.planned_peak_bytes, keys=entry.keys,
+                                   but_last=entry.but_last, first=entry.first, order=found.order, reorder_call=call,
+                                   reordered_fn=found.fn))
+        if not exhaustive and found.xla_total_bytes_after <= budget:
+            break
+    return out
 
 
 def _trace(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Any:

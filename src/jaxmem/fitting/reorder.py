@@ -54,7 +54,7 @@ class ReorderResult:
 
 
 def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0,
-                     tie_constants: bool = True, literals: str = "all") -> Callable[..., Any]:
+                     tie_constants: bool = True, literals: str = "all", hoist: bool = True) -> Callable[..., Any]:
     """A function of the original arguments that binds the plan's steps in its order, each
     stored step whose outputs hold at least `min_bytes` chained after the one before it
     (`chain=False`: the order is only the trace's order).
@@ -75,11 +75,14 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     MiB per conv layer). `literals="all"` ties every scalar constant; "alone", those of steps
     that read nothing else. The values are the same: a barrier returns its operands.
 
+    With `hoist` (and `chain`), the other readers of what a max-pool gradient reads run before
+    it, stored (`readers_first`): XLA widens that step where jaxmem's plan does not.
+
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
     """
     closed = traced.closed_jaxpr
-    schedule = plan.schedule
+    schedule, hoisted = readers_first(plan) if chain and hoist else (list(plan.schedule), set())
     outvars = plan.outvars
     literal_outs = {j: ja.literal_value(v) for j, v in enumerate(closed.jaxpr.outvars)
                     if outvars[j] is None and ja.is_literal(v)}
@@ -87,6 +90,8 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     last_read = _last_reads(schedule, outvars)
 
     def chained(step: Any) -> bool:
+        if id(step) in hoisted:
+            return True
         if not chain or step.fused:
             return False
         return sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
@@ -125,13 +130,67 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
                     env[vid] = val
             if stored:
                 previous = [v for v in step.outputs if v is not None]
-            if not step.fused and any(v is not None for v in step.outputs):
+            if stored or (not step.fused and any(v is not None for v in step.outputs)):
                 made = env[next(v for v in step.outputs if v is not None)]
         leaves = [literal_outs[j] if v is None else env[v] for j, v in enumerate(outvars)]
         return jax.tree.unflatten(traced.out_tree, leaves)
 
     ordered.__name__ = "reordered"
     return ordered
+
+
+# Steps XLA:GPU widens beyond what they read and write: `SelectAndScatterExpander` turns a
+# select_and_scatter (the max-pool gradient) into a variadic reduce_window that writes one s32
+# index array per operand dimension (for a 2x2 NHWC pool, as many bytes as the operand) and a
+# scatter into a fresh zero buffer the size of the operand (cnn_train's first stage: 8 MiB of
+# indices and 8 MiB of zeros, `loop_reduce_window_fusion{1..4}` and `loop_broadcast_fusion` in
+# its buffer-assignment dump). jaxmem's plan models only the operand and the output.
+WIDENED = frozenset({"select_and_scatter_add"})
+
+
+def readers_first(plan: Plan) -> tuple[list[Any], set[int]]:
+    """The plan's schedule with, before each step in `WIDENED`, the later steps that read what
+    it reads (directly, or through the fused steps computed inside it), need nothing made from
+    there on, and write no more than they read: those steps, `id`s in the set returned, are to
+    be stored. Why: XLA:GPU's indices and zero buffer are live during that step, so a value
+    held across it for a later reader costs its bytes on top of them. cnn_train's first stage:
+    the relu's mask `x > 0` (a pred, 2 MiB) was computed after the max-pool gradient from the
+    conv output x (8 MiB), which XLA then held beside 16 MiB of indices and zeros; computed
+    first, x dies before the gradient starts. Other schedules come back unchanged."""
+    schedule = list(plan.schedule)
+    if not any(st.primitive in WIDENED for st in schedule):
+        return schedule, set()
+    nbytes = {vid: info.nbytes for vid, info in plan.values.items()}
+    hoisted: set[int] = set()
+    pos = 0
+    while pos < len(schedule):
+        step = schedule[pos]
+        if step.primitive not in WIDENED or step.fused:
+            pos += 1
+            continue
+        maker = {o: st for st in schedule for o in st.outputs if o is not None}
+        feed, frontier = set(step.inputs), list(step.inputs)
+        while frontier:               # through the fused steps XLA computes inside this one
+            made_by = maker.get(frontier.pop())
+            if made_by is not None and made_by.fused:
+                new = [v for v in made_by.inputs if v not in feed]
+                feed.update(new)
+                frontier += new
+        later = {o for st in schedule[pos:] for o in st.outputs if o is not None}
+        moved = []
+        for st in schedule[pos + 1:]:
+            ins = set(st.inputs)
+            if not ins & feed or ins & later or st.primitive in WIDENED:
+                continue
+            written = sum(nbytes.get(o, 0) for o in st.outputs if o is not None)
+            if written and written <= sum(nbytes.get(v, 0) for v in ins & feed):
+                moved.append(st)
+        if moved:
+            gone = {id(st) for st in moved}
+            schedule = schedule[:pos] + moved + [st for st in schedule[pos:] if id(st) not in gone]
+            hoisted.update(gone)
+        pos += len(moved) + 1
+    return schedule, hoisted
 
 
 def _last_reads(schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, int]:
@@ -188,16 +247,76 @@ def candidates(plans: dict[str, Plan]) -> list[tuple[str, Plan, bool]]:
     return out + [("constants only", first[1], False)]
 
 
+def _plans(traced: ja.Traced, device: str | None) -> dict[str, Plan]:
+    """jaxmem's plans of `traced`, the target's own first: for a GPU preset, the plan with
+    XLA:GPU's fusion rules (`plan_on_gpu`) where it is lower than the CPU-model plan, then the
+    CPU-model plan. No XLA compile: a user's process on a real GPU can build them too."""
+    from jaxmem.compiler.planner import plan_jaxpr
+
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
+    cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
+    if device is not None:
+        from jaxmem.xla.gpu_model import plan_on_gpu
+
+        gpu = plan_on_gpu(cpu)
+        if gpu.peak_bytes < cpu.peak_bytes:
+            return {"gpu plan": gpu, "cpu plan": cpu}
+    return {"cpu plan": cpu}
+
+
+ORDERS = ("gpu plan order", "cpu plan order", "constants only")
+
+
+def reordered(fn: Callable[..., Any], *args: Any, order: str, donate_argnums: int | Sequence[int] = (),
+              device: str | None = None, min_share: float = 0.0) -> Callable[..., Any]:
+    """`fn` run in the order `reorder` (or `jaxmem optimize`, or `jaxmem fit`) kept, rebuilt
+    without judging: what a user writes in their training script, on a real GPU or here
+    (jaxmem's plans need no XLA compile). `order` is `ReorderResult.order`; "original" gives
+    `fn` back. The arguments only need the shapes and dtypes of the real ones.
+
+    >>> step = reordered(step, params, opt_state, batch, order="cpu plan order",
+    ...                  donate_argnums=(0, 1), device="h100-80gb")     # doctest: +SKIP
+    >>> jax.jit(step, donate_argnums=(0, 1))(params, opt_state, batch)  # doctest: +SKIP
+    """
+    if order == "original":
+        return fn
+    if order not in ORDERS:
+        from jaxmem.errors import ConfigError
+
+        raise ConfigError(f"unknown order {order!r}: one of {', '.join(('original',) + ORDERS)}")
+    donate = ja.donate_positions(len(args), donate_argnums)
+    traced = ja.trace(fn, args, donate_argnums=donate)
+    plans = _plans(traced, device)
+    for name, plan, chain in candidates(plans):
+        if name == order:
+            min_bytes = int(min_share * next(iter(plans.values())).peak_bytes)
+            return ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all")
+    from jaxmem.errors import ConfigError
+
+    raise ConfigError(f"order {order!r} is not one for this target (device {device!r}): "
+                      f"{', '.join(name for name, _, _ in candidates(plans))}")
+
+
+def reordered_line(name: str, order: str, donate: Sequence[int], device: str | None) -> str:
+    """The line a user writes to run their step `name` in `order` (`reordered`).
+
+    >>> reordered_line("step", "cpu plan order", (0,), "h100-80gb")
+    "step = jaxmem.fitting.reorder.reordered(step, *example_args, order='cpu plan order', donate_argnums=(0,), device='h100-80gb')"
+    """
+    return (f"{name} = jaxmem.fitting.reorder.reordered({name}, *example_args, order={order!r}, "
+            f"donate_argnums={tuple(donate)!r}, device={device!r})")
+
+
 def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
             device: str | None = None, progress: Callable[[str], None] | None = None,
-            min_share: float = 0.0) -> ReorderResult:
+            min_share: float = 0.0, before: int | None = None) -> ReorderResult:
     """Run `fn` in jaxmem's planned order and say what XLA's total becomes (no recompute).
 
     The candidates (`candidates`): the order of the plan for the judge's target (for a GPU
     preset, `plan_on_gpu`: planned with XLA:GPU's fusion rules) and, where it differs, of the
     CPU-model plan, each with every scalar constant tied; and the constants tied alone. XLA
     judges each and the lowest is kept; when none is below the original, the original is
-    returned.
+    returned. `reordered(fn, *args, order=result.order, ...)` rebuilds the one kept.
 
     Args:
         fn, args: the function and its example arguments.
@@ -206,30 +325,22 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
         progress: called with a short label before each step of the work (each compile).
         min_share: chain only steps whose outputs hold at least this share of the planned peak
             (0: every stored step).
+        before: XLA's total for `fn` itself, when already known (one compile fewer).
 
     Returns:
         A `ReorderResult`; `fn` computes the same values as the original.
     """
-    from jaxmem.compiler.planner import plan_jaxpr
-
     note = progress or (lambda label: None)
     judge = Judge(device)
     donate = ja.donate_positions(len(args), donate_argnums)
     traced = ja.trace(fn, args, donate_argnums=donate)
     note("plan")
-    donated = [k in traced.donated for k in range(len(traced.in_avals))]
-    cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
-    plans = {"cpu plan": cpu}
-    if device is not None:
-        from jaxmem.xla.gpu_model import plan_on_gpu
-
-        gpu = plan_on_gpu(cpu)
-        if gpu.peak_bytes < cpu.peak_bytes:
-            plans = {"gpu plan": gpu, "cpu plan": cpu}
+    plans = _plans(traced, device)
     planned = next(iter(plans.values()))           # jaxmem's own plan for this target
     min_bytes = int(min_share * planned.peak_bytes)
-    note("original")
-    before = judge.total(fn, args, donate)
+    if before is None:
+        note("original")
+        before = judge.total(fn, args, donate)
     best = ("original", fn, before, None)
     totals: dict[str, int] = {}
     for name, plan, chain in candidates(plans):
@@ -249,4 +360,4 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
                          len(plan.schedule), plan.scheduler, name, totals)
 
 
-__all__ = ["reorder", "ReorderResult", "ordered_function", "candidates", "FOLDED"]
+__all__ = ["reorder", "reordered", "ReorderResult", "ordered_function", "candidates", "FOLDED", "ORDERS", "reordered_line", "readers_first", "WIDENED"]

@@ -197,3 +197,36 @@ def test_inline_loop_body_is_a_site_and_the_refactor_it_prints_gives_the_same_pr
         hand = _step(partial(by_hand, but_last=but_last))
         assert xla_reference(fitted, (WS, X)).total_bytes == xla_reference(hand, (WS, X)).total_bytes
         _close(jax.jit(step)(WS, X), jax.jit(fitted)(WS, X))
+
+
+def enumerate_loss(ws, x):
+    for i, w in enumerate(ws):
+        h = jnp.sin(x @ w) * (i + 1)
+        x = x + jnp.tanh(h)
+    return jnp.mean(x ** 2)
+
+
+def test_tuple_loop_target_prints_a_closure_that_gives_the_same_program():
+    """`for i, w in enumerate(ws)` has no parameter list to reuse: fit prints the body as a
+    function of the updated names alone, defined in the loop and closing over i and w."""
+    from jaxmem.fitting.policy import loop_lines
+
+    step = _step(enumerate_loss)
+    (loop,) = [s for s in find_sites(step, (WS, X)) if s.kind == "loop"]
+    text = loop_lines(loop, "jax.checkpoint_policies.nothing_saveable")
+    assert "def layer(x): ..." in text and "x = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)(x)" in text
+    policy = jax.checkpoint_policies.nothing_saveable
+
+    def by_hand(ws, x):
+        for i, w in enumerate(ws):
+            def layer(x):
+                h = jnp.sin(x @ w) * (i + 1)
+                return x + jnp.tanh(h)
+            x = jax.checkpoint(layer, policy=policy)(x)
+        return jnp.mean(x ** 2)
+
+    fitted = with_policy(step, "nothing_saveable", ("loop",))
+    hand = _step(by_hand)
+    assert _remats(fitted) == _remats(hand) == 4
+    assert xla_reference(fitted, (WS, X)).total_bytes == xla_reference(hand, (WS, X)).total_bytes
+    _close(jax.jit(fitted)(WS, X), jax.jit(hand)(WS, X))

@@ -167,6 +167,14 @@ def loop_lines(site: CheckpointSite, pol: str) -> str:
     updates)."""
     carried = site.args or "x"
     ret = carried if "," not in carried else f"({carried})"
+    if not (site.callee or "").isidentifier():
+        # A tuple target (`for i, conv in enumerate(...)`) is no parameter list: the body
+        # closes over the loop's names instead, which jax.checkpoint takes as constants.
+        taken = {n.strip("() ") for n in f"{carried}, {site.callee}".split(",")}
+        name = next(n for n in ("layer", "block", "layer_fn", "jaxmem_layer") if n not in taken)
+        return (f"move the body of `{site.text}` (the loop's lines) into `def {name}({carried}): ...; "
+                f"return {ret}`, defined inside the loop, and write `{ret} = jax.checkpoint({name}, "
+                f"policy={pol})({carried})` after it ({site.calls} iterations)")
     params = f"{carried}, {site.callee}"
     taken = {n.strip("() ") for n in params.split(",")}
     name = next(n for n in ("layer", "block", "layer_fn", "jaxmem_layer") if n not in taken)

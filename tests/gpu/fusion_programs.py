@@ -158,3 +158,20 @@ STORED = {
     "bf16_weight_read_twice": True,
     "scan_after_large_temporary": True,
 }
+
+
+# --- pred2: moe, heap placement, split-K
+
+def scatter_into_donated_output():
+    """A gathered weight's gradient (a scatter-add into zeros, 16 MiB) applied to the donated
+    weight: the update writes its output into the weight's own allocation, so the scatter's
+    in-place buffer is a temporary of its own (16 MiB), live until the update reads it. Call
+    with `donate_argnums=(0,)`."""
+    def fn(w, idx, g):
+        grad = jnp.zeros_like(w).at[idx].add(g)
+        return w - 0.1 * grad
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.arange(256, dtype=jnp.int32) * 3,
+                jnp.ones((256, D), jnp.float32))
+
+
+STORED["scatter_into_donated_output"] = True

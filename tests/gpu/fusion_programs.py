@@ -175,3 +175,17 @@ def scatter_into_donated_output():
 
 
 STORED["scatter_into_donated_output"] = True
+
+
+def relu_mask_read_by_gemms():
+    """A relu's backward mask, `where(h > 0, g, 0)` (h and g 16 MiB each, arguments), read by a
+    reduction and two GEMMs (bias, input and weight gradients): it reads two tensors and has
+    several readers, so XLA's GEMM fusion does not take it in; it is stored (16 MiB)."""
+    def fn(h, g, x, w):
+        s = jnp.where(h > 0, g, 0.0)
+        return s.sum(axis=0) + (x.T @ s).sum(axis=0) + jnp.sum(s @ w)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32), jnp.ones((N, 8), jnp.float32),
+                jnp.ones((D, 8), jnp.float32))
+
+
+STORED["relu_mask_read_by_gemms"] = True

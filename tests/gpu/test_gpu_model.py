@@ -150,16 +150,16 @@ def test_plan_on_gpu_keeps_the_lower_checked_plan():
 
 # --- pred2: moe, heap placement, split-K
 
-# Rule programs that need donated arguments: name -> donate_argnums.
-DONATING_RULES = {"scatter_into_donated_output": (0,)}
+# Rule programs checked on both devices: name -> donate_argnums.
+PRED2_RULES = {"scatter_into_donated_output": (0,), "relu_mask_read_by_gemms": ()}
 
 
 @needs_gpu_compiler
 @pytest.mark.parametrize("device", ["h100-80gb", "a100-40gb"])
-@pytest.mark.parametrize("name", sorted(DONATING_RULES))
-def test_each_donating_rule_matches_xla_gpu_buffer_assignment(name, device):
+@pytest.mark.parametrize("name", sorted(PRED2_RULES))
+def test_each_pred2_rule_matches_xla_gpu_buffer_assignment(name, device):
     module, factory = _load(name)
-    donate = DONATING_RULES[name]
+    donate = PRED2_RULES[name]
     ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=donate, top=0)
     pred = _predict(*factory(), donate=donate, device=device)
     big = module.BIG

@@ -173,6 +173,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             ok = False
         if ok:
             fused[v] = True
+    if store_shared_casts:
+        store_shared_masks(g, fused)
     stored, inside = softmax_outputs(g, internal=True)
     for v in stored:
         if not roles.external[v]:
@@ -181,6 +183,29 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
         if not (roles.outputs[v] or roles.external[v]):
             fused[v] = True
     return fused
+
+
+def store_shared_masks(g: Program, fused: list[bool]) -> None:
+    """A select over two full tensors (a relu's backward mask, `where(h > 0, g, 0)`) read by
+    several consumers, one of them a GEMM, is stored: marked not fused in `fused`.
+
+    Inside a GEMM's operand fusion such a select reads two tensors to write one, and XLA's GEMM
+    fusion takes a producer that reads more than it writes only when the GEMM is its single
+    reader (IsInputWorthFusing); with the bias gradient's reduction and the input and weight
+    gradients' GEMMs all reading it, the mask is a loop fusion of its own, stored (written in
+    place of the incoming gradient: mlp_train's dump, `loop_select_fusion` per layer;
+    `tests/gpu/fusion_programs.py:relu_mask_read_by_gemms`). Computed inside each reader, it
+    would keep both of its inputs live until the last of them.
+    """
+    for op in g.ops:
+        if op.primitive != "select_n" or len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        if not fused[v] or len(g.users[v]) < 2:
+            continue
+        full = {u for u in op.inputs if g.shapes[u] == g.shapes[v] and g.nbytes[u] > IO_TOLERANCE_BYTES}
+        if len(full) >= 2 and any(g.ops[c].primitive in DOTS for c in g.users[v]):
+            fused[v] = False
 
 
 # gemm_fusion.cc / triton_fusion_analysis.cc: kIoToleranceBytes, how much an operand fused into a

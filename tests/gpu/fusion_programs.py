@@ -158,3 +158,34 @@ STORED = {
     "bf16_weight_read_twice": True,
     "scan_after_large_temporary": True,
 }
+
+
+# --- pred2: moe, heap placement, split-K
+
+def scatter_into_donated_output():
+    """A gathered weight's gradient (a scatter-add into zeros, 16 MiB) applied to the donated
+    weight: the update writes its output into the weight's own allocation, so the scatter's
+    in-place buffer is a temporary of its own (16 MiB), live until the update reads it. Call
+    with `donate_argnums=(0,)`."""
+    def fn(w, idx, g):
+        grad = jnp.zeros_like(w).at[idx].add(g)
+        return w - 0.1 * grad
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.arange(256, dtype=jnp.int32) * 3,
+                jnp.ones((256, D), jnp.float32))
+
+
+STORED["scatter_into_donated_output"] = True
+
+
+def relu_mask_read_by_gemms():
+    """A relu's backward mask, `where(h > 0, g, 0)` (h and g 16 MiB each, arguments), read by a
+    reduction and two GEMMs (bias, input and weight gradients): it reads two tensors and has
+    several readers, so XLA's GEMM fusion does not take it in; it is stored (16 MiB)."""
+    def fn(h, g, x, w):
+        s = jnp.where(h > 0, g, 0.0)
+        return s.sum(axis=0) + (x.T @ s).sum(axis=0) + jnp.sum(s @ w)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32), jnp.ones((N, 8), jnp.float32),
+                jnp.ones((D, 8), jnp.float32))
+
+
+STORED["relu_mask_read_by_gemms"] = True

@@ -146,3 +146,76 @@ def test_plan_on_gpu_keeps_the_lower_checked_plan():
     cpu = plan(fn, *args, donate_argnums=(0, 1), xla=False)
     gpu = plan_on_gpu(cpu)
     assert gpu.valid and gpu.peak_bytes <= cpu.peak_bytes and gpu.peak_bytes < cpu.peak_bytes / 4
+
+
+# --- pred2: moe, heap placement, split-K
+
+# Rule programs checked on both devices: name -> donate_argnums.
+PRED2_RULES = {"scatter_into_donated_output": (0,), "relu_mask_read_by_gemms": ()}
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", ["h100-80gb", "a100-40gb"])
+@pytest.mark.parametrize("name", sorted(PRED2_RULES))
+def test_each_pred2_rule_matches_xla_gpu_buffer_assignment(name, device):
+    module, factory = _load(name)
+    donate = PRED2_RULES[name]
+    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=donate, top=0)
+    pred = _predict(*factory(), donate=donate, device=device)
+    big = module.BIG
+    assert math.floor(pred.temp_bytes / big) == math.floor(ref.temp_bytes / big), (pred.temp_bytes, ref.temp_bytes)
+    assert (ref.temp_bytes >= big) == module.STORED[name]
+    assert (pred.argument_bytes, pred.output_bytes, pred.alias_bytes) == \
+        (ref.argument_bytes, ref.output_bytes, ref.alias_bytes)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.05
+
+
+@needs_gpu_compiler
+def test_heap_placement_reproduces_xla_gpu_offsets_of_its_own_temporaries(tmp_path):
+    """XLA's temporaries (its own live ranges and value ids, from moe_train's dumps) placed by
+    `gpu_heap`: the spatial placement puts every buffer of 1 KiB or more at XLA's offset, and
+    the heap is XLA's temp allocation (the rest: 16-24 byte tuple tables)."""
+    import subprocess
+    import sys
+
+    from jaxmem.xla.gpu import _dump_files, child_env
+    from jaxmem.xla.gpu_heap import dump_temp_spans, placements, xla_heap_size
+
+    subprocess.run([sys.executable, "-m", "jaxmem.xla.gpu", "jaxmem.examples.zoo:moe_train", "--spec", "h100_sxm",
+                    "--device", "h100-80gb", "--donate", "0,1", "--no-cache", "--top", "0"],
+                   env=child_env(str(tmp_path)), check=True, capture_output=True, timeout=600)
+    live_path, _, assignment_path = _dump_files(str(tmp_path))
+    spans, offsets, ids, temp = dump_temp_spans(Path(assignment_path).read_text(), Path(live_path).read_text())
+    assert len(spans) > 10 and temp > 0
+    aligned = [(s, e, -(-z // 256) * 256) for s, e, z in spans]
+    placed, _ = placements(aligned, ids)["spatial"]
+    big = [k for k, (_, _, z) in enumerate(spans) if z >= 1024]
+    assert len(big) > 10
+    assert [placed[k] for k in big] == [offsets[k] for k in big]
+    assert abs(xla_heap_size(aligned) - temp) <= 4096
+
+
+def test_heap_placement_is_valid_and_never_below_the_live_bound():
+    """Invariants of `gpu_heap` on random heaps: no two buffers live at once share bytes, the
+    heap holds every buffer, and no placement beats the most bytes live at once."""
+    import random
+
+    from jaxmem.compiler.stages import live_profile
+    from jaxmem.xla.gpu_heap import placements, xla_heap_size
+
+    rng = random.Random(7)
+    for _ in range(200):
+        spans = []
+        for _ in range(rng.randint(1, 30)):
+            s = rng.randint(0, 40)
+            spans.append((s, s + rng.randint(0, 15), 256 * rng.randint(1, 64)))
+        bound = int(live_profile(spans, max(e for _, e, _ in spans)).max())
+        for offsets, size in placements(spans).values():
+            assert size >= bound
+            for i, (s1, e1, z1) in enumerate(spans):
+                assert offsets[i] + z1 <= size
+                for j in range(i):
+                    s2, e2, z2 = spans[j]
+                    if s1 <= e2 and s2 <= e1:
+                        assert offsets[i] + z1 <= offsets[j] or offsets[j] + z2 <= offsets[i]
+        assert xla_heap_size(spans) == min(size for _, size in placements(spans).values())

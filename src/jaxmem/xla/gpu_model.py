@@ -25,6 +25,7 @@ liveness, so no second front end or liveness model appears:
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -172,6 +173,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             ok = False
         if ok:
             fused[v] = True
+    if store_shared_casts:
+        store_shared_masks(g, fused)
     stored, inside = softmax_outputs(g, internal=True)
     for v in stored:
         if not roles.external[v]:
@@ -180,6 +183,29 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
         if not (roles.outputs[v] or roles.external[v]):
             fused[v] = True
     return fused
+
+
+def store_shared_masks(g: Program, fused: list[bool]) -> None:
+    """A select over two full tensors (a relu's backward mask, `where(h > 0, g, 0)`) read by
+    several consumers, one of them a GEMM, is stored: marked not fused in `fused`.
+
+    Inside a GEMM's operand fusion such a select reads two tensors to write one, and XLA's GEMM
+    fusion takes a producer that reads more than it writes only when the GEMM is its single
+    reader (IsInputWorthFusing); with the bias gradient's reduction and the input and weight
+    gradients' GEMMs all reading it, the mask is a loop fusion of its own, stored (written in
+    place of the incoming gradient: mlp_train's dump, `loop_select_fusion` per layer;
+    `tests/gpu/fusion_programs.py:relu_mask_read_by_gemms`). Computed inside each reader, it
+    would keep both of its inputs live until the last of them.
+    """
+    for op in g.ops:
+        if op.primitive != "select_n" or len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        if not fused[v] or len(g.users[v]) < 2:
+            continue
+        full = {u for u in op.inputs if g.shapes[u] == g.shapes[v] and g.nbytes[u] > IO_TOLERANCE_BYTES}
+        if len(full) >= 2 and any(g.ops[c].primitive in DOTS for c in g.users[v]):
+            fused[v] = False
 
 
 # gemm_fusion.cc / triton_fusion_analysis.cc: kIoToleranceBytes, how much an operand fused into a
@@ -381,7 +407,8 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
         live = assign_buffers(g, order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
         heap = (heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
-                + concatenated_operand_spans(g, order, groups) + scan_output_spans(g, order, roles))
+                + concatenated_operand_spans(g, order, groups) + scan_output_spans(g, order, roles)
+                + donated_output_prefix_spans(g, order, live, aliased))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
@@ -472,6 +499,40 @@ def scan_output_spans(g: Program, order: Sequence[int], roles: Roles) -> list[tu
             if y is None or roles.outputs[y] or roles.external[y] or not g.users[y]:
                 continue
             spans.append((0, p - 1, align(g.nbytes[y])))
+    return spans
+
+
+def donated_output_prefix_spans(g: Program, order: Sequence[int], live: Any,
+                                aliased: set[int]) -> list[tuple[int, int, int]]:
+    """Temporaries written in place into a buffer whose output aliases a donated argument.
+
+    jaxmem's liveness lets an output's buffer begin as the buffer of an earlier value that the
+    output is computed over in place (a scatter's zeros, the scatter into them, then Adam's
+    update of that gradient). When the output takes a donated argument's allocation, XLA
+    cannot do that: the argument's allocation holds the argument until the output is written
+    (buffer assignment puts nothing but the parameter and its aliased output there), so the
+    earlier values are temporaries in the heap, live until the op that writes the output
+    (moe_train's dump: each expert weight's 1 MiB gradient scatter, `input_scatter_fusion.1`,
+    in the temp block up to Adam's `loop_add_subtract_fusion`; the dump of
+    `tests/gpu/fusion_programs.py:scatter_into_donated_output`).
+
+    **Arguments:** the program, the order, its liveness, `aliased` (interval ids of outputs in
+    donated arguments' allocations).
+
+    **Returns:** (start, end, size) spans over positions of `order`.
+    """
+    pos = {oi: p for p, oi in enumerate(order)}
+    outvars = {v for v in g.outvars if isinstance(v, int)}
+    spans = []
+    for iv in live.intervals:
+        if iv.id not in aliased or iv.kind != "output":
+            continue
+        written = [pos[g.producer[v]] for v in iv.members if v in outvars and g.producer[v] in pos]
+        earlier = [v for v in iv.members if v not in outvars and g.producer[v] in pos
+                   and (not written or pos[g.producer[v]] < min(written))]
+        if not earlier or not written:
+            continue
+        spans.append((iv.start, min(written), iv.size))
     return spans
 
 
@@ -590,9 +651,11 @@ def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> i
 
 
 def _place(heap: list[tuple[int, int, int]]) -> int:
-    from jaxmem.compiler.placement import place
+    """The temp block's size: the heap placed as XLA's heap simulator places it
+    (`gpu_heap.xla_heap_size`), fragmentation included."""
+    from jaxmem.xla.gpu_heap import xla_heap_size
 
-    return place(heap).arena if heap else 0
+    return xla_heap_size(heap)
 
 
 def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> list[tuple[int, int, int]]:
@@ -607,21 +670,27 @@ def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) 
 
     **Returns:** the (start, end, size) spans left for the heap.
     """
-    allocs: list[tuple[int, list[tuple[int, int]]]] = []   # (size, busy spans)
-    for iv in intervals:
-        if iv.kind == "output" and iv.id not in aliased:
-            allocs.append((iv.size, [(iv.start, iv.end)]))
-    allocs.sort(key=lambda a: -a[0])
+    outputs = [iv for iv in intervals if iv.kind == "output" and iv.id not in aliased]
+    # Smallest first; among equal sizes the later interval first (the order tried before).
+    outputs = list(reversed(sorted(outputs, key=lambda iv: -iv.size)))
+    sizes = [iv.size for iv in outputs]
+    # Per allocation its busy spans, disjoint, kept sorted by start: an overlap test is two
+    # neighbours found by bisection, not a scan over every span.
+    starts = [[iv.start] for iv in outputs]
+    ends = [[iv.end] for iv in outputs]
     heap: list[tuple[int, int, int]] = []
     temps = sorted((iv for iv in intervals if iv.kind in ("temp", "scratch") and iv.size),
                    key=lambda iv: (-iv.size, iv.start))
     for iv in temps:
-        for size, busy in reversed(allocs):
-            if size < iv.size:
+        for k in range(bisect.bisect_left(sizes, iv.size), len(outputs)):
+            at = bisect.bisect_left(starts[k], iv.start)
+            if at > 0 and ends[k][at - 1] >= iv.start:
                 continue
-            if all(iv.end < s or iv.start > e for s, e in busy):
-                busy.append((iv.start, iv.end))
-                break
+            if at < len(starts[k]) and starts[k][at] <= iv.end:
+                continue
+            starts[k].insert(at, iv.start)
+            ends[k].insert(at, iv.end)
+            break
         else:
             heap.append((iv.start, iv.end, iv.size))
     return heap

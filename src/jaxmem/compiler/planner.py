@@ -14,11 +14,12 @@ schedule is scored by its live bytes; the best one is placed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 
 from jaxmem.compiler import jaxpr_adapter as ja
@@ -121,15 +122,25 @@ def plan_jaxpr(
     **Returns:** the `Plan` for the schedule with the fewest live bytes.
     """
     start = time.perf_counter()
-    # Planning makes many small objects and no cycles: the cyclic collector would only rescan
-    # the (large) jaxpr again and again, a third of the time on big programs.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check,
                            external_outputs, carry_inputs, base_fusion)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, restored after.
+
+    Planning (and `xla.gpu_model.predict`) makes many small objects and no cycles: the
+    collector would only rescan the (large) jaxpr again and again, a third of the time on big
+    programs. Nested uses are fine: only the outermost turns it back on.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
-        if gc_was_enabled:
+        if was_enabled:
             gc.enable()
 
 

@@ -76,8 +76,10 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
             b.new_group(v, -1, "argument")
 
     facts = op_facts(g)
+    asize = side_table(g, ("aligned", g.num_values), _aligned)   # align(nbytes[v]), per value
     # only a GPU target's base fusion puts GEMMs inside sums (`fusion.gemm_epilogues`)
     any_epilogue = any(fused[op.outputs[0]] for op in side_table(g, "gemms", _gemms))
+    pick_inplace = b.pick_inplace
     for p, oi in enumerate(order):
         op = ops[oi]
         if oi in scratch and scratch[oi] > 0:
@@ -114,28 +116,48 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
             if view and op.inputs:
                 u = op.inputs[0]
                 gid = group[u]
-                if not fused[u] and gid >= 0 and align(nbytes[o]) <= intervals[gid].size:
+                if not fused[u] and gid >= 0 and asize[o] <= intervals[gid].size:
                     b.join(o, gid, max(glast[gid], last[o], p))
                     continue
-            target = b.pick_inplace(o, pool, p, taken, rule) if pool is not None else -1
+            target = pick_inplace(o, pool, p, taken, rule) if pool else -1
             if target >= 0:
                 taken.add(target)
-                b.join(o, target, max(last[o], p))
+                intervals[target].members.append(o)
+                group[o] = target
+                glast[target] = max(last[o], p)
                 continue
-            b.new_group(o, p, "output" if outputs[o] else "temp")
+            # a new group (`_Groups.new_group`, inlined: most stored values make one)
+            gid = len(intervals)
+            intervals.append(Interval(gid, [o], p, p, asize[o], "output" if outputs[o] else "temp"))
+            glast.append(last[o] if last[o] > p else p)
+            group[o] = gid
 
     n = len(order)
+    # the groups holding a program output (a member's role), which live to the exit
+    held = {group[v] for v, out in enumerate(outputs) if out and group[v] >= 0}
+    spans = []
     for iv in intervals:
-        if iv.kind == "scratch":
-            continue
-        iv.end = max(glast[iv.id], iv.start)
-        if any(outputs[v] for v in iv.members):
-            iv.end = n
-            if iv.kind == "temp":
-                iv.kind = "output"
-    profile = live_profile(((iv.start, iv.end, iv.size) for iv in intervals), n)
+        if iv.kind != "scratch":
+            gid = iv.id
+            iv.end = glast[gid] if glast[gid] > iv.start else iv.start
+            if gid in held:
+                iv.end = n
+                if iv.kind == "temp":
+                    iv.kind = "output"
+        spans.append((iv.start, iv.end, iv.size))
+    profile = live_profile(spans, n)
     peak = int(profile.max()) if len(profile) else 0
     return Liveness(intervals, group, peak, profile)
+
+
+def _aligned(g: Program) -> list[int]:
+    """Per value, its bytes in the arena (a side table: values only grow, so keyed by their number)."""
+    return [align(b) for b in g.nbytes]
+
+
+def _elements(g: Program) -> list[int]:
+    """Per value, its element count."""
+    return [_count(shape) for shape in g.shapes]
 
 
 def op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
@@ -184,6 +206,8 @@ class _Groups:
         self.group = [-1] * nv
         self.intervals: list[Interval] = []
         self.glast: list[int] = []
+        self.asize = side_table(g, ("aligned", g.num_values), _aligned)
+        self.elems = side_table(g, ("elements", g.num_values), _elements)
 
     def new_group(self, v: int, start: int, kind: str) -> int:
         gid = len(self.intervals)
@@ -221,8 +245,10 @@ class _Groups:
     def pick_inplace(self, o: int, pool: list, p: int, taken: set[int], rule: str) -> int:
         """The buffer group `o` may overwrite at position p (the smallest that fits), or -1."""
         g, fused, group, glast, intervals = self.g, self.fused, self.group, self.glast, self.intervals
-        need = align(g.nbytes[o])
-        elems = _count(g.shapes[o])
+        need = self.asize[o]
+        elementwise = rule == "elementwise"
+        elems = self.elems[o] if elementwise else 0
+        nbytes = g.nbytes
         best, best_size = -1, None
         for u in pool:
             if not isinstance(u, int) or fused[u]:
@@ -233,9 +259,10 @@ class _Groups:
             size = intervals[gid].size
             if size < need:
                 continue
-            if rule == "elementwise" and _count(g.shapes[u]) != elems:
-                continue
-            if rule != "elementwise" and g.nbytes[u] != g.nbytes[o]:
+            if elementwise:
+                if self.elems[u] != elems:
+                    continue
+            elif nbytes[u] != nbytes[o]:
                 continue
             if best_size is None or size < best_size:
                 best, best_size = gid, size

@@ -70,56 +70,36 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     # locals: this loop runs once per op for every schedule the planner scores
     group, glast, last, intervals, reads = b.group, b.glast, b.last, b.intervals, b.reads
     fused, external, outputs = analysis.fusion.fused, analysis.roles.external, analysis.roles.outputs
-    scratch, ops, nbytes = analysis.scratch, g.ops, g.nbytes
+    scratch = analysis.scratch
     for v in g.invars:
         if analysis.roles.donated[v] and group[v] < 0:
             b.new_group(v, -1, "argument")
 
-    facts = op_facts(g)
     asize = side_table(g, ("aligned", g.num_values), _aligned)   # align(nbytes[v]), per value
-    # only a GPU target's base fusion puts GEMMs inside sums (`fusion.gemm_epilogues`)
-    any_epilogue = any(fused[op.outputs[0]] for op in side_table(g, "gemms", _gemms))
+    stored = stored_outputs(g, fused, reads, allow_inplace)
     pick_inplace = b.pick_inplace
     for p, oi in enumerate(order):
-        op = ops[oi]
         if oi in scratch and scratch[oi] > 0:
             intervals.append(Interval(len(intervals), [], p, p, align(scratch[oi]), "scratch", oi))
             glast.append(p)
-        outs = op.outputs
-        for v in outs:
-            if v is not None and not fused[v]:
-                break
-        else:
+        entry = stored[oi]
+        if entry is None:
             continue  # nothing stored
-        rule, view, cands = facts[oi] if allow_inplace else (storage_rule(op.primitive), op_is_view(g, op), None)
-        epilogue = any_epilogue and rule == "elementwise" and reads_fused_gemm(g, fused, op)
+        rule, src, outs = entry
         taken: set[int] = set()
-        for k, o in enumerate(outs):
-            if o is None or fused[o]:
-                continue
-            pool = None
-            if cands is not None and cands[k]:
-                if rule != "elementwise":
-                    pool = [op.operands[i] for i in cands[k]]
-                elif epilogue:
-                    # a GEMM's epilogue reads the GEMM's operands while it writes: only the
-                    # summand it reads itself may be overwritten
-                    pool = [u for u in op.inputs if not fused[u]]
-                else:
-                    pool = reads[oi]
+        for o, pool in outs:
             if external[o]:
                 if b.external_output(o, p, rule, pool, taken):
                     continue
                 # A new loop carry that cannot be written into the loop state yet: a temporary.
                 b.new_group(o, p, "temp")
                 continue
-            if view and op.inputs:
-                u = op.inputs[0]
-                gid = group[u]
-                if not fused[u] and gid >= 0 and asize[o] <= intervals[gid].size:
+            if src >= 0:
+                gid = group[src]
+                if gid >= 0 and asize[o] <= intervals[gid].size:
                     b.join(o, gid, max(glast[gid], last[o], p))
                     continue
-            target = pick_inplace(o, pool, p, taken, rule) if pool else -1
+            target = pick_inplace(o, pool, p, taken) if pool else -1
             if target >= 0:
                 taken.add(target)
                 intervals[target].members.append(o)
@@ -148,6 +128,63 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     profile = live_profile(spans, n)
     peak = int(profile.max()) if len(profile) else 0
     return Liveness(intervals, group, peak, profile)
+
+
+Stored = tuple[str, int, list[tuple[int, list[int] | None]]]
+
+
+def stored_outputs(g: Program, fused: list[bool], reads: list[list[int]],
+                   allow_inplace: bool = True) -> list[Stored | None]:
+    """Per op, what `assign_buffers` decides without the schedule, the same for every order
+    scored under one fusion: None when the op stores nothing, else (its storage rule, the
+    stored operand a view shares, or -1, and per stored output the buffers' values it may
+    overwrite: in-place candidates already narrowed to stored values of the right size, or
+    None). A side table per fusion, so the schedules of one plan share it; read-only.
+    """
+    key = ("stored", bytes(fused), allow_inplace)
+    hit = side_table(g, key, lambda g: (reads, _stored_outputs(g, fused, reads, allow_inplace)))
+    if hit[0] is not reads:  # another `reads` for the same fusion (a hand-made Analysis)
+        return _stored_outputs(g, fused, reads, allow_inplace)
+    return hit[1]
+
+
+def _stored_outputs(g: Program, fused: list[bool], reads: list[list[int]], allow_inplace: bool) -> list[Stored | None]:
+    facts = op_facts(g)
+    elems = side_table(g, ("elements", g.num_values), _elements)
+    nbytes = g.nbytes
+    # only a GPU target's base fusion puts GEMMs inside sums (`fusion.gemm_epilogues`)
+    any_epilogue = any(fused[op.outputs[0]] for op in side_table(g, "gemms", _gemms))
+    table: list[Stored | None] = []
+    for oi, op in enumerate(g.ops):
+        if all(v is None or fused[v] for v in op.outputs):
+            table.append(None)
+            continue
+        rule, view, cands = facts[oi] if allow_inplace else (storage_rule(op.primitive), op_is_view(g, op), None)
+        epilogue = any_epilogue and rule == "elementwise" and reads_fused_gemm(g, fused, op)
+        src = op.inputs[0] if view and op.inputs and not fused[op.inputs[0]] else -1
+        outs = []
+        for k, o in enumerate(op.outputs):
+            if o is None or fused[o]:
+                continue
+            pool = None
+            if cands is not None and cands[k]:
+                if rule != "elementwise":
+                    pool = [op.operands[i] for i in cands[k]]
+                elif epilogue:
+                    # a GEMM's epilogue reads the GEMM's operands while it writes: only the
+                    # summand it reads itself may be overwritten
+                    pool = [u for u in op.inputs if not fused[u]]
+                else:
+                    pool = reads[oi]
+                # stored values only; an elementwise op writes over an operand of as many
+                # elements, any other over one of as many bytes
+                if rule == "elementwise":
+                    pool = [u for u in pool if isinstance(u, int) and not fused[u] and elems[u] == elems[o]]
+                else:
+                    pool = [u for u in pool if isinstance(u, int) and not fused[u] and nbytes[u] == nbytes[o]]
+            outs.append((o, pool))
+        table.append((rule, src, outs))
+    return table
 
 
 def _aligned(g: Program) -> list[int]:
@@ -207,7 +244,6 @@ class _Groups:
         self.intervals: list[Interval] = []
         self.glast: list[int] = []
         self.asize = side_table(g, ("aligned", g.num_values), _aligned)
-        self.elems = side_table(g, ("elements", g.num_values), _elements)
 
     def new_group(self, v: int, start: int, kind: str) -> int:
         gid = len(self.intervals)
@@ -233,7 +269,7 @@ class _Groups:
         if old is not None and self.last[old] == p and rule not in ("elementwise", "update"):
             return False  # a non-elementwise op cannot overwrite an operand it is reading
         if pool is not None:
-            target = self.pick_inplace(o, pool, p, taken, rule)
+            target = self.pick_inplace(o, pool, p, taken)
             if target >= 0 and self.intervals[target].kind == "temp":
                 start = self.intervals[target].start
                 if old is None or start > self.last[old]:
@@ -242,27 +278,18 @@ class _Groups:
                     self.intervals[target].size = 0
         return True
 
-    def pick_inplace(self, o: int, pool: list, p: int, taken: set[int], rule: str) -> int:
-        """The buffer group `o` may overwrite at position p (the smallest that fits), or -1."""
-        g, fused, group, glast, intervals = self.g, self.fused, self.group, self.glast, self.intervals
+    def pick_inplace(self, o: int, pool: list, p: int, taken: set[int]) -> int:
+        """The buffer group `o` may overwrite at position p (the smallest that fits), or -1;
+        `pool`: the stored values of the right size it may overwrite (`stored_outputs`)."""
+        group, glast, intervals = self.group, self.glast, self.intervals
         need = self.asize[o]
-        elementwise = rule == "elementwise"
-        elems = self.elems[o] if elementwise else 0
-        nbytes = g.nbytes
         best, best_size = -1, None
         for u in pool:
-            if not isinstance(u, int) or fused[u]:
-                continue
             gid = group[u]
             if gid < 0 or gid in taken or glast[gid] > p:
                 continue
             size = intervals[gid].size
             if size < need:
-                continue
-            if elementwise:
-                if self.elems[u] != elems:
-                    continue
-            elif nbytes[u] != nbytes[o]:
                 continue
             if best_size is None or size < best_size:
                 best, best_size = gid, size

@@ -144,7 +144,7 @@ T = TypeVar("T")
 
 # Per-op side tables of the last op lists seen (`side_table`): the planner scores many schedules
 # of one program, and a target's model may rewrite ops (which makes a new list).
-TABLES_KEPT = 16
+TABLES_KEPT = 32
 _tables: dict[tuple[int, Any], tuple[list[Op], Any]] = {}
 
 

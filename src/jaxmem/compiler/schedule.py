@@ -66,43 +66,33 @@ def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> 
     nops = len(g.ops)
     reads, fused, scratch = analysis.fusion.reads, analysis.fusion.fused, analysis.scratch
     external, outputs = analysis.roles.external, analysis.roles.outputs
-    readers: list[list[int]] = [[] for _ in range(g.num_values)]
-    for oi in range(nops):
-        for u in reads[oi]:
-            readers[u].append(oi)
+    readers = _readers(g, fused, reads)
     remaining = [len(r) for r in readers]
-    freeable = [not external[v] and not outputs[v] for v in range(g.num_values)]
+    freeable = [not (e or o) for e, o in zip(external, outputs)]
     size = [align(b) for b in g.nbytes]
     views = side_table(g, "views", op_views)
     alloc = [_alloc_bytes(g, oi, fused, external, views) + scratch.get(oi, 0) // 4 for oi in range(nops)]
     free_op = [not reads[oi] and alloc[oi] == 0 for oi in range(nops)]
-    indeg = [0] * nops
-    succ: list[list[int]] = [[] for _ in range(nops)]
-    producers = side_table(g, "producers", _all_producers)
-    for oi in range(nops):
-        prods = producers[oi]
-        indeg[oi] = len(prods)
-        for p in prods:
-            succ[p].append(oi)
+    succ, indeg = side_table(g, "successors", _successors)
+    indeg = list(indeg)
     scheduled = [False] * nops
     ready = [False] * nops
     version = [0] * nops
     sign = -1 if prefer_late else 1
-
-    def priority(oi: int) -> int:
-        if free_op[oi]:
-            return 1 << 62
-        freed = 0
-        for u in reads[oi]:
-            if remaining[u] == 1 and freeable[u]:
-                freed += size[u]
-        return freed - alloc[oi]
-
     heap: list[tuple[int, int, int, int]] = []
+    heappush = heapq.heappush
 
     def push(oi: int) -> None:
+        # the priority: bytes freed (operands read for the last time) minus bytes allocated
         version[oi] += 1
-        heapq.heappush(heap, (-priority(oi), sign * oi, version[oi], oi))
+        if free_op[oi]:
+            priority = 1 << 62
+        else:
+            priority = -alloc[oi]
+            for u in reads[oi]:
+                if remaining[u] == 1 and freeable[u]:
+                    priority += size[u]
+        heappush(heap, (-priority, sign * oi, version[oi], oi))
 
     for oi in range(nops):
         if indeg[oi] == 0:
@@ -131,6 +121,31 @@ def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> 
     return order
 
 
+def _readers(g: Program, fused: list[bool], reads: list[list[int]]) -> list[list[int]]:
+    """Per value, the ops reading it once fusion is applied (a side table per fusion: the
+    schedules of one plan share it; read-only)."""
+    hit = side_table(g, ("readers", bytes(fused)), lambda g: (reads, _readers_of(g.num_values, reads)))
+    return hit[1] if hit[0] is reads else _readers_of(g.num_values, reads)
+
+
+def _readers_of(num_values: int, reads: list[list[int]]) -> list[list[int]]:
+    readers: list[list[int]] = [[] for _ in range(num_values)]
+    for oi, ins in enumerate(reads):
+        for u in ins:
+            readers[u].append(oi)
+    return readers
+
+
+def _successors(g: Program) -> tuple[list[list[int]], list[int]]:
+    """Per op, the ops reading its results, and how many ops it reads from (a side table)."""
+    producers = side_table(g, "producers", _all_producers)
+    succ: list[list[int]] = [[] for _ in g.ops]
+    for oi, prods in enumerate(producers):
+        for p in prods:
+            succ[p].append(oi)
+    return succ, [len(prods) for prods in producers]
+
+
 def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) -> list[int]:
     """Depth-first post-order from the outputs, as XLA's DFS memory scheduler: operands with more
     extra users, then larger total subgraph bytes, are visited first; `reverse_roots` starts
@@ -143,8 +158,7 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
     outputs_order = [v for v in g.outvars if not isinstance(v, Const)]
     producers = side_table(g, "producers", _all_producers)
     # both root orders visit operands by the same key
-    rank = side_table(g, ("dfs", bytes(fused)), lambda g: _dfs_rank(g, fused, producers))
-    key = rank.__getitem__
+    visits = side_table(g, ("dfs", bytes(fused)), lambda g: _dfs_visits(g, fused, producers))
 
     roots: list[int] = []
     seen_root: set[int] = set()
@@ -162,7 +176,7 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
         if visited[root]:
             continue
         # Each stack entry keeps its operands still to visit, best last (popped first).
-        stack: list[tuple[int, list[int]]] = [(root, sorted(producers[root], key=key, reverse=True))]
+        stack: list[tuple[int, list[int]]] = [(root, list(visits[root]))]
         visited[root] = True
         while stack:
             oi, todo = stack[-1]
@@ -171,11 +185,17 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
             if todo:
                 nxt = todo.pop()
                 visited[nxt] = True
-                stack.append((nxt, sorted(producers[nxt], key=key, reverse=True)))
+                stack.append((nxt, list(visits[nxt])))
             else:
                 stack.pop()
                 order.append(oi)
     return order
+
+
+def _dfs_visits(g: Program, fused: list[bool], producers: list[list[int]]) -> list[list[int]]:
+    """Per op, its producers in the order the DFS visits them, reversed (the next one last)."""
+    key = _dfs_rank(g, fused, producers).__getitem__
+    return [sorted(prods, key=key, reverse=True) for prods in producers]
 
 
 def _dfs_rank(g: Program, fused: list[bool], producers: list[list[int]]) -> list[tuple[int, int, int]]:

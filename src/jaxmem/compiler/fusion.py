@@ -179,28 +179,50 @@ def expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
 
 
 def _expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
-    memo: dict[int, list[int]] = {}
+    # One forward pass (ops are in dependency order): an op's stored reads are also what each
+    # of its fused outputs is computed from, so each fused value's list is ready before any
+    # reader asks for it.
+    expanded: dict[int, list[int]] = {}   # fused value -> the stored values it is computed from
+    memo: dict[int, list[int]] = {}       # the rare fused value made by no op (`expanded_inputs`)
     reads: list[list[int]] = []
     for op in g.ops:
-        outs = [v for v in op.outputs if v is not None]
-        if outs and all(fused[v] for v in outs):
-            reads.append([])
-            continue
-        for u in op.inputs:
+        ins = op.inputs
+        for u in ins:
             if fused[u]:
                 break
         else:
-            reads.append(list(op.inputs))  # nothing fused: the operands themselves
+            merged = list(ins)  # nothing fused: the operands themselves
+            for v in op.outputs:
+                if v is not None and fused[v]:
+                    expanded[v] = merged
+            reads.append([] if _all_fused(op.outputs, fused) else merged)
             continue
         result: dict[int, None] = {}
-        for u in op.inputs:
+        for u in ins:
             if fused[u]:
-                for w in expanded_inputs(g, fused, memo, u):
+                got = expanded.get(u)
+                for w in (got if got is not None else expanded_inputs(g, fused, memo, u)):
                     result[w] = None
             else:
                 result[u] = None
-        reads.append(list(result))
+        merged = list(result)
+        for v in op.outputs:
+            if v is not None and fused[v]:
+                expanded[v] = merged
+        # an op all of whose outputs are fused reads nothing itself (its consumers do)
+        reads.append([] if _all_fused(op.outputs, fused) else merged)
     return reads
+
+
+def _all_fused(outputs: list, fused: list[bool]) -> bool:
+    """Some output, and every one fused (None: a dropped output)."""
+    some = False
+    for v in outputs:
+        if v is not None:
+            if not fused[v]:
+                return False
+            some = True
+    return some
 
 
 def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) -> list[bool]:

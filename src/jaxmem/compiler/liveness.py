@@ -24,6 +24,7 @@ interval [start, end] over schedule positions (-1: on entry, n: on exit) with a 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 import numpy as np
 
@@ -114,7 +115,7 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
 
     n = len(order)
     # the groups holding a program output (a member's role), which live to the exit
-    held = {group[v] for v, out in enumerate(outputs) if out and group[v] >= 0}
+    held = {group[v] for v in itertools.compress(range(len(outputs)), outputs)} - {-1}
     spans = []
     for iv in intervals:
         if iv.kind != "scratch":
@@ -232,14 +233,14 @@ class _Groups:
         self.reads = analysis.fusion.reads
         self.carry_of = analysis.roles.carry_of
         nv = g.num_values
-        self.last = [-1] * nv
+        last = self.last = [-1] * nv
+        reads = self.reads
         for p, oi in enumerate(order):
-            for u in self.reads[oi]:
-                self.last[u] = p
+            for u in reads[oi]:
+                last[u] = p
         n = len(order)
-        for v in range(nv):
-            if analysis.roles.outputs[v]:
-                self.last[v] = n
+        for v in itertools.compress(range(nv), analysis.roles.outputs):
+            last[v] = n
         self.group = [-1] * nv
         self.intervals: list[Interval] = []
         self.glast: list[int] = []

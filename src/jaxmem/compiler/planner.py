@@ -350,12 +350,16 @@ def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[b
     steps: list[Step] = []
     for p, oi in enumerate(order):
         op = g.ops[oi]
-        outs = [v for v in op.outputs if v is not None]
-        steps.append(Step(
-            index=p, eqn=op.eqn, primitive=op.primitive, operands=list(op.operands),
-            outputs=list(op.outputs), fused=bool(outs) and all(fused[v] for v in outs),
-            scratch_bytes=scratch.get(oi, 0), source=op.source,
-        ))
+        all_fused = False   # some output, and every one fused
+        for v in op.outputs:
+            if v is not None:
+                if not fused[v]:
+                    all_fused = False
+                    break
+                all_fused = True
+        # positional: Step(index, eqn, primitive, operands, outputs, fused, scratch_bytes, source)
+        steps.append(Step(p, op.eqn, op.primitive, list(op.operands), list(op.outputs), all_fused,
+                          scratch.get(oi, 0), op.source))
     values: dict[int, ValueInfo] = {}
     for v in range(g.num_values):
         prod = g.producer[v]
@@ -366,7 +370,8 @@ def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[b
                               None if prod < 0 else pos[prod], gid if gid >= 0 else None, g.sources[v])
     buffers: list[PlannedBuffer] = []
     for iv in live.intervals:
-        members = sorted(iv.members, key=lambda v: -1 if g.producer[v] < 0 else pos[g.producer[v]])
+        members = list(iv.members) if len(iv.members) < 2 else \
+            sorted(iv.members, key=lambda v: -1 if g.producer[v] < 0 else pos[g.producer[v]])
         root = members[0] if members else None
         if root is None:
             op = g.ops[iv.op]

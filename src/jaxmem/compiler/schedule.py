@@ -204,10 +204,14 @@ def _dfs_rank(g: Program, fused: list[bool], producers: list[list[int]]) -> list
     nops = len(g.ops)
     extra = [0] * nops
     total = [0] * nops
-    for oi in range(nops):  # ops are topologically numbered
-        op = g.ops[oi]
-        own = sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
-        users = sum(len(g.users[v]) for v in op.outputs if v is not None)
+    nbytes, readers = g.nbytes, g.users
+    for oi, op in enumerate(g.ops):  # ops are topologically numbered
+        own = users = 0
+        for v in op.outputs:
+            if v is not None:
+                users += len(readers[v])
+                if not fused[v]:
+                    own += align(nbytes[v])
         e = max(users - 1, 0)
         t = own
         for p in producers[oi]:
@@ -284,20 +288,19 @@ def sink_schedule(g: Program, analysis: Analysis, order: list[int]) -> list[int]
     nops = len(g.ops)
     reads, fused = analysis.fusion.reads, analysis.fusion.fused
     external, outputs = analysis.roles.external, analysis.roles.outputs
-    pos = [0] * nops
-    for p, oi in enumerate(order):
-        pos[oi] = p
     last = [-1] * g.num_values
     for p, oi in enumerate(order):
         for u in reads[oi]:
             last[u] = p
     sunk = [False] * nops
     views = side_table(g, "views", op_views)
-    for oi in order:
-        grow = _alloc_bytes(g, oi, fused, external, views)
-        frees = sum(align(g.nbytes[u]) for u in reads[oi]
-                    if last[u] == pos[oi] and not external[u] and not outputs[u])
-        sunk[oi] = grow > frees
+    nbytes = g.nbytes
+    for p, oi in enumerate(order):
+        frees = 0   # bytes of the operands read for the last time here
+        for u in reads[oi]:
+            if last[u] == p and not external[u] and not outputs[u]:
+                frees += align(nbytes[u])
+        sunk[oi] = _alloc_bytes(g, oi, fused, external, views) > frees
     return sink(order, side_table(g, "producers", _all_producers), sunk)
 
 

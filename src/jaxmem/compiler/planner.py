@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
-from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.program import DROPPED, Program, drop_dead, forget_side_tables
 from jaxmem.compiler.rules import storage_rule
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import Placement, place
@@ -238,6 +238,8 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
             best_name += "+unfused"
     placement = place([(iv.start, iv.end, iv.size) for iv in best.live.intervals], stop_at=best.peak)
     result = _build_plan(g, best, placement, flags, best_name, results, sorted(unknown))
+    for fused in {bytes(c.analysis.fusion.fused) for c in scored.values()}:
+        forget_side_tables(g, fused)   # this plan's own fusions: no other plan asks for them
     if check:
         checked = time.perf_counter()
         problems = check_plan(result)

@@ -35,8 +35,9 @@ def forced_fusion(g: Program, roles: Roles) -> list[bool]:
     storage of their own: they are fused unconditionally (unless they are program outputs)."""
     external, outputs = roles.external, roles.outputs
     fused = [False] * g.num_values
-    for op in g.ops:
-        if not op_is_view(g, op) or len(op.outputs) != 1:
+    views = side_table(g, "views", op_views)
+    for k, op in enumerate(g.ops):
+        if not views[k] or len(op.outputs) != 1:
             continue
         out = op.outputs[0]
         src = op.inputs[0] if op.inputs else None

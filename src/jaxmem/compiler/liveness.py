@@ -50,12 +50,31 @@ class Interval:
     op: int = -1       # op index of the scratch owner
 
 
-@dataclass
 class Liveness:
-    intervals: list[Interval]
-    group: list[int]                 # value -> interval id, -1 when it has no arena buffer
-    peak: int                        # max over positions of live bytes in the arena
-    profile: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # index p+1
+    """The buffer groups of one schedule: `intervals` (one per group, by id), `group` (value ->
+    interval id, -1 when it has no arena buffer), `peak` (max over positions of live bytes in
+    the arena) and `profile` (live bytes at each position, index p+1).
+
+    The planner scores many schedules and looks at the intervals of the one it keeps only, so
+    `assign_buffers` hands them over as columns and the `Interval` objects are made on first use.
+    """
+
+    def __init__(self, intervals: list[Interval] | None, group: list[int], peak: int,
+                 profile: np.ndarray | None = None, columns: tuple | None = None) -> None:
+        self._intervals = intervals
+        self._columns = columns   # (starts, ends, sizes, kinds, members, ops), one entry per group
+        self.group = group
+        self.peak = peak
+        self.profile = np.zeros(0, np.int64) if profile is None else profile
+
+    @property
+    def intervals(self) -> list[Interval]:
+        if self._intervals is None:
+            starts, ends, sizes, kinds, members, ops = self._columns
+            self._intervals = [Interval(k, members[k], starts[k], ends[k], sizes[k], kinds[k], ops[k])
+                               for k in range(len(starts))]
+            self._columns = None
+        return self._intervals
 
 
 def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inplace: bool = True) -> Liveness:
@@ -69,7 +88,8 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     """
     b = _Groups(g, order, analysis)
     # locals: this loop runs once per op for every schedule the planner scores
-    group, glast, last, intervals, reads = b.group, b.glast, b.last, b.intervals, b.reads
+    group, glast, last, reads = b.group, b.glast, b.last, b.reads
+    starts, sizes, kinds, members, owners = b.starts, b.sizes, b.kinds, b.members, b.owners
     fused, external, outputs = analysis.fusion.fused, analysis.roles.external, analysis.roles.outputs
     scratch = analysis.scratch
     for v in g.invars:
@@ -81,7 +101,7 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
     pick_inplace = b.pick_inplace
     for p, oi in enumerate(order):
         if oi in scratch and scratch[oi] > 0:
-            intervals.append(Interval(len(intervals), [], p, p, align(scratch[oi]), "scratch", oi))
+            b.add(p, align(scratch[oi]), "scratch", [], oi)
             glast.append(p)
         entry = stored[oi]
         if entry is None:
@@ -97,38 +117,41 @@ def assign_buffers(g: Program, order: list[int], analysis: Analysis, allow_inpla
                 continue
             if src >= 0:
                 gid = group[src]
-                if gid >= 0 and asize[o] <= intervals[gid].size:
+                if gid >= 0 and asize[o] <= sizes[gid]:
                     b.join(o, gid, max(glast[gid], last[o], p))
                     continue
             target = pick_inplace(o, pool, p, taken) if pool else -1
             if target >= 0:
                 taken.add(target)
-                intervals[target].members.append(o)
+                members[target].append(o)
                 group[o] = target
                 glast[target] = max(last[o], p)
                 continue
             # a new group (`_Groups.new_group`, inlined: most stored values make one)
-            gid = len(intervals)
-            intervals.append(Interval(gid, [o], p, p, asize[o], "output" if outputs[o] else "temp"))
+            group[o] = len(starts)
+            starts.append(p)
+            sizes.append(asize[o])
+            kinds.append("output" if outputs[o] else "temp")
+            members.append([o])
+            owners.append(-1)
             glast.append(last[o] if last[o] > p else p)
-            group[o] = gid
 
     n = len(order)
     # the groups holding a program output (a member's role), which live to the exit
     held = {group[v] for v in itertools.compress(range(len(outputs)), outputs)} - {-1}
-    spans = []
-    for iv in intervals:
-        if iv.kind != "scratch":
-            gid = iv.id
-            iv.end = glast[gid] if glast[gid] > iv.start else iv.start
-            if gid in held:
-                iv.end = n
-                if iv.kind == "temp":
-                    iv.kind = "output"
-        spans.append((iv.start, iv.end, iv.size))
-    profile = live_profile(spans, n)
+    ends = []
+    for gid, start in enumerate(starts):
+        if kinds[gid] == "scratch":
+            ends.append(start)
+        elif gid in held:
+            ends.append(n)
+            if kinds[gid] == "temp":
+                kinds[gid] = "output"
+        else:
+            ends.append(glast[gid] if glast[gid] > start else start)
+    profile = live_profile(list(zip(starts, ends, sizes)), n)
     peak = int(profile.max()) if len(profile) else 0
-    return Liveness(intervals, group, peak, profile)
+    return Liveness(None, group, peak, profile, (starts, ends, sizes, kinds, members, owners))
 
 
 Stored = tuple[str, int, list[tuple[int, list[int] | None]]]
@@ -157,8 +180,11 @@ def _stored_outputs(g: Program, fused: list[bool], reads: list[list[int]], allow
     any_epilogue = any(fused[op.outputs[0]] for op in side_table(g, "gemms", _gemms))
     table: list[Stored | None] = []
     for oi, op in enumerate(g.ops):
-        if all(v is None or fused[v] for v in op.outputs):
-            table.append(None)
+        for v in op.outputs:
+            if v is not None and not fused[v]:
+                break
+        else:
+            table.append(None)  # nothing stored
             continue
         rule, view, cands = facts[oi] if allow_inplace else (storage_rule(op.primitive), op_is_view(g, op), None)
         epilogue = any_epilogue and rule == "elementwise" and reads_fused_gemm(g, fused, op)
@@ -242,19 +268,32 @@ class _Groups:
         for v in itertools.compress(range(nv), analysis.roles.outputs):
             last[v] = n
         self.group = [-1] * nv
-        self.intervals: list[Interval] = []
+        # the groups, as columns (made `Interval`s only when asked: `Liveness.intervals`)
+        self.starts: list[int] = []
+        self.sizes: list[int] = []
+        self.kinds: list[str] = []
+        self.members: list[list[int]] = []
+        self.owners: list[int] = []     # the op owning a scratch group, else -1
         self.glast: list[int] = []
         self.asize = side_table(g, ("aligned", g.num_values), _aligned)
 
+    def add(self, start: int, size: int, kind: str, members: list[int], owner: int = -1) -> int:
+        """A new group; its last use is for the caller to add to `glast`."""
+        self.starts.append(start)
+        self.sizes.append(size)
+        self.kinds.append(kind)
+        self.members.append(members)
+        self.owners.append(owner)
+        return len(self.starts) - 1
+
     def new_group(self, v: int, start: int, kind: str) -> int:
-        gid = len(self.intervals)
-        self.intervals.append(Interval(gid, [v], start, start, align(self.g.nbytes[v]), kind))
+        gid = self.add(start, self.asize[v], kind, [v])
         self.glast.append(max(self.last[v], start))
         self.group[v] = gid
         return gid
 
     def join(self, v: int, gid: int, glast: int) -> None:
-        self.intervals[gid].members.append(v)
+        self.members[gid].append(v)
         self.group[v] = gid
         self.glast[gid] = glast
 
@@ -271,25 +310,25 @@ class _Groups:
             return False  # a non-elementwise op cannot overwrite an operand it is reading
         if pool is not None:
             target = self.pick_inplace(o, pool, p, taken)
-            if target >= 0 and self.intervals[target].kind == "temp":
-                start = self.intervals[target].start
+            if target >= 0 and self.kinds[target] == "temp":
+                start = self.starts[target]
                 if old is None or start > self.last[old]:
                     taken.add(target)
-                    self.intervals[target].kind = "external"
-                    self.intervals[target].size = 0
+                    self.kinds[target] = "external"
+                    self.sizes[target] = 0
         return True
 
     def pick_inplace(self, o: int, pool: list, p: int, taken: set[int]) -> int:
         """The buffer group `o` may overwrite at position p (the smallest that fits), or -1;
         `pool`: the stored values of the right size it may overwrite (`stored_outputs`)."""
-        group, glast, intervals = self.group, self.glast, self.intervals
+        group, glast, sizes = self.group, self.glast, self.sizes
         need = self.asize[o]
         best, best_size = -1, None
         for u in pool:
             gid = group[u]
             if gid < 0 or gid in taken or glast[gid] > p:
                 continue
-            size = intervals[gid].size
+            size = sizes[gid]
             if size < need:
                 continue
             if best_size is None or size < best_size:

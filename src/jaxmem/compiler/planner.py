@@ -382,11 +382,9 @@ def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[b
             prod = g.producer[root]
             label = "argument" if prod < 0 else g.ops[prod].primitive
             shape, dtype, source = g.shapes[root], g.dtypes[root], g.sources[root]
-        buffers.append(PlannedBuffer(
-            id=iv.id, offset=offsets[iv.id], size=iv.size, start=iv.start, end=iv.end,
-            values=members, kind=iv.kind, category=_CATEGORY.get(iv.kind, "temporaries"),
-            shape=shape, dtype=dtype, source=source, label=label,
-        ))
+        # positional: (id, offset, size, start, end, values, kind, category, shape, dtype, source, label)
+        buffers.append(PlannedBuffer(iv.id, offsets[iv.id], iv.size, iv.start, iv.end, members, iv.kind,
+                                     _CATEGORY.get(iv.kind, "temporaries"), shape, dtype, source, label))
     external_bytes = sum(g.nbytes[v] for v in dict.fromkeys(g.invars) if external[v])
     output_bytes = sum(g.outvar_bytes)
     return Plan(

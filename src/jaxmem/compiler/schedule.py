@@ -49,11 +49,22 @@ def _all_producers(g: Program) -> list[list[int]]:
     return [list({g.producer[u] for u in op.inputs if g.producer[u] >= 0}) for op in g.ops]
 
 
-def _alloc_bytes(g: Program, oi: int, fused: list[bool], external: list[bool], views: list[bool]) -> int:
-    op = g.ops[oi]
-    if views[oi] and op.inputs and not external[op.inputs[0]]:
-        return 0
-    return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v] and not external[v])
+def _alloc_all(g: Program, fused: list[bool], external: list[bool], views: list[bool]) -> list[int]:
+    """Per op, the arena bytes it allocates: its stored outputs' (arguments and loop-body results
+    written outside excepted), none for a view of a value in the arena."""
+    nbytes = g.nbytes
+    out = []
+    for oi, op in enumerate(g.ops):
+        ins = op.inputs
+        if views[oi] and ins and not external[ins[0]]:
+            out.append(0)
+            continue
+        total = 0
+        for v in op.outputs:
+            if v is not None and not fused[v] and not external[v]:
+                total += align(nbytes[v])
+        out.append(total)
+    return out
 
 
 def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> list[int]:
@@ -71,7 +82,9 @@ def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> 
     freeable = [not (e or o) for e, o in zip(external, outputs)]
     size = [align(b) for b in g.nbytes]
     views = side_table(g, "views", op_views)
-    alloc = [_alloc_bytes(g, oi, fused, external, views) + scratch.get(oi, 0) // 4 for oi in range(nops)]
+    alloc = _alloc_all(g, fused, external, views)
+    for oi, extra in scratch.items():   # loop scratch, counted at a quarter
+        alloc[oi] += extra // 4
     free_op = [not reads[oi] and alloc[oi] == 0 for oi in range(nops)]
     succ, indeg = side_table(g, "successors", _successors)
     indeg = list(indeg)
@@ -295,12 +308,13 @@ def sink_schedule(g: Program, analysis: Analysis, order: list[int]) -> list[int]
     sunk = [False] * nops
     views = side_table(g, "views", op_views)
     nbytes = g.nbytes
+    alloc = _alloc_all(g, fused, external, views)
     for p, oi in enumerate(order):
         frees = 0   # bytes of the operands read for the last time here
         for u in reads[oi]:
             if last[u] == p and not external[u] and not outputs[u]:
                 frees += align(nbytes[u])
-        sunk[oi] = _alloc_bytes(g, oi, fused, external, views) > frees
+        sunk[oi] = alloc[oi] > frees
     return sink(order, side_table(g, "producers", _all_producers), sunk)
 
 

@@ -104,11 +104,16 @@ def check_plan(plan: Plan) -> list[str]:
         if b.kind == "scratch":
             scratch_at.setdefault(b.start, []).append(b)
     for i, step in enumerate(schedule):
-        outs = [v for v in step.outputs if v is not None]
-        all_fused = bool(outs) and all(values[v].buffer is None for v in outs)
+        made = unstored = 0   # outputs, and those with no buffer
+        for v in step.outputs:
+            if v is not None:
+                made += 1
+                if values[v].buffer is None:
+                    unstored += 1
+        all_fused = made > 0 and unstored == made
         if step.fused != all_fused:
             bad(f"step {i} ({step.primitive}): fused={step.fused} but outputs fused={all_fused}")
-        if not all_fused and any(values[v].buffer is None for v in outs):
+        if not all_fused and unstored:
             bad(f"step {i} ({step.primitive}): some outputs stored and some fused")
         ins = reads[i]
         for v in ins:
@@ -122,7 +127,13 @@ def check_plan(plan: Plan) -> list[str]:
             bad(f"step {i} ({step.primitive}): no scratch buffer of {step.scratch_bytes} bytes")
         if all_fused:
             continue
-        for v in _stored_reads(plan, ins, fused_inputs, fused, reads):
+        for u in ins:
+            if u in fused:
+                stored = _stored_reads(plan, ins, fused_inputs, fused, reads)
+                break
+        else:  # nothing computed inside: the operands themselves (`_stored_reads`' plain case)
+            stored = [u for u in dict.fromkeys(ins) if u in values]
+        for v in stored:
             # `_check_read`'s passing case, inline (it runs per read); it reports the others
             info = values[v]
             if info.buffer is None:

@@ -238,9 +238,18 @@ def _gemms(g: Program) -> list[Op]:
 def _op_facts(g: Program) -> list[tuple[str, bool, list[list[int]]]]:
     views = side_table(g, "views", op_views)
     facts = []
+    # Loops' candidates depend on their parameters; every other op's on its primitive and
+    # operand and output counts only: those are made once per kind (read-only, shared).
+    shared: dict[tuple[str, int, int], list[list[int]]] = {}
     for k, op in enumerate(g.ops):
         rule = storage_rule(op.primitive)
-        cands = inplace_candidates(op.primitive, op.params, op.operands, len(op.outputs))
+        if op.primitive in ("scan", "while"):
+            cands = inplace_candidates(op.primitive, op.params, op.operands, len(op.outputs))
+        else:
+            kind = (op.primitive, len(op.operands), len(op.outputs))
+            cands = shared.get(kind)
+            if cands is None:
+                cands = shared[kind] = inplace_candidates(op.primitive, op.params, op.operands, len(op.outputs))
         if op.primitive == "transpose" and _dot_result(g, op):
             # XLA rewrites transpose(dot(a, b)) into a dot that writes the transposed layout:
             # the transpose may take over its dying dot result's buffer.

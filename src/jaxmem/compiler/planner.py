@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
-from jaxmem.compiler.program import DROPPED, Program, drop_dead, forget_side_tables
+from jaxmem.compiler.program import DROPPED, Program, drop_dead, forget_side_tables, side_table
 from jaxmem.compiler.rules import storage_rule
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import Placement, place
@@ -318,6 +318,7 @@ def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dic
         return sub.arena_bytes
 
     scratch: dict[int, int] = {}
+    nested = side_table(g, "nested jaxprs", _nested_jaxprs)
     for op in g.ops:
         bodies = ja.loop_bodies(op.eqn) if op.primitive in ja.LOOP_PRIMITIVES else []
         if op.primitive == "cond":
@@ -330,13 +331,24 @@ def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dic
             cond_nconsts, body_nconsts = ja.while_counts(op.eqn)
             pairs = tuple(body_nconsts + k for k in range(len(op.outputs)))
             scratch[op.index] = max(body_arena(bodies[0], None), body_arena(bodies[1], pairs))
-        elif storage_rule(op.primitive) in ("unknown", "fresh"):
+        elif op.index in nested:
             # Opaque primitives with their own jaxprs (custom_linear_solve, ...) get the largest
             # of them as scratch, conservatively.
+            scratch[op.index] = max(body_arena(ja.as_closed(s), None) for s in nested[op.index])
+    return scratch
+
+
+def _nested_jaxprs(g: Program) -> dict[int, list[Any]]:
+    """Op index -> the jaxprs in its parameters, for the opaque ops (storage rule unknown or
+    fresh, not a loop) that hold some: a side table, so the plans and the prediction of one
+    program search the (many) ops' parameters once."""
+    out: dict[int, list[Any]] = {}
+    for op in g.ops:
+        if op.primitive not in ("cond", "scan", "while") and storage_rule(op.primitive) in ("unknown", "fresh"):
             subs = ja.nested_jaxprs(op.eqn)
             if subs:
-                scratch[op.index] = max(body_arena(ja.as_closed(s), None) for s in subs)
-    return scratch
+                out[op.index] = subs
+    return out
 
 
 def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[bool], scheduler: str,

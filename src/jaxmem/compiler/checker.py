@@ -17,6 +17,7 @@ schedule is topological; loop scratch exists; the peak and lower bound add up.
 from __future__ import annotations
 
 import bisect
+import heapq
 
 import numpy as np
 
@@ -45,74 +46,112 @@ def check_plan(plan: Plan) -> list[str]:
     n = len(plan.schedule)
     _check_buffers(plan, n, bad)
     _check_overlap(plan, bad)
-    for i, step in enumerate(plan.schedule):
+    values, schedule, buffers = plan.values, plan.schedule, plan.buffers
+    for i, step in enumerate(schedule):
         if step.index != i:
             bad(f"step at position {i} says index {step.index}")
     # Where and how each value is defined.
     def_pos: dict[int, int] = {}
-    for vid, info in plan.values.items():
+    members: dict[int, set[int]] = {}   # buffer id -> its listed values, built when first asked
+    for vid, info in values.items():
         if info.producer is None:
             def_pos[vid] = -1
         else:
             def_pos[vid] = info.producer
             if not 0 <= info.producer < n:
                 bad(f"value {vid}: producer step {info.producer} outside the schedule")
-            elif vid not in [v for v in plan.schedule[info.producer].outputs]:
+            elif vid not in schedule[info.producer].outputs:
                 bad(f"value {vid}: step {info.producer} does not output it")
         if info.buffer is not None:
-            if not 0 <= info.buffer < len(plan.buffers):
+            if not 0 <= info.buffer < len(buffers):
                 bad(f"value {vid}: no buffer {info.buffer}")
                 continue
-            buf = plan.buffers[info.buffer]
-            if vid not in buf.values:
+            buf = buffers[info.buffer]
+            listed = members.get(info.buffer)
+            if listed is None:
+                listed = members[info.buffer] = set(buf.values)
+            if vid not in listed:
                 bad(f"value {vid}: buffer {buf.id} does not list it")
             if info.nbytes > buf.size and buf.kind != "external":
                 bad(f"value {vid}: {info.nbytes} bytes do not fit buffer {buf.id} of {buf.size}")
             if not buf.start <= def_pos[vid] <= buf.end:
                 bad(f"value {vid}: defined at {def_pos[vid]} outside buffer {buf.id} [{buf.start}, {buf.end}]")
-    for buf in plan.buffers:
+    for buf in buffers:
         for vid in buf.values:
-            info = plan.values.get(vid)
+            info = values.get(vid)
             if info is None or info.buffer != buf.id:
                 bad(f"buffer {buf.id} lists value {vid} that is not stored there")
     donated = set(plan.donated)
     for k, vid in enumerate(plan.invars):
-        info = plan.values[vid]
+        info = values[vid]
         if info.producer is not None:
             bad(f"argument {k} has a producer")
         if (k in donated) != (info.buffer is not None):
             bad(f"argument {k}: donated={k in donated} but buffer={info.buffer}")
-        if info.buffer is not None and plan.buffers[info.buffer].start != -1:
+        if info.buffer is not None and buffers[info.buffer].start != -1:
             bad(f"donated argument {k}: buffer does not start on entry")
 
+    # Per step, the values it reads (`Step.inputs` builds a list per call: asked once here).
+    reads = [step.inputs for step in schedule]
+    # Values computed inside their readers: no buffer, made by a step, and not a result written
+    # into memory outside the plan (a loop body's, in the loop's buffers).
     outside = set(plan.external_outputs)
-    writers = _writers(plan, def_pos)
+    fused = {vid for vid, info in values.items()
+             if info.buffer is None and info.producer is not None and vid not in outside}
+    writers = _writers(plan, def_pos, reads)
     fused_inputs: dict[int, list[int]] = {}
     gemm_inputs: dict[int, list[int]] = {}
-    fused_gemms = any(s.fused and s.primitive in DOT_LIKE for s in plan.schedule)
-    for i, step in enumerate(plan.schedule):
-        outs = [v for v in step.outputs if v is not None]
-        all_fused = bool(outs) and all(_fused(plan, v, outside) for v in outs)
+    fused_gemms = any(s.fused and s.primitive in DOT_LIKE for s in schedule)
+    scratch_at: dict[int, list] = {}   # step -> the scratch buffers starting there
+    for b in buffers:
+        if b.kind == "scratch":
+            scratch_at.setdefault(b.start, []).append(b)
+    for i, step in enumerate(schedule):
+        made = unstored = 0   # outputs, and those with no buffer
+        for v in step.outputs:
+            if v is not None:
+                made += 1
+                if v in fused:
+                    unstored += 1
+        all_fused = made > 0 and unstored == made
         if step.fused != all_fused:
             bad(f"step {i} ({step.primitive}): fused={step.fused} but outputs fused={all_fused}")
-        if not all_fused and any(_fused(plan, v, outside) for v in outs):
+        if not all_fused and unstored:
             bad(f"step {i} ({step.primitive}): some outputs stored and some fused")
-        for v in step.inputs:
-            if v not in plan.values:
+        ins = reads[i]
+        for v in ins:
+            if v not in values:
                 bad(f"step {i} ({step.primitive}) reads unknown value {v}")
             elif def_pos[v] >= i:
                 bad(f"step {i} ({step.primitive}) reads value {v} defined later, at {def_pos[v]}")
         if step.scratch_bytes > 0 and not any(
-            b.kind == "scratch" and b.start <= i <= b.end and b.size >= step.scratch_bytes for b in plan.buffers
-            if b.start == i
+            b.start <= i <= b.end and b.size >= step.scratch_bytes for b in scratch_at.get(i, ())
         ):
             bad(f"step {i} ({step.primitive}): no scratch buffer of {step.scratch_bytes} bytes")
         if all_fused:
             continue
-        for v in _stored_reads(plan, step.inputs, fused_inputs):
+        for u in ins:
+            if u in fused:
+                stored = _stored_reads(plan, ins, fused_inputs, fused, reads)
+                break
+        else:  # nothing computed inside: the operands themselves (`_stored_reads`' plain case)
+            stored = [u for u in dict.fromkeys(ins) if u in values]
+        for v in stored:
+            # `_check_read`'s passing case, inline (it runs per read); it reports the others
+            info = values[v]
+            if info.buffer is None:
+                continue
+            buf = buffers[info.buffer]
+            if buf.start <= i <= buf.end:
+                positions = writers.get(buf.id)
+                if positions is None:
+                    continue
+                k = bisect.bisect_right(positions, def_pos[v])
+                if k >= len(positions) or positions[k] >= i:
+                    continue
             _check_read(plan, v, i, def_pos, writers, bad, f"step {i} ({step.primitive})")
         if fused_gemms:
-            _check_fused_gemms(plan, step, i, fused_inputs, gemm_inputs, bad)
+            _check_fused_gemms(plan, step, i, fused_inputs, gemm_inputs, bad, fused, reads)
     for k, v in enumerate(plan.outvars):
         if v is None:
             continue
@@ -137,13 +176,6 @@ def check_plan(plan: Plan) -> list[str]:
     return problems
 
 
-def _fused(plan: Plan, v: int, outside: set[int]) -> bool:
-    """A value computed inside its readers: no buffer, made by a step, and not a result written
-    into memory outside the plan."""
-    info = plan.values[v]
-    return info.buffer is None and info.producer is not None and v not in outside
-
-
 def _check_buffers(plan: Plan, n: int, bad) -> None:
     for k, buf in enumerate(plan.buffers):
         if buf.id != k:
@@ -158,8 +190,9 @@ def _check_buffers(plan: Plan, n: int, bad) -> None:
 
 def _check_overlap(plan: Plan, bad) -> None:
     bufs = [b for b in plan.buffers if b.size > 0]
-    if len(bufs) < 2:
+    if len(bufs) < 2 or not _any_overlap(bufs):
         return
+    # some pair clashes: list them pair by pair (at most 3 per buffer), in buffer order
     start = np.array([b.start for b in bufs], np.int64)
     end = np.array([b.end for b in bufs], np.int64)
     lo = np.array([b.offset for b in bufs], np.int64)
@@ -171,17 +204,45 @@ def _check_overlap(plan: Plan, bad) -> None:
             bad(f"buffers {a.id} and {b.id} are live together and overlap in address")
 
 
-def _writers(plan: Plan, def_pos: dict[int, int]) -> dict[int, list[int]]:
+def _any_overlap(bufs: list) -> bool:
+    """Whether two buffers (each of some bytes) are live together and overlap in address.
+
+    A sweep over start steps keeps the buffers live so far sorted by offset; while they are
+    disjoint, a new one overlaps one of them exactly when it overlaps its neighbour on either
+    side, so each buffer costs a binary search (the pairwise test is quadratic)."""
+    live_lo: list[int] = []     # offsets of the live buffers, sorted
+    live_hi: list[int] = []     # their ends, in the same order
+    ending: list[tuple[int, int]] = []   # heap of (last live step, offset)
+    for b in sorted(bufs, key=lambda b: b.start):
+        while ending and ending[0][0] < b.start:
+            _, lo = heapq.heappop(ending)
+            k = bisect.bisect_left(live_lo, lo)
+            del live_lo[k], live_hi[k]
+        lo, hi = b.offset, b.offset + b.size
+        k = bisect.bisect_left(live_lo, lo)
+        if k < len(live_lo) and live_lo[k] < hi:
+            return True
+        if k > 0 and live_hi[k - 1] > lo:
+            return True
+        live_lo.insert(k, lo)
+        live_hi.insert(k, hi)
+        heapq.heappush(ending, (b.end, lo))
+    return False
+
+
+def _writers(plan: Plan, def_pos: dict[int, int], reads: list[list[int]]) -> dict[int, list[int]]:
     """Per buffer, the sorted positions at which a value is written into it (views write nothing)."""
     out: dict[int, list[int]] = {}
-    for vid, info in plan.values.items():
+    values, schedule = plan.values, plan.schedule
+    for vid, info in values.items():
         if info.buffer is None or info.producer is None:
             continue
-        step = plan.schedule[info.producer]
-        src = step.inputs[0] if step.inputs else None
-        in_dtype = plan.values[src].dtype if src is not None and src in plan.values else None
+        step = schedule[info.producer]
+        ins = reads[info.producer]
+        src = ins[0] if ins else None
+        in_dtype = values[src].dtype if src is not None and src in values else None
         if is_view(step.primitive, eqn_params(step.eqn) if step.eqn is not None else None, in_dtype):
-            if src is not None and plan.values[src].buffer == info.buffer:
+            if src is not None and values[src].buffer == info.buffer:
                 continue
         out.setdefault(info.buffer, []).append(def_pos[vid])
     for positions in out.values():
@@ -189,17 +250,14 @@ def _writers(plan: Plan, def_pos: dict[int, int]) -> dict[int, list[int]]:
     return out
 
 
-def _stored_reads(plan: Plan, inputs: list[int], memo: dict[int, list[int]]) -> list[int]:
+def _stored_reads(plan: Plan, inputs: list[int], memo: dict[int, list[int]], fused: set[int],
+                  reads: list[list[int]]) -> list[int]:
     """Values really read from memory: fused operands are replaced by what they are computed
-    from, through chains of fused values (iteratively: chains can be thousands long)."""
-
-    outside = set(plan.external_outputs)
-
-    def is_fused(v: int) -> bool:
-        return v in plan.values and _fused(plan, v, outside)
-
+    from, through chains of fused values (iteratively: chains can be thousands long).
+    `fused`: the values with no buffer that a step makes; `reads`: each step's inputs."""
+    values = plan.values
     for v in inputs:
-        if not is_fused(v) or v in memo:
+        if v not in fused or v in memo:
             continue
         stack = [v]
         while stack:
@@ -207,50 +265,51 @@ def _stored_reads(plan: Plan, inputs: list[int], memo: dict[int, list[int]]) -> 
             if w in memo:
                 stack.pop()
                 continue
-            ins = plan.schedule[plan.values[w].producer].inputs
-            pending = [u for u in ins if is_fused(u) and u not in memo]
+            ins = reads[values[w].producer]
+            pending = [u for u in ins if u in fused and u not in memo]
             if pending:
                 stack.extend(pending)
                 continue
             stack.pop()
             found: dict[int, None] = {}
             for u in ins:
-                for x in (memo[u] if is_fused(u) else [u] if u in plan.values else []):
-                    found[x] = None
+                if u in fused:
+                    for x in memo[u]:
+                        found[x] = None
+                elif u in values:
+                    found[u] = None
             memo[w] = list(found)
     result: dict[int, None] = {}
     for v in inputs:
-        if v not in plan.values:
+        if v not in values:
             continue
-        for x in (memo[v] if is_fused(v) else [v]):
-            result[x] = None
+        if v in fused:
+            for x in memo[v]:
+                result[x] = None
+        else:
+            result[v] = None
     return list(result)
 
 
 def _check_fused_gemms(plan: Plan, step, i: int, memo: dict[int, list[int]], gemm_memo: dict[int, list[int]],
-                       bad) -> None:
+                       bad, fused: set[int], reads: list[list[int]]) -> None:
     """A GEMM computed inside a step (its epilogue) reads its operands while the step writes its
     results: none of those operands may lie in a buffer the step writes."""
     written = {plan.values[v].buffer for v in step.outputs if v is not None and plan.values[v].buffer is not None}
     if not written:
         return
-    for v in step.inputs:
-        for u in _gemm_operands(plan, v, memo, gemm_memo):
+    for v in reads[i]:
+        for u in _gemm_operands(plan, v, memo, gemm_memo, fused, reads):
             if plan.values[u].buffer in written:
                 bad(f"step {i} ({step.primitive}) writes buffer {plan.values[u].buffer} that a GEMM "
                     f"computed inside it reads (value {u})")
 
 
-def _gemm_operands(plan: Plan, v: int, memo: dict[int, list[int]], gemm_memo: dict[int, list[int]]) -> list[int]:
+def _gemm_operands(plan: Plan, v: int, memo: dict[int, list[int]], gemm_memo: dict[int, list[int]],
+                   fused: set[int], reads: list[list[int]]) -> list[int]:
     """The stored values GEMMs read inside the fused chain that computes `v` (none when `v` is
     stored); iterative, memoized per fused value."""
-
-    outside = set(plan.external_outputs)
-
-    def is_fused(w: int) -> bool:
-        return w in plan.values and _fused(plan, w, outside)
-
-    if not is_fused(v):
+    if v not in fused:
         return []
     stack = [v]
     while stack:
@@ -258,17 +317,18 @@ def _gemm_operands(plan: Plan, v: int, memo: dict[int, list[int]], gemm_memo: di
         if w in gemm_memo:
             stack.pop()
             continue
-        inner = plan.schedule[plan.values[w].producer]
-        pending = [u for u in inner.inputs if is_fused(u) and u not in gemm_memo]
+        at = plan.values[w].producer
+        inner, inner_ins = plan.schedule[at], reads[at]
+        pending = [u for u in inner_ins if u in fused and u not in gemm_memo]
         if pending:
             stack.extend(pending)
             continue
         stack.pop()
         found: dict[int, None] = {}
         if inner.primitive in DOT_LIKE:
-            found.update(dict.fromkeys(_stored_reads(plan, inner.inputs, memo)))
-        for u in inner.inputs:
-            if is_fused(u):
+            found.update(dict.fromkeys(_stored_reads(plan, inner_ins, memo, fused, reads)))
+        for u in inner_ins:
+            if u in fused:
                 found.update(dict.fromkeys(gemm_memo[u]))
         gemm_memo[w] = list(found)
     return gemm_memo[v]

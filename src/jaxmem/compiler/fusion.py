@@ -23,6 +23,8 @@ program order, by the effect on the peak of the live-bytes profile under a given
 
 from __future__ import annotations
 
+import numpy as np
+
 from jaxmem.compiler.program import DROPPED, Program, side_table
 from jaxmem.compiler.rules import DOT_LIKE, MAX_FUSED_READERS, RULES, UNKNOWN, fusible_producer, is_view
 from jaxmem.compiler.stages import Fusion, Roles, align, live_profile
@@ -33,8 +35,9 @@ def forced_fusion(g: Program, roles: Roles) -> list[bool]:
     storage of their own: they are fused unconditionally (unless they are program outputs)."""
     external, outputs = roles.external, roles.outputs
     fused = [False] * g.num_values
-    for op in g.ops:
-        if not op_is_view(g, op) or len(op.outputs) != 1:
+    views = side_table(g, "views", op_views)
+    for k, op in enumerate(g.ops):
+        if not views[k] or len(op.outputs) != 1:
             continue
         out = op.outputs[0]
         src = op.inputs[0] if op.inputs else None
@@ -177,28 +180,50 @@ def expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
 
 
 def _expanded_reads(g: Program, fused: list[bool]) -> list[list[int]]:
-    memo: dict[int, list[int]] = {}
+    # One forward pass (ops are in dependency order): an op's stored reads are also what each
+    # of its fused outputs is computed from, so each fused value's list is ready before any
+    # reader asks for it.
+    expanded: dict[int, list[int]] = {}   # fused value -> the stored values it is computed from
+    memo: dict[int, list[int]] = {}       # the rare fused value made by no op (`expanded_inputs`)
     reads: list[list[int]] = []
     for op in g.ops:
-        outs = [v for v in op.outputs if v is not None]
-        if outs and all(fused[v] for v in outs):
-            reads.append([])
-            continue
-        for u in op.inputs:
+        ins = op.inputs
+        for u in ins:
             if fused[u]:
                 break
         else:
-            reads.append(list(op.inputs))  # nothing fused: the operands themselves
+            merged = list(ins)  # nothing fused: the operands themselves
+            for v in op.outputs:
+                if v is not None and fused[v]:
+                    expanded[v] = merged
+            reads.append([] if _all_fused(op.outputs, fused) else merged)
             continue
         result: dict[int, None] = {}
-        for u in op.inputs:
+        for u in ins:
             if fused[u]:
-                for w in expanded_inputs(g, fused, memo, u):
+                got = expanded.get(u)
+                for w in (got if got is not None else expanded_inputs(g, fused, memo, u)):
                     result[w] = None
             else:
                 result[u] = None
-        reads.append(list(result))
+        merged = list(result)
+        for v in op.outputs:
+            if v is not None and fused[v]:
+                expanded[v] = merged
+        # an op all of whose outputs are fused reads nothing itself (its consumers do)
+        reads.append([] if _all_fused(op.outputs, fused) else merged)
     return reads
+
+
+def _all_fused(outputs: list, fused: list[bool]) -> bool:
+    """Some output, and every one fused (None: a dropped output)."""
+    some = False
+    for v in outputs:
+        if v is not None:
+            if not fused[v]:
+                return False
+            some = True
+    return some
 
 
 def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) -> list[bool]:
@@ -233,15 +258,16 @@ def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) 
     live = live_profile(((start[v], last[v], size[v]) for v in range(g.num_values)
                          if not (external[v] or fused[v] or g.producer[v] == DROPPED)), n)
     peak = int(live.max()) if len(live) else 0
+    at_peak = int(np.count_nonzero(live == peak))   # positions holding the peak
     memo: dict[int, list[int]] = {}
+    candidates = side_table(g, "fusion candidates", _candidates)
+    ops = g.ops
     for oi in order:
-        op = g.ops[oi]
-        if len(op.outputs) != 1 or op.outputs[0] is None or not fusible_producer(op.primitive, op.params):
+        if not candidates[oi]:
             continue
+        op = ops[oi]
         v = op.outputs[0]
-        if fused[v] or outputs[v] or len(g.users[v]) > MAX_FUSED_READERS:
-            continue
-        if not all(_absorbs(op.primitive, g.ops[c].primitive) for c in g.users[v]):
+        if fused[v] or outputs[v]:
             continue
         if op.primitive == "transpose" and any(fused[u] for u in op.inputs):
             continue  # a dot reads a transposed operand, not a recomputed one
@@ -250,23 +276,61 @@ def choose_fusion(g: Program, order: list[int], roles: Roles, base: list[bool]) 
         ins = _inputs_now(g, fused, memo, v)
         end = last[v]
         lo, hi = start[v] + 1, end + 1
-        window = live[lo: hi + 1].copy()
-        window -= size[v]
-        grow = []
-        for u in ins:
-            if external[u] or last[u] >= end:
+        sv = size[v]
+        # inputs whose life fusing v extends to v's last reader
+        grow = [u for u in ins if not external[u] and last[u] < end]
+        width = hi + 1 - lo
+        if 0 < width <= SHORT_WINDOW and all(last[u] + 2 >= lo for u in grow):
+            # Most windows span a few steps: plain Python beats numpy's per-call cost there.
+            # The same sums as the general case below, and the peak is kept by counting the
+            # positions that hold it (a window never rises above it).
+            old = live[lo: hi + 1].tolist()
+            new = [x - sv for x in old]
+            for u in grow:
+                su = size[u]
+                for k in range(last[u] + 2 - lo, width):
+                    new[k] += su
+            if max(new) > peak:
                 continue
+            fused[v] = True
+            live[lo: hi + 1] = new
+            for u in grow:
+                last[u] = end
+            at_peak += new.count(peak) - old.count(peak)
+            if at_peak == 0:  # fusing lowered the peak
+                peak = int(live.max())
+                at_peak = int(np.count_nonzero(live == peak))
+            continue
+        window = live[lo: hi + 1].copy()
+        window -= sv
+        for u in grow:
             window[max(last[u] + 2 - lo, 0):] += size[u]
-            grow.append(u)
         if window.size and int(window.max()) > peak:
             continue
         fused[v] = True
-        live[lo: hi + 1] -= size[v]
+        live[lo: hi + 1] -= sv
         for u in grow:
             live[last[u] + 2: hi + 1] += size[u]
             last[u] = end
         peak = int(live.max())  # fusing may have lowered it
+        at_peak = int(np.count_nonzero(live == peak))
     return fused
+
+
+# Windows (steps a fused value's inputs must stay live for) up to this long are scored in
+# plain Python in `choose_fusion`; longer ones with numpy.
+SHORT_WINDOW = 32
+
+
+def _candidates(g: Program) -> list[bool]:
+    """Per op, whether `choose_fusion` may consider fusing its result at all, whatever is fused
+    already: a cheap fusible producer of one value, read by few ops that can each compute it."""
+    out = []
+    for op in g.ops:
+        ok = (len(op.outputs) == 1 and op.outputs[0] is not None and fusible_producer(op.primitive, op.params)
+              and len(g.users[op.outputs[0]]) <= MAX_FUSED_READERS)
+        out.append(ok and all(_absorbs(op.primitive, g.ops[c].primitive) for c in g.users[op.outputs[0]]))
+    return out
 
 
 def _absorbs(producer: str, consumer: str) -> bool:

@@ -41,6 +41,25 @@ ORDERINGS = {
 }
 
 
+# Up to this many placed buffers live beside a new one, its gap is found in plain Python
+# (`_best_gap`); more, with numpy. Both give the same offset.
+SMALL_OVERLAP = 48
+
+
+def _best_gap(lows: list[int], highs: list[int], size: int) -> int:
+    """Best fit among buffers [low, high) (sizes > 0): the offset of the smallest gap between
+    them, in address order, that holds `size` bytes (the lowest such on ties), else the top."""
+    best_gap, best_off = None, 0
+    top = 0   # the highest end below the current buffer
+    for lo, hi in sorted(zip(lows, highs), key=lambda b: b[0]):   # stable: as numpy's argsort
+        gap = lo - top
+        if gap >= size and (best_gap is None or gap < best_gap):
+            best_gap, best_off = gap, top
+        if hi > top:
+            top = hi
+    return best_off if best_gap is not None else top
+
+
 def place_ordered(buffers: Sequence[tuple[int, int, int]], order: Sequence[int]) -> tuple[list[int], int]:
     """Best-fit placement of `buffers` (start, end, size) taken in `order`.
 
@@ -60,12 +79,14 @@ def place_ordered(buffers: Sequence[tuple[int, int, int]], order: Sequence[int])
             continue
         off = 0
         if m:
-            mask = (starts[:m] <= e) & (ends[:m] >= s)
-            if mask.any():
-                o = offs[:m][mask]
+            hits = np.flatnonzero((starts[:m] <= e) & (ends[:m] >= s))   # placed, live meanwhile
+            if 0 < hits.size <= SMALL_OVERLAP:
+                off = _best_gap(offs[hits].tolist(), (offs[hits] + sizes[hits]).tolist(), z)
+            elif hits.size:
+                o = offs[hits]
                 idx = np.argsort(o, kind="stable")
                 o = o[idx]
-                top = np.maximum.accumulate(o + sizes[:m][mask][idx])
+                top = np.maximum.accumulate(o + sizes[hits][idx])
                 prev = np.empty_like(top)
                 prev[0] = 0
                 prev[1:] = top[:-1]

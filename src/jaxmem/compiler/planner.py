@@ -14,17 +14,18 @@ schedule is scored by its live bytes; the best one is placed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
-from jaxmem.compiler.program import DROPPED, Program, drop_dead
+from jaxmem.compiler.program import DROPPED, Program, drop_dead, forget_side_tables, side_table
 from jaxmem.compiler.rules import storage_rule
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import Placement, place
@@ -121,15 +122,25 @@ def plan_jaxpr(
     **Returns:** the `Plan` for the schedule with the fewest live bytes.
     """
     start = time.perf_counter()
-    # Planning makes many small objects and no cycles: the cyclic collector would only rescan
-    # the (large) jaxpr again and again, a third of the time on big programs.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check,
                            external_outputs, carry_inputs, base_fusion)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, restored after.
+
+    Planning (and `xla.gpu_model.predict`) makes many small objects and no cycles: the
+    collector would only rescan the (large) jaxpr again and again, a third of the time on big
+    programs. Nested uses are fine: only the outermost turns it back on.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
-        if gc_was_enabled:
+        if was_enabled:
             gc.enable()
 
 
@@ -227,6 +238,8 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
             best_name += "+unfused"
     placement = place([(iv.start, iv.end, iv.size) for iv in best.live.intervals], stop_at=best.peak)
     result = _build_plan(g, best, placement, flags, best_name, results, sorted(unknown))
+    for fused in {bytes(c.analysis.fusion.fused) for c in scored.values()}:
+        forget_side_tables(g, fused)   # this plan's own fusions: no other plan asks for them
     if check:
         checked = time.perf_counter()
         problems = check_plan(result)
@@ -305,6 +318,7 @@ def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dic
         return sub.arena_bytes
 
     scratch: dict[int, int] = {}
+    nested = side_table(g, "nested jaxprs", _nested_jaxprs)
     for op in g.ops:
         bodies = ja.loop_bodies(op.eqn) if op.primitive in ja.LOOP_PRIMITIVES else []
         if op.primitive == "cond":
@@ -317,13 +331,24 @@ def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dic
             cond_nconsts, body_nconsts = ja.while_counts(op.eqn)
             pairs = tuple(body_nconsts + k for k in range(len(op.outputs)))
             scratch[op.index] = max(body_arena(bodies[0], None), body_arena(bodies[1], pairs))
-        elif storage_rule(op.primitive) in ("unknown", "fresh"):
+        elif op.index in nested:
             # Opaque primitives with their own jaxprs (custom_linear_solve, ...) get the largest
             # of them as scratch, conservatively.
+            scratch[op.index] = max(body_arena(ja.as_closed(s), None) for s in nested[op.index])
+    return scratch
+
+
+def _nested_jaxprs(g: Program) -> dict[int, list[Any]]:
+    """Op index -> the jaxprs in its parameters, for the opaque ops (storage rule unknown or
+    fresh, not a loop) that hold some: a side table, so the plans and the prediction of one
+    program search the (many) ops' parameters once."""
+    out: dict[int, list[Any]] = {}
+    for op in g.ops:
+        if op.primitive not in ("cond", "scan", "while") and storage_rule(op.primitive) in ("unknown", "fresh"):
             subs = ja.nested_jaxprs(op.eqn)
             if subs:
-                scratch[op.index] = max(body_arena(ja.as_closed(s), None) for s in subs)
-    return scratch
+                out[op.index] = subs
+    return out
 
 
 def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[bool], scheduler: str,
@@ -339,12 +364,16 @@ def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[b
     steps: list[Step] = []
     for p, oi in enumerate(order):
         op = g.ops[oi]
-        outs = [v for v in op.outputs if v is not None]
-        steps.append(Step(
-            index=p, eqn=op.eqn, primitive=op.primitive, operands=list(op.operands),
-            outputs=list(op.outputs), fused=bool(outs) and all(fused[v] for v in outs),
-            scratch_bytes=scratch.get(oi, 0), source=op.source,
-        ))
+        all_fused = False   # some output, and every one fused
+        for v in op.outputs:
+            if v is not None:
+                if not fused[v]:
+                    all_fused = False
+                    break
+                all_fused = True
+        # positional: Step(index, eqn, primitive, operands, outputs, fused, scratch_bytes, source)
+        steps.append(Step(p, op.eqn, op.primitive, list(op.operands), list(op.outputs), all_fused,
+                          scratch.get(oi, 0), op.source))
     values: dict[int, ValueInfo] = {}
     for v in range(g.num_values):
         prod = g.producer[v]
@@ -355,7 +384,8 @@ def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[b
                               None if prod < 0 else pos[prod], gid if gid >= 0 else None, g.sources[v])
     buffers: list[PlannedBuffer] = []
     for iv in live.intervals:
-        members = sorted(iv.members, key=lambda v: -1 if g.producer[v] < 0 else pos[g.producer[v]])
+        members = list(iv.members) if len(iv.members) < 2 else \
+            sorted(iv.members, key=lambda v: -1 if g.producer[v] < 0 else pos[g.producer[v]])
         root = members[0] if members else None
         if root is None:
             op = g.ops[iv.op]
@@ -364,11 +394,9 @@ def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[b
             prod = g.producer[root]
             label = "argument" if prod < 0 else g.ops[prod].primitive
             shape, dtype, source = g.shapes[root], g.dtypes[root], g.sources[root]
-        buffers.append(PlannedBuffer(
-            id=iv.id, offset=offsets[iv.id], size=iv.size, start=iv.start, end=iv.end,
-            values=members, kind=iv.kind, category=_CATEGORY.get(iv.kind, "temporaries"),
-            shape=shape, dtype=dtype, source=source, label=label,
-        ))
+        # positional: (id, offset, size, start, end, values, kind, category, shape, dtype, source, label)
+        buffers.append(PlannedBuffer(iv.id, offsets[iv.id], iv.size, iv.start, iv.end, members, iv.kind,
+                                     _CATEGORY.get(iv.kind, "temporaries"), shape, dtype, source, label))
     external_bytes = sum(g.nbytes[v] for v in dict.fromkeys(g.invars) if external[v])
     output_bytes = sum(g.outvar_bytes)
     return Plan(

@@ -144,7 +144,7 @@ T = TypeVar("T")
 
 # Per-op side tables of the last op lists seen (`side_table`): the planner scores many schedules
 # of one program, and a target's model may rewrite ops (which makes a new list).
-TABLES_KEPT = 16
+TABLES_KEPT = 32
 _tables: dict[tuple[int, Any], tuple[list[Op], Any]] = {}
 
 
@@ -170,3 +170,12 @@ def side_table(p: Program, name: Any, build: Callable[[Program], T]) -> T:
     while len(_tables) > TABLES_KEPT:
         del _tables[next(iter(_tables))]
     return table
+
+
+def forget_side_tables(p: Program, fused: bytes) -> None:
+    """Drop `p`'s side tables made for one fusion (their name is a tuple holding `fused`, the
+    fused flags as bytes): a plan is done with them, and the garbage collector need not scan
+    them, once it runs again, as if they were still in use."""
+    for key in [k for k, (ops, _) in _tables.items()
+                if ops is p.ops and isinstance(k[1], tuple) and fused in k[1]]:
+        del _tables[key]

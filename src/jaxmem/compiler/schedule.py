@@ -49,11 +49,22 @@ def _all_producers(g: Program) -> list[list[int]]:
     return [list({g.producer[u] for u in op.inputs if g.producer[u] >= 0}) for op in g.ops]
 
 
-def _alloc_bytes(g: Program, oi: int, fused: list[bool], external: list[bool], views: list[bool]) -> int:
-    op = g.ops[oi]
-    if views[oi] and op.inputs and not external[op.inputs[0]]:
-        return 0
-    return sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v] and not external[v])
+def _alloc_all(g: Program, fused: list[bool], external: list[bool], views: list[bool]) -> list[int]:
+    """Per op, the arena bytes it allocates: its stored outputs' (arguments and loop-body results
+    written outside excepted), none for a view of a value in the arena."""
+    nbytes = g.nbytes
+    out = []
+    for oi, op in enumerate(g.ops):
+        ins = op.inputs
+        if views[oi] and ins and not external[ins[0]]:
+            out.append(0)
+            continue
+        total = 0
+        for v in op.outputs:
+            if v is not None and not fused[v] and not external[v]:
+                total += align(nbytes[v])
+        out.append(total)
+    return out
 
 
 def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> list[int]:
@@ -66,43 +77,35 @@ def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> 
     nops = len(g.ops)
     reads, fused, scratch = analysis.fusion.reads, analysis.fusion.fused, analysis.scratch
     external, outputs = analysis.roles.external, analysis.roles.outputs
-    readers: list[list[int]] = [[] for _ in range(g.num_values)]
-    for oi in range(nops):
-        for u in reads[oi]:
-            readers[u].append(oi)
+    readers = _readers(g, fused, reads)
     remaining = [len(r) for r in readers]
-    freeable = [not external[v] and not outputs[v] for v in range(g.num_values)]
+    freeable = [not (e or o) for e, o in zip(external, outputs)]
     size = [align(b) for b in g.nbytes]
     views = side_table(g, "views", op_views)
-    alloc = [_alloc_bytes(g, oi, fused, external, views) + scratch.get(oi, 0) // 4 for oi in range(nops)]
+    alloc = _alloc_all(g, fused, external, views)
+    for oi, extra in scratch.items():   # loop scratch, counted at a quarter
+        alloc[oi] += extra // 4
     free_op = [not reads[oi] and alloc[oi] == 0 for oi in range(nops)]
-    indeg = [0] * nops
-    succ: list[list[int]] = [[] for _ in range(nops)]
-    producers = side_table(g, "producers", _all_producers)
-    for oi in range(nops):
-        prods = producers[oi]
-        indeg[oi] = len(prods)
-        for p in prods:
-            succ[p].append(oi)
+    succ, indeg = side_table(g, "successors", _successors)
+    indeg = list(indeg)
     scheduled = [False] * nops
     ready = [False] * nops
     version = [0] * nops
     sign = -1 if prefer_late else 1
-
-    def priority(oi: int) -> int:
-        if free_op[oi]:
-            return 1 << 62
-        freed = 0
-        for u in reads[oi]:
-            if remaining[u] == 1 and freeable[u]:
-                freed += size[u]
-        return freed - alloc[oi]
-
     heap: list[tuple[int, int, int, int]] = []
+    heappush = heapq.heappush
 
     def push(oi: int) -> None:
+        # the priority: bytes freed (operands read for the last time) minus bytes allocated
         version[oi] += 1
-        heapq.heappush(heap, (-priority(oi), sign * oi, version[oi], oi))
+        if free_op[oi]:
+            priority = 1 << 62
+        else:
+            priority = -alloc[oi]
+            for u in reads[oi]:
+                if remaining[u] == 1 and freeable[u]:
+                    priority += size[u]
+        heappush(heap, (-priority, sign * oi, version[oi], oi))
 
     for oi in range(nops):
         if indeg[oi] == 0:
@@ -131,6 +134,31 @@ def list_schedule(g: Program, analysis: Analysis, prefer_late: bool = False) -> 
     return order
 
 
+def _readers(g: Program, fused: list[bool], reads: list[list[int]]) -> list[list[int]]:
+    """Per value, the ops reading it once fusion is applied (a side table per fusion: the
+    schedules of one plan share it; read-only)."""
+    hit = side_table(g, ("readers", bytes(fused)), lambda g: (reads, _readers_of(g.num_values, reads)))
+    return hit[1] if hit[0] is reads else _readers_of(g.num_values, reads)
+
+
+def _readers_of(num_values: int, reads: list[list[int]]) -> list[list[int]]:
+    readers: list[list[int]] = [[] for _ in range(num_values)]
+    for oi, ins in enumerate(reads):
+        for u in ins:
+            readers[u].append(oi)
+    return readers
+
+
+def _successors(g: Program) -> tuple[list[list[int]], list[int]]:
+    """Per op, the ops reading its results, and how many ops it reads from (a side table)."""
+    producers = side_table(g, "producers", _all_producers)
+    succ: list[list[int]] = [[] for _ in g.ops]
+    for oi, prods in enumerate(producers):
+        for p in prods:
+            succ[p].append(oi)
+    return succ, [len(prods) for prods in producers]
+
+
 def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) -> list[int]:
     """Depth-first post-order from the outputs, as XLA's DFS memory scheduler: operands with more
     extra users, then larger total subgraph bytes, are visited first; `reverse_roots` starts
@@ -143,8 +171,7 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
     outputs_order = [v for v in g.outvars if not isinstance(v, Const)]
     producers = side_table(g, "producers", _all_producers)
     # both root orders visit operands by the same key
-    rank = side_table(g, ("dfs", bytes(fused)), lambda g: _dfs_rank(g, fused, producers))
-    key = rank.__getitem__
+    visits = side_table(g, ("dfs", bytes(fused)), lambda g: _dfs_visits(g, fused, producers))
 
     roots: list[int] = []
     seen_root: set[int] = set()
@@ -162,7 +189,7 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
         if visited[root]:
             continue
         # Each stack entry keeps its operands still to visit, best last (popped first).
-        stack: list[tuple[int, list[int]]] = [(root, sorted(producers[root], key=key, reverse=True))]
+        stack: list[tuple[int, list[int]]] = [(root, list(visits[root]))]
         visited[root] = True
         while stack:
             oi, todo = stack[-1]
@@ -171,11 +198,17 @@ def dfs_schedule(g: Program, analysis: Analysis, reverse_roots: bool = False) ->
             if todo:
                 nxt = todo.pop()
                 visited[nxt] = True
-                stack.append((nxt, sorted(producers[nxt], key=key, reverse=True)))
+                stack.append((nxt, list(visits[nxt])))
             else:
                 stack.pop()
                 order.append(oi)
     return order
+
+
+def _dfs_visits(g: Program, fused: list[bool], producers: list[list[int]]) -> list[list[int]]:
+    """Per op, its producers in the order the DFS visits them, reversed (the next one last)."""
+    key = _dfs_rank(g, fused, producers).__getitem__
+    return [sorted(prods, key=key, reverse=True) for prods in producers]
 
 
 def _dfs_rank(g: Program, fused: list[bool], producers: list[list[int]]) -> list[tuple[int, int, int]]:
@@ -184,10 +217,14 @@ def _dfs_rank(g: Program, fused: list[bool], producers: list[list[int]]) -> list
     nops = len(g.ops)
     extra = [0] * nops
     total = [0] * nops
-    for oi in range(nops):  # ops are topologically numbered
-        op = g.ops[oi]
-        own = sum(align(g.nbytes[v]) for v in op.outputs if v is not None and not fused[v])
-        users = sum(len(g.users[v]) for v in op.outputs if v is not None)
+    nbytes, readers = g.nbytes, g.users
+    for oi, op in enumerate(g.ops):  # ops are topologically numbered
+        own = users = 0
+        for v in op.outputs:
+            if v is not None:
+                users += len(readers[v])
+                if not fused[v]:
+                    own += align(nbytes[v])
         e = max(users - 1, 0)
         t = own
         for p in producers[oi]:
@@ -264,20 +301,20 @@ def sink_schedule(g: Program, analysis: Analysis, order: list[int]) -> list[int]
     nops = len(g.ops)
     reads, fused = analysis.fusion.reads, analysis.fusion.fused
     external, outputs = analysis.roles.external, analysis.roles.outputs
-    pos = [0] * nops
-    for p, oi in enumerate(order):
-        pos[oi] = p
     last = [-1] * g.num_values
     for p, oi in enumerate(order):
         for u in reads[oi]:
             last[u] = p
     sunk = [False] * nops
     views = side_table(g, "views", op_views)
-    for oi in order:
-        grow = _alloc_bytes(g, oi, fused, external, views)
-        frees = sum(align(g.nbytes[u]) for u in reads[oi]
-                    if last[u] == pos[oi] and not external[u] and not outputs[u])
-        sunk[oi] = grow > frees
+    nbytes = g.nbytes
+    alloc = _alloc_all(g, fused, external, views)
+    for p, oi in enumerate(order):
+        frees = 0   # bytes of the operands read for the last time here
+        for u in reads[oi]:
+            if last[u] == p and not external[u] and not outputs[u]:
+                frees += align(nbytes[u])
+        sunk[oi] = alloc[oi] > frees
     return sink(order, side_table(g, "producers", _all_producers), sunk)
 
 

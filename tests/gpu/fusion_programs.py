@@ -189,3 +189,57 @@ def relu_mask_read_by_gemms():
 
 
 STORED["relu_mask_read_by_gemms"] = True
+
+
+# --- pred1: cross-entropy gradient in place, gelu outputs per device
+
+def cross_entropy_gradient_in_place():
+    """Cross-entropy's value and gradient: log_softmax's result is stored for the loss's gather,
+    so the gradient `g - exp(logp) * sum(g) / sum(exp(logp))` (a row value combined from two
+    reductions) is a loop fusion after separate row reductions, written into a dying operand's
+    buffer: two 16 MiB buffers (logp, the scatter then the gradient), not three."""
+    def fn(w, h, targets):
+        def loss(w):
+            logp = jax.nn.log_softmax(h @ w, axis=-1)
+            return -jnp.mean(jnp.take_along_axis(logp, targets[:, None], axis=-1))
+        return jax.value_and_grad(loss)(w)
+    return fn, (jnp.ones((256, D), jnp.float32), jnp.ones((N, 256), jnp.float32), jnp.zeros((N,), jnp.int32))
+
+
+STORED["cross_entropy_gradient_in_place"] = True
+
+
+def _activation_step(activation, dtype):
+    """One two-layer MLP's gradient step (batch 1024, 256 -> 1024 -> 256): the activation's
+    transcendental is read by the forward output's kernel and by the backward's."""
+    def fn(w1, w2, x):
+        def loss(w1, w2):
+            return jnp.sum((activation(x @ w1) @ w2).astype(jnp.float32) ** 2)
+        return jax.grad(loss, argnums=(0, 1))(w1, w2)
+    return fn, (jnp.ones((256, 1024), dtype), jnp.ones((1024, 256), dtype), jnp.ones((1024, 256), dtype))
+
+
+def gelu_step():
+    """tanh gelu in float32: XLA recomputes the tanh chain in both kernels on H100 (its cost
+    model: the duplicated compute costs less than the 4 MiB written and read twice) and stores
+    it beside the gelu output on A100 (a two-output `loop_multiply_tanh_fusion`)."""
+    return _activation_step(lambda z: jax.nn.gelu(z, approximate=True), jnp.float32)
+
+
+def gelu_step_bf16():
+    """tanh gelu in bfloat16: half the bytes saved for the same compute, so the tanh is stored
+    on both devices."""
+    return _activation_step(lambda z: jax.nn.gelu(z, approximate=True), jnp.bfloat16)
+
+
+def silu_step():
+    """silu (x * logistic(x), an exp): cheap enough to be recomputed on both devices."""
+    return _activation_step(jax.nn.silu, jnp.float32)
+
+
+# Whether XLA:GPU stores the activation's transcendental, per program and device.
+TRANSCENDENTAL_STORED = {
+    ("gelu_step", "h100-80gb"): False, ("gelu_step", "a100-40gb"): True,
+    ("gelu_step_bf16", "h100-80gb"): True, ("gelu_step_bf16", "a100-40gb"): True,
+    ("silu_step", "h100-80gb"): False, ("silu_step", "a100-40gb"): False,
+}

@@ -38,6 +38,7 @@ from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import DROPPED, Program
 from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
+from jaxmem.xla.gpu_cost import NOT_DUPLICATED, Kernel, device_numbers, duplicate_is_faster, flops_per_element
 
 # -- the fusion rules ----------------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ def dot_kind(op: Any, g: Program) -> str:
 
 
 def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
-               store_shared_casts: bool = False) -> list[bool]:
+               store_shared_casts: bool = False, device: str | None = None) -> list[bool]:
     """Per value, True when XLA:GPU never stores it: computed inside each of its consumers.
 
     >>> import jax, jax.numpy as jnp
@@ -139,13 +140,20 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
     **Arguments:** the program, the values' roles, the fusion already forced (views of
     arguments; `fusion.forced_fusion`); `store_shared_casts`: store a narrowing cast read by a GEMM and another reader, as XLA does
     (`_narrowing_shared`); the prediction sets it, jaxmem's own plan (the planner's fusion base)
-    computes the cast in each reader, which is valid and holds less.
+    computes the cast in each reader, which is valid and holds less. `device`: a GPU preset
+    whose performance model decides whether a transcendental chain read by several loop
+    kernels is computed in each (`_duplicated`), and whose GEMM fusion sees whole chains
+    (a value computed from a transcendental through elementwise ops is never a GEMM's
+    prologue, stored or not); None (jaxmem's own plan) stores every such chain, which is
+    valid.
 
     **Returns:** per value, the fused flag (outputs and loop-body results are never fused).
     """
     fused = list(forced) if forced is not None else forced_fusion(g, roles)
     g = strength_reduced(g)
+    dev = device_numbers(device) if device else None
     costly = [False] * g.num_values   # a fused chain with a transcendental op in it
+    tainted = _tainted(g) if dev else costly
     for op in g.ops:
         if op.primitive in EXPENSIVE or any(fused[u] and costly[u] for u in op.inputs):
             for w in op.outputs:
@@ -167,8 +175,12 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
                     break
             if not ok:
                 break
-        if ok and costly[v] and (len(g.users[v]) > 1 or any(g.ops[c].primitive in DOTS for c in g.users[v])):
-            ok = False  # not duplicated into several consumers, nor into a GEMM's prologue
+        into_gemm = any(g.ops[c].primitive in DOTS for c in g.users[v])
+        if ok and (costly[v] or tainted[v]) and into_gemm:
+            ok = False  # not into a GEMM's prologue
+        elif ok and costly[v] and len(g.users[v]) > 1:
+            # not duplicated into several consumers, unless the device's cost model says so
+            ok = dev is not None and _duplicated(g, roles, fused, tainted, dev, v)
         if ok and store_shared_casts and _narrowing_shared(g, op, v):
             ok = False
         if ok:
@@ -208,6 +220,154 @@ def store_shared_masks(g: Program, fused: list[bool]) -> None:
             fused[v] = False
 
 
+def _tainted(g: Program) -> list[bool]:
+    """Per value, whether it is computed from a transcendental op through elementwise ops and
+    data movement alone. XLA:GPU's GEMM fusion runs before priority fusion, on the unfused
+    program, and takes no such chain into a GEMM's operand (transformer_train's dumps: gelu's
+    output is stored on both devices, whether its tanh is stored, on A100, or recomputed, on
+    H100; mlp_deep_train's silu outputs likewise)."""
+    tainted = [False] * g.num_values
+    for op in g.ops:
+        hit = op.primitive in EXPENSIVE or (op.primitive in FUSIBLE_PRODUCERS
+                                            and any(tainted[u] for u in op.inputs))
+        if hit:
+            for w in op.outputs:
+                if w is not None:
+                    tainted[w] = True
+    return tainted
+
+
+def _elements(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# How far the cost model follows a chain (values); past it the chain is stored.
+_WALK_LIMIT = 400
+
+
+def _duplicated(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any, v: int) -> bool:
+    """Whether XLA:GPU computes the transcendental chain ending at `v` inside each loop kernel
+    that reads it (priority fusion, `gpu_cost.duplicate_is_faster`), rather than storing it.
+
+    The kernels reading `v` are found by following its readers through values that are
+    themselves fused (cheap elementwise ops and data movement, computed in each of their
+    readers); each kernel's FLOPs and bytes are those of its cone, up to stored values.
+    """
+    start = g.producer[v]
+
+    def inside(w: int) -> bool:
+        """Computed inside its readers (for values after `v`, as the rules will decide)."""
+        if w == v:
+            return False
+        p = g.producer[w]
+        if p < 0 or roles.outputs[w] or roles.external[w]:
+            return False
+        if p < start:
+            return fused[w]
+        op = g.ops[p]
+        if op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful or not g.users[w]:
+            return False
+        if len(g.users[w]) > MAX_FUSED_READERS:
+            return False
+        for c in g.users[w]:
+            cop = g.ops[c]
+            if cop.primitive in DOTS and tainted[w]:
+                return False
+            if any(u == w and not _absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
+                return False
+        return True
+
+    def cone(root: int, stop: set[int]) -> Kernel | None:
+        """The kernel computing op `root`: FLOPs of its fused ops, bytes of the stored values read."""
+        rop = g.ops[root]
+        flops: dict[int, float] = {}
+        reads: dict[int, int] = {}
+        seen: set[int] = set()
+        todo = [root]
+        while todo:
+            oi = todo.pop()
+            op = g.ops[oi]
+            out = next((w for w in op.outputs if w is not None), None)
+            size = _elements(g.shapes[out]) if out is not None else 0
+            if op.primitive in REDUCTIONS and op.inputs:
+                size = _elements(g.shapes[op.inputs[0]])
+            if op.primitive in ELEMENTWISE or op.primitive in REDUCTIONS:
+                flops[oi] = flops_per_element(dev, op.primitive, str(g.dtypes[out]) if out is not None else "",
+                                              op.params) * size
+            for u in op.inputs:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if len(seen) > _WALK_LIMIT:
+                    return None
+                if u not in stop and inside(u):
+                    todo.append(g.producer[u])
+                else:
+                    reads[u] = g.nbytes[u]
+        written = sum(g.nbytes[w] for w in rop.outputs if w is not None)
+        out = next((w for w in rop.outputs if w is not None), v)
+        # a reduction's kernel runs over its input: a value broadcast into it is read (and,
+        # fused, computed) once per element of that input
+        space = rop.inputs[0] if rop.primitive in REDUCTIONS and rop.inputs else out
+        return Kernel(flops, _elements(g.shapes[space]), reads, written)
+
+    # The producer: `v`'s own cone, through the values already fused into it.
+    pflops: dict[int, float] = {}
+    preads: dict[int, int] = {}
+    seen, todo = set(), [start]
+    while todo:
+        oi = todo.pop()
+        op = g.ops[oi]
+        out = op.outputs[0]
+        if op.primitive in NOT_DUPLICATED:
+            return False
+        if op.primitive in ELEMENTWISE:
+            pflops[oi] = flops_per_element(dev, op.primitive, str(g.dtypes[out]), op.params) * _elements(g.shapes[out])
+        for u in op.inputs:
+            if u in seen:
+                continue
+            seen.add(u)
+            if len(seen) > _WALK_LIMIT:
+                return False
+            if g.producer[u] >= 0 and fused[u] and not (roles.outputs[u] or roles.external[u]):
+                todo.append(g.producer[u])
+            else:
+                preads[u] = g.nbytes[u]
+    producer = Kernel(pflops, _elements(g.shapes[v]), preads, g.nbytes[v])
+
+    # The kernels reading it: the first ops, along each path of fused values, whose result is stored.
+    roots: list[int] = []
+    seen_v, todo = {v}, [v]
+    while todo:
+        w = todo.pop()
+        for c in g.users[w]:
+            cop = g.ops[c]
+            out = cop.outputs[0] if len(cop.outputs) == 1 else None
+            if out is not None and cop.primitive in FUSIBLE_PRODUCERS and inside(out):
+                if out not in seen_v:
+                    seen_v.add(out)
+                    if len(seen_v) > _WALK_LIMIT:
+                        return False
+                    todo.append(out)
+            elif cop.primitive in LOOP_CONSUMERS or cop.primitive.startswith("scatter"):
+                if c not in roots:
+                    roots.append(c)
+            else:
+                return False   # an opaque reader (a loop, a call) needs `v` stored
+    if len(roots) <= 1:
+        return True
+    consumers = []
+    for r in roots:
+        k = cone(r, {v})
+        if k is None:
+            return False
+        consumers.append(k)
+    return duplicate_is_faster(dev, producer, v, consumers)
+
+
 # gemm_fusion.cc / triton_fusion_analysis.cc: kIoToleranceBytes, how much an operand fused into a
 # GEMM may shrink its data without further conditions.
 IO_TOLERANCE_BYTES = 1024
@@ -244,18 +404,32 @@ def _no_inplace(g: Program, values: Sequence[int]) -> Program:
 REDUCTIONS = frozenset(n for n, r in RULES.items() if r.cost == "reduction")
 
 
-def softmax_outputs(g: Program, internal: bool = False) -> Any:
+def softmax_outputs(g: Program, internal: bool = False, triton_only: bool = False) -> Any:
     """Values XLA:GPU stores as the output of a softmax-like fusion (softmax_rewriter_triton.cc:
     a reduction over the minor dimension broadcast back into elementwise ops on the same rows,
     a normalisation as in softmax, log-softmax and layer norm). The diamond's ops form one
     Triton fusion; its result is stored unless every reader is another such op or a reduction.
 
+    A row value combined from two different reductions (softmax's gradient:
+    `-sum(g) / sum(exp(x))` times `exp(x)`, added to `g`) is no such diamond: the rewriter
+    wants the broadcast value reduced from one tensor through unary ops only, so XLA emits the
+    reductions as their own fusions and the combination as a plain loop fusion
+    (transformer_train's cross-entropy backward: `loop_add_fusion.1` after two
+    `input_reduce_fusion`s), which may write its result into a dying operand's buffer.
+
     **Returns:** the value ids stored; with `internal`, also those computed only inside the
-    fusion (`(stored, inside)`).
+    fusion (`(stored, inside)`); with `triton_only`, the stored ones whose row values each come
+    from one reduction (the Triton fusions, never written in place).
     """
     nv = g.num_values
     reduced = [False] * nv      # a (small) value computed from a row reduction
     diamond = [False] * nv
+    sources: list[frozenset] = [frozenset()] * nv   # the reductions a row value comes from
+    mixed = [False] * nv        # a diamond whose row value combines several reductions
+    roots: list[frozenset] = [frozenset()] * nv     # the full tensors a diamond chain starts from
+
+    def origin(u: int) -> frozenset:
+        return roots[u] if (diamond[u] or reduced[u]) else frozenset({u})
     for op in g.ops:
         if len(op.outputs) != 1 or op.outputs[0] is None:
             continue
@@ -265,22 +439,34 @@ def softmax_outputs(g: Program, internal: bool = False) -> Any:
             axes = op.params.get("axes") or ()
             rank = len(g.shapes[op.inputs[0]])
             reduced[v] = rank > 0 and (rank - 1) in tuple(axes)
+            # reducing a row value again (over a unit dimension) keeps its sources
+            sources[v] = sources[op.inputs[0]] if reduced[op.inputs[0]] else frozenset({op.index})
+            roots[v] = origin(op.inputs[0])
         elif prim in ELEMENTWISE or prim in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim"):
             ins = [u for u in op.inputs]
             if prim == "broadcast_in_dim":
                 reduced[v] = any(reduced[u] for u in ins)
+                sources[v] = frozenset().union(*(sources[u] for u in ins))
+                roots[v] = frozenset().union(*(roots[u] for u in ins))
                 continue
             if prim in ELEMENTWISE and len(g.shapes[v]) > 0:
                 full = [u for u in ins if g.shapes[u] == g.shapes[v]]
                 bc = [u for u in ins if reduced[u] and len(g.shapes[u]) == len(g.shapes[v])]
                 if bc and any(u not in bc for u in full):
+                    roots[v] = frozenset().union(*(origin(u) for u in ins))
                     diamond[v] = True
+                    mixed[v] = (len(frozenset().union(*(sources[u] for u in bc))) > 1
+                                or any(mixed[u] for u in full if diamond[u]))
                     continue
                 if full and any(diamond[u] for u in full) and not reduced[v]:
+                    roots[v] = frozenset().union(*(origin(u) for u in ins))
                     diamond[v] = True
+                    mixed[v] = any(mixed[u] for u in full if diamond[u])
                     continue
             if all(reduced[u] for u in ins) and ins:
                 reduced[v] = True
+                sources[v] = frozenset().union(*(sources[u] for u in ins))
+                roots[v] = frozenset().union(*(roots[u] for u in ins))
     out, inside = [], []
     for v in range(nv):
         if not diamond[v] or g.producer[v] < 0:
@@ -295,6 +481,17 @@ def softmax_outputs(g: Program, internal: bool = False) -> Any:
             break
         else:
             inside.append(v)
+    if triton_only:
+        # A mixed row combination is a loop fusion when the Triton fusion of its chain was
+        # already cut by a stored diamond (log-softmax's result read by the loss's gather);
+        # otherwise the rewriter takes the whole chain into one Triton fusion (the dump of
+        # `tests/gpu/fusion_programs.py:cross_entropy_gradient_in_place` against a gradient alone).
+        # XLA shares a buffer only between values of one shape and type
+        partners = {v: [w for w in out if w != v and roots[w] & roots[v] and g.shapes[w] == g.shapes[v]
+                        and g.dtypes[w] == g.dtypes[v]] for v in out if mixed[v]}
+        loops = {v: ws for v, ws in partners.items() if any(w != v and roots[w] & roots[v] for w in out)}
+        out = [v for v in out if v not in loops]
+        return (out, loops) if internal else out
     return (out, inside) if internal else out
 
 
@@ -382,7 +579,7 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
         flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
         aliases = output_aliases(g, flags)
         workspace = CUBLAS_WORKSPACE.get(DEVICE_SM.get(device, 9), 4 * 2 ** 20)
-        temp_bytes, best_name, fused_values = _device_temps(closed_jaxpr, g, aliases, workspace)
+        temp_bytes, best_name, fused_values = _device_temps(closed_jaxpr, g, aliases, workspace, device)
         argument_bytes = sum(g.nbytes[v] for v in g.invars)
         output_bytes = sum(g.outvar_bytes)
         alias_bytes = sum(g.outvar_bytes[j] for j in aliases)
@@ -395,45 +592,51 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
                       time.perf_counter() - start, best_name, fused_values, arguments, outputs)
 
 
-# The temp figures last predicted, by jaxpr identity, output aliases and GEMM workspace: the
-# device enters the model only through cuBLAS's workspace, so predicting one jaxpr for several
-# devices with the same workspace (H100 and A100 both: 0) models its fusion, schedules and
-# buffer assignment once. The entry holds the jaxpr, so its id is not reused while it is kept.
+# The temp figures last predicted, by jaxpr identity, output aliases, GEMM workspace and device
+# (priority fusion's cost model is the device's: `gpu_cost`), so a jaxpr predicted again for the
+# same device is modelled once. The entry holds the jaxpr, so its id is not reused while kept.
 PREDICTIONS_KEPT = 4
 _device_temps_kept: dict[tuple, tuple[Any, tuple[int, str, int]]] = {}
 
 
-def _device_temps(closed_jaxpr: Any, g: Program, aliases: dict[int, int], workspace: int) -> tuple[int, str, int]:
+def _device_temps(closed_jaxpr: Any, g: Program, aliases: dict[int, int], workspace: int,
+                  device: str) -> tuple[int, str, int]:
     """(temp bytes, the memory scheduler's order kept, fused values) for `g`, the inlined
-    `closed_jaxpr`, with `aliases` (output -> donated argument) and a GEMM `workspace`."""
-    key = (id(closed_jaxpr), tuple(sorted(aliases.items())), workspace)
+    `closed_jaxpr`, with `aliases` (output -> donated argument) and a GEMM `workspace`, on `device`."""
+    key = (id(closed_jaxpr), tuple(sorted(aliases.items())), workspace, device)
     hit = _device_temps_kept.get(key)
     if hit is not None and hit[0] is closed_jaxpr:
         return hit[1]
-    result = _temps(g, aliases, workspace)
+    result = _temps(g, aliases, workspace, device)
     _device_temps_kept[key] = (closed_jaxpr, result)
     while len(_device_temps_kept) > PREDICTIONS_KEPT:
         del _device_temps_kept[next(iter(_device_temps_kept))]
     return result
 
 
-def _temps(g: Program, aliases: dict[int, int], workspace: int) -> tuple[int, str, int]:
+def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> tuple[int, str, int]:
     """XLA:GPU's fusion, memory scheduler and buffer assignment modelled on `g` (see `predict`)."""
     from jaxmem.compiler import planner
 
     # XLA holds every argument and output in its own allocation: none of them is in the temp
     # block, so the liveness below treats them all as external.
     roles = planner._roles(g, [False] * len(g.invars), (), ())
-    fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True)
-    g = _no_inplace(strength_reduced(g), softmax_outputs(g))
+    fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
+    triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
+    g = _no_inplace(strength_reduced(g), triton)
     unknown: set[str] = set()
-    scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True))
+    scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True, device=device))
     for op in g.ops:
         extra = op_scratch(g, op, workspace)
         if extra:
             scratch[op.index] = scratch.get(op.index, 0) + extra
     analysis = Analysis(roles, fusion_of(g, fused), scratch)
-    orders = {"program": planner.program_order(g)}
+    # XLA's memory scheduler keeps the best of its own schedulers (list, DFS, post order); the
+    # program's (jaxpr) order is not among them, and taking it ran the loss's gather of
+    # log-softmax before the cross-entropy gradient where XLA runs it after (the dumps of
+    # transformer_wide_train, scanned_checkpoint_train), so the gradient took a buffer XLA's
+    # does not (`_row_loops_in_place`).
+    orders: dict[str, list[int]] = {}
     for name in ("list", "dfs"):
         orders[name] = planner.SCHEDULERS[name](g, analysis)
     aliased_values = {g.outvars[j] for j in aliases}
@@ -443,7 +646,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int) -> tuple[int, st
     for name, order in orders.items():
         groups = merged_dots(g, order)
         order = _merged_order(order, groups)
-        live = assign_buffers(g, order, analysis, True)
+        live = assign_buffers(_row_loops_in_place(g, order, fused, row_loops), order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
         heap = (heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
                 + concatenated_operand_spans(g, order, groups) + scan_output_spans(g, order, roles)
@@ -452,6 +655,40 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int) -> tuple[int, st
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
     return int(_place(heap) or 0), best_name, sum(fused)
+
+
+def _row_loops_in_place(g: Program, order: Sequence[int], fused: Sequence[bool],
+                        row_loops: dict[int, list[int]]) -> Program:
+    """The program with each loop-fused row combination (`softmax_outputs`' mixed diamonds)
+    kept out of its operands' buffers unless, in this order, a stored diamond it reads (the
+    log-softmax result) dies at it: XLA:GPU writes the cross-entropy gradient over log-softmax's
+    result, never over the scatter of the targets it adds to (transformer_train's buffer
+    assignment: `loop_add_fusion.1` at `triton_softmax.14`'s offset), and where its scheduler
+    runs the loss's gather of log-softmax after the gradient, over nothing
+    (transformer_wide_train, scanned_transformer_train, scanned_checkpoint_train)."""
+    if not row_loops:
+        return g
+    pos = {oi: p for p, oi in enumerate(order)}
+
+    def last_read(w: int) -> int:
+        """The position of the last op reading `w`, through the fused values it feeds."""
+        last, todo, seen = -1, [w], {w}
+        while todo:
+            u = todo.pop()
+            for c in g.users[u]:
+                for x in g.ops[c].outputs:
+                    if x is not None and fused[x] and x not in seen:
+                        seen.add(x)
+                        todo.append(x)
+                last = max(last, pos.get(c, -1))
+        return last
+
+    blocked = []
+    for v, partners in row_loops.items():
+        at = pos.get(g.producer[v], -1)
+        if not any(last_read(w) <= at for w in partners):
+            blocked.append(v)
+    return _no_inplace(g, blocked) if blocked else g
 
 
 def _is_zero(u: Any) -> bool:

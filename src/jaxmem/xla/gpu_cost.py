@@ -1,0 +1,190 @@
+"""XLA:GPU's cost of duplicating an expensive elementwise chain into several consumers.
+
+XLA:GPU's priority fusion fuses a producer into all of its consumers only when its performance
+model says the fused kernels run faster than the unfused ones
+(priority_fusion.cc: CalculateProducerPriority; gpu_performance_model.cc:
+EstimateRunTimesForPriorityFusion):
+
+    unfused = launch * (n + 1) + t(producer) + sum_i t(consumer_i)
+    fused   = launch * n       + sum_i t(producer fused into consumer_i)
+    t(kernel) = compute + memory - 0.95 * min(compute, memory)
+
+with a launch overhead of 1 us, memory time = bytes / the device's bandwidth, compute time =
+flops / (cores * FPUs per core * clock * 2), and an elementwise op's flops per element read from
+XLA's measured per-device profile (hlo_op_profiles_data.h: clock cycles per op and type, per
+compute capability; 3 for an op the profile lacks). Duplicating a transcendental chain costs
+compute in every consumer and saves its output's write and reads; so the answer depends on the
+device: gelu's tanh (467 cycles on sm_90, 504 on sm_80) is duplicated on an H100 in float32 but
+stored on an A100 (a third of the H100's compute against half its bandwidth) and in bfloat16
+(half the bytes saved); silu's exp (79 cycles on sm_90, absent from sm_80's profile) is
+duplicated on both. The device's numbers come from XLA's target description (`targets/`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+# XLA's elementwise profile (clock cycles per element), the entries for the ops below:
+# hlo_op_profiles_data.h, as built into the CUDA plugin that compiles here (jax 0.10.2).
+# Keyed by compute capability, then (HLO opcode, element type).
+OP_PROFILES: dict[str, dict[tuple[str, str], int]] = {
+    "sm_70": {("add", "F16"): 9, ("add", "F32"): 6, ("atan2", "F16"): 449, ("atan2", "F32"): 406,
+              ("cbrt", "F16"): 226, ("cbrt", "F32"): 189, ("cosine", "F16"): 425, ("cosine", "F32"): 373,
+              ("divide", "F16"): 73, ("divide", "F32"): 21, ("exponential", "F16"): 128,
+              ("exponential", "F32"): 79, ("exponential-minus-one", "F16"): 241,
+              ("exponential-minus-one", "F32"): 205, ("log", "F16"): 232, ("log", "F32"): 180,
+              ("log-plus-one", "F16"): 266, ("log-plus-one", "F32"): 217, ("multiply", "F16"): 9,
+              ("multiply", "F32"): 6, ("power", "F16"): 709, ("power", "F32"): 673, ("rsqrt", "F16"): 122,
+              ("rsqrt", "F32"): 76, ("sine", "F16"): 425, ("sine", "F32"): 373, ("sqrt", "F16"): 122,
+              ("sqrt", "F32"): 76, ("subtract", "F16"): 9, ("subtract", "F32"): 6, ("tanh", "F16"): 284,
+              ("tanh", "F32"): 269},
+    "sm_80": {("cbrt", "F16"): 1195, ("log", "F16"): 321, ("log", "F32"): 259, ("log-plus-one", "F16"): 346,
+              ("power", "F32"): 1221, ("sqrt", "F16"): 124, ("tanh", "F16"): 499, ("tanh", "F32"): 504},
+    "sm_86": {("atan2", "F16"): 482, ("atan2", "F32"): 486, ("cbrt", "F16"): 925, ("cbrt", "F32"): 867,
+              ("cosine", "F16"): 691, ("cosine", "F32"): 662, ("exponential", "F16"): 108,
+              ("exponential", "F32"): 86, ("exponential-minus-one", "F16"): 396,
+              ("exponential-minus-one", "F32"): 381, ("log", "F16"): 266, ("log", "F32"): 244,
+              ("log-plus-one", "F16"): 284, ("log-plus-one", "F32"): 262, ("logistic", "F16"): 226,
+              ("logistic", "F32"): 176, ("power", "F16"): 975, ("power", "F32"): 925, ("rsqrt", "F16"): 97,
+              ("rsqrt", "F32"): 75, ("sine", "F32"): 662, ("sqrt", "F16"): 97, ("sqrt", "F32"): 75,
+              ("tanh", "F16"): 212, ("tanh", "F32"): 190},
+    "sm_90": {("add", "F16"): 7, ("add", "F32"): 7, ("atan2", "F16"): 451, ("atan2", "F32"): 431,
+              ("cbrt", "F16"): 201, ("cbrt", "F32"): 178, ("cosine", "F16"): 997, ("cosine", "F32"): 978,
+              ("divide", "F16"): 43, ("divide", "F32"): 19, ("exponential", "F16"): 102,
+              ("exponential", "F32"): 79, ("exponential-minus-one", "F16"): 217,
+              ("exponential-minus-one", "F32"): 190, ("log", "F16"): 182, ("log", "F32"): 166,
+              ("log-plus-one", "F16"): 245, ("log-plus-one", "F32"): 229, ("multiply", "F16"): 7,
+              ("multiply", "F32"): 3, ("power", "F16"): 526, ("power", "F32"): 510, ("rsqrt", "F16"): 95,
+              ("rsqrt", "F32"): 75, ("sine", "F16"): 993, ("sine", "F32"): 958, ("sqrt", "F16"): 95,
+              ("sqrt", "F32"): 75, ("subtract", "F16"): 7, ("subtract", "F32"): 7, ("tanh", "F16"): 502,
+              ("tanh", "F32"): 467},
+}
+DEFAULT_PROFILE = "sm_86"        # gpu_hlo_cost_analysis.cc: FlopsPerElement's fallback
+DEFAULT_FLOPS_PER_ELEMENT = 3    # kDefaultFlopsPerElement
+LAUNCH_NS = 1000.0               # GpuPerformanceModelBase::kKernelLaunchOverhead
+MEMORY_COMPUTE_PARALLELISM = 0.95
+
+# jaxpr primitive -> the HLO ops XLA:GPU emits for it (logistic is expanded by
+# LogisticExpander: 1 / (1 + exp(-x)), as mlp_deep_train's dump shows).
+_HLO_OPS: dict[str, tuple[str, ...]] = {
+    "tanh": ("tanh",), "exp": ("exponential",), "exp2": ("exponential", "multiply"),
+    "expm1": ("exponential-minus-one",), "log": ("log",), "log1p": ("log-plus-one",),
+    "logistic": ("negate", "exponential", "add", "divide"), "pow": ("power",), "rsqrt": ("rsqrt",),
+    "sqrt": ("sqrt",), "cbrt": ("cbrt",), "sin": ("sine",), "cos": ("cosine",), "tan": ("tan",),
+    "atan2": ("atan2",), "div": ("divide",), "add": ("add",), "add_any": ("add",), "sub": ("subtract",),
+    "mul": ("multiply",),
+}
+# Transcendentals XLA expands into branches of many ops, whose shared intermediates priority
+# fusion fuses piecemeal; the chain is then stored whatever its cost (transformer_wide_train's
+# exact gelu: erfc's expansion, a select between a polynomial and an exp, is the second
+# output of `loop_multiply_select_fusion` on H100 and A100 alike).
+NOT_DUPLICATED = frozenset({"erfc", "erf_inv", "lgamma", "digamma", "igamma", "igammac", "random_gamma_grad",
+                            "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "regularized_incomplete_beta"})
+# Ops XLA:GPU computes in float32 when given 16-bit floats (float normalization upcasts them).
+_UPCAST = frozenset({"tanh", "exponential", "exponential-minus-one", "log", "log-plus-one", "power", "rsqrt",
+                     "sqrt", "cbrt", "sine", "cosine", "tan", "atan2"})
+_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """The numbers of XLA's target description the performance model reads."""
+
+    sm: str
+    cores: int
+    fpus_per_core: int
+    clock_ghz: float
+    bandwidth: float   # bytes per second
+
+    def flops_per_ns(self, elements: int) -> float:
+        """Effective FLOP rate of a loop kernel over `elements` (CalculateEffectiveFlopsPerNs:
+        active cores times FPUs per core, an FMA counted twice; 128 threads a block)."""
+        blocks = max(1, -(-elements // 128))
+        return min(blocks, self.cores) * self.fpus_per_core * self.clock_ghz * 2
+
+    def kernel_ns(self, flops: float, elements: int, nbytes: float) -> float:
+        """One kernel's time (CombineComputeAndMemoryAccessTime)."""
+        compute = flops / self.flops_per_ns(elements)
+        memory = nbytes / self.bandwidth * 1e9
+        return compute + memory - MEMORY_COMPUTE_PARALLELISM * min(compute, memory)
+
+
+@lru_cache(maxsize=None)
+def device_numbers(device: str) -> Device | None:
+    """The performance model's numbers for a jaxmem GPU preset, read from XLA's target
+    description that the deviceless compile uses (None for an unknown preset)."""
+    from jaxmem.errors import PlanError
+    from jaxmem.xla.gpu import spec_for, target_config
+
+    spec = spec_for(device)
+    if spec is None:
+        return None
+    try:
+        text = target_config(spec)
+    except PlanError:
+        return None
+    info = text.split("gpu_device_info", 1)[-1]
+
+    def number(key: str) -> float:
+        m = re.search(rf"\b{key}:\s*([0-9.eE+-]+)", info)
+        return float(m.group(1)) if m else 0.0
+
+    cc = re.search(r"cuda_compute_capability\s*\{([^}]*)\}", info)
+    major = re.search(r"major:\s*(\d+)", cc.group(1)) if cc else None
+    minor = re.search(r"minor:\s*(\d+)", cc.group(1)) if cc else None
+    sm = f"sm_{major.group(1) if major else 0}{minor.group(1) if minor else 0}"
+    return Device(sm, int(number("core_count")), int(number("fpus_per_core")), number("clock_rate_ghz"),
+                  number("memory_bandwidth"))
+
+
+def flops_per_element(device: Device, primitive: str, dtype: str, params: dict | None = None) -> int:
+    """XLA's flops per element for one jaxpr elementwise op on this device (its HLO ops'
+    profiled clock cycles; an `integer_pow` is its multiplies)."""
+    if primitive == "integer_pow":
+        y = abs(int((params or {}).get("y", 2)))
+        hlo = ("multiply",) * max(1, y.bit_length() - 1 + bin(y).count("1") - 1)
+    else:
+        hlo = _HLO_OPS.get(primitive, (primitive,))
+    profile = OP_PROFILES.get(device.sm, OP_PROFILES[DEFAULT_PROFILE])
+    kind = _TYPES.get(dtype, "F32")
+    total = 0
+    for op in hlo:
+        if kind in ("BF16", "F16") and op in _UPCAST:
+            total += profile.get((op, "F32"), DEFAULT_FLOPS_PER_ELEMENT) + 2 * DEFAULT_FLOPS_PER_ELEMENT
+        else:
+            total += profile.get((op, kind), DEFAULT_FLOPS_PER_ELEMENT)
+    return total
+
+
+@dataclass
+class Kernel:
+    """A loop kernel as the model sees it: FLOPs per op (an op fused twice into one kernel is
+    computed once), elements, bytes read (by value) and written."""
+
+    flops: dict[int, float]
+    elements: int
+    reads: dict[int, int]
+    written: int
+
+
+def duplicate_is_faster(device: Device, producer: Kernel, value: int, consumers: list[Kernel]) -> bool:
+    """Whether priority fusion fuses `producer` (whose output is `value`) into every consumer
+    kernel: the fused kernels' time against the unfused ones' (see the module's text). A fused
+    consumer reads the producer's inputs instead of `value`, an input both read counted once."""
+    p_bytes = sum(producer.reads.values()) + producer.written
+    unfused = LAUNCH_NS * (len(consumers) + 1) + device.kernel_ns(sum(producer.flops.values()), producer.elements,
+                                                                 p_bytes)
+    fused = LAUNCH_NS * len(consumers)
+    for c in consumers:
+        unfused += device.kernel_ns(sum(c.flops.values()), c.elements, sum(c.reads.values()) + c.written)
+        reads = {u: b for u, b in c.reads.items() if u != value}
+        reads.update(producer.reads)
+        # the producer's utilization by this consumer: a consumer that broadcasts the value
+        # computes the fused producer once per element it reads (EstimateRunTimeForFusion)
+        times = max(1.0, c.elements / max(1, producer.elements))
+        flops = {**c.flops, **{k: f * times for k, f in producer.flops.items()}}
+        fused += device.kernel_ns(sum(flops.values()), max(c.elements, producer.elements),
+                                  sum(reads.values()) + c.written)
+    return fused < unfused

@@ -420,6 +420,6 @@ def _build_plan(g: Program, best: Candidate, placement: Placement, flags: list[b
         var_ids=dict(g.var_ids),
         schedule_peaks={k: c.peak for k, c in results.items()},
         fused_values=sum(1 for v in range(g.num_values) if fused[v]),
-        external_outputs=tuple(v for v in dict.fromkeys(g.outvars)
-                               if not isinstance(v, Const) and g.producer[v] >= 0 and external[v]),
+        external_outputs=tuple(dict.fromkeys(v for v in g.outvars
+                                             if not isinstance(v, Const) and g.producer[v] >= 0 and external[v])),
     )

@@ -29,26 +29,11 @@ def _scanned():
 def _by_hand(policy_name: str):
     """The scanned transformer as a user writes it after reading fit's answer: the scan body
     wrapped in jax.checkpoint with the printed policy (a copy of zoo._lm, by hand)."""
-    _, args = _scanned()
-    # As printed: `policy_expression` is the text fit shows (offload is a call).
-    policy = eval(policy_expression(policy_name), {"jax": jax})
+    def layers(layer, policy, x, stacked):
+        x, _ = jax.lax.scan(jax.checkpoint(lambda c, lp: (layer(c, lp), None), policy=policy), x, stacked)
+        return x
 
-    def layer(x, p):
-        return zoo._block(p, x, SMALL["n_heads"], jnp.float32)
-
-    def loss_fn(p, tokens):
-        x = p["embed"][tokens[:, :-1]]
-        x, _ = jax.lax.scan(jax.checkpoint(lambda c, lp: (layer(c, lp), None), policy=policy), x, p["layers"])
-        x = layernorm(x, p["ln_f"], p["ln_f_b"])
-        logp = jax.nn.log_softmax(x @ p["embed"].T, axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-    def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        new_params, new_state = adam_update(params, grads, opt_state)
-        return loss, new_params, new_state
-
-    return step, args
+    return _lm_by_hand(_scanned, policy_name, layers)
 
 
 def _loop():
@@ -58,7 +43,18 @@ def _loop():
 def _loop_by_hand(policy_name: str):
     """The Python-loop transformer as a user writes it after reading fit's answer for its layer
     site, `x = jax.checkpoint(body, policy=P)(x, lp)` (a copy of zoo._lm, by hand)."""
-    _, args = _loop()
+    def layers(layer, policy, x, per_layer):
+        for lp in per_layer:
+            x = jax.checkpoint(layer, policy=policy)(x, lp)
+        return x
+
+    return _lm_by_hand(_loop, policy_name, layers)
+
+
+def _lm_by_hand(example, policy_name: str, layers):
+    """zoo._lm's training step written out, its layer stack run by `layers(layer, policy, x,
+    p["layers"])` with the policy as fit prints it (`policy_expression`: offload is a call)."""
+    _, args = example()
     policy = eval(policy_expression(policy_name), {"jax": jax})
 
     def layer(x, p):
@@ -66,8 +62,7 @@ def _loop_by_hand(policy_name: str):
 
     def loss_fn(p, tokens):
         x = p["embed"][tokens[:, :-1]]
-        for lp in p["layers"]:
-            x = jax.checkpoint(layer, policy=policy)(x, lp)
+        x = layers(layer, policy, x, p["layers"])
         x = layernorm(x, p["ln_f"], p["ln_f_b"])
         logp = jax.nn.log_softmax(x @ p["embed"].T, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))

@@ -74,6 +74,10 @@ class LowerBound:
     source: SourceLine | None = None
     held_bytes: int = 0
     free_bytes: int = 0
+    other: str = ""                       # a pair: the other operation, and the op reading both
+    other_source: SourceLine | None = None
+    reader: str = ""
+    reader_source: SourceLine | None = None
 
     def describe(self) -> str:
         from jaxmem.units import format_size
@@ -82,6 +86,13 @@ class LowerBound:
         if not self.op:
             return floor
         where = f" at {self.source}" if self.source is not None else ""
+        if self.other:
+            other = f" at {self.other_source}" if self.other_source is not None else ""
+            reader = f" at {self.reader_source}" if self.reader_source is not None else ""
+            return (f"{self.reader}{reader} reads both {self.op}{where} and {self.other}{other}: whichever "
+                    f"runs later holds its result and a value made from the other's, "
+                    f"{format_size(self.held_bytes)}, beside {floor}, of which at most "
+                    f"{format_size(self.free_bytes)} may be free then")
         return (f"{self.op}{where} must hold {format_size(self.held_bytes)} (its result and materialized "
                 f"operands) beside {floor}, of which at most {format_size(self.free_bytes)} may be free then")
 
@@ -208,6 +219,191 @@ def _chain(p: Program, heroes: list[bool], arg: int, out: int) -> set[int] | Non
     return found if reaches(out, set()) else None
 
 
+def _is_counted_hero(op: Any, heroes: list[bool]) -> bool:
+    """A scatter, GEMM or convolution: an operation whose result `_result_cost` bounds."""
+    return op.primitive in SCATTERS or (op.primitive in GEMMS and heroes[op.index])
+
+
+def _allocations(p: Program, heroes: list[bool], aliases: dict[int, int],
+                 donors: set[int]) -> tuple[list[int], list[tuple[int, set[int]]]]:
+    """(sizes of the argument/output allocations that may be free at any moment, (size, chain)
+    of each donated argument kept busy by its same-size chain to its output)."""
+    free_always = [p.nbytes[p.invars[a]] for a in donors]
+    pinned: list[tuple[int, set[int]]] = []
+    for position, out in enumerate(p.outvars):
+        size = p.outvar_bytes[position]
+        arg = aliases.get(position)
+        if isinstance(out, Const) or arg is None:  # its own allocation, free until it is written
+            free_always.append(size)
+            continue
+        chain = _chain(p, heroes, p.invars[arg], out)
+        if chain is None:
+            free_always.append(size)
+        else:
+            pinned.append((size, chain))
+    return free_always, pinned
+
+
+def _saving(buffers: Sequence[int], free: Sequence[int]) -> int:
+    """The most of `buffers` (bytes counted for distinct buffers live at one moment) that free
+    argument/output allocations can hold. XLA's buffer assignment (`MaybeAssignBuffer`) puts a
+    buffer into such an allocation only whole, at offset 0, when it is no larger, and only while
+    no other buffer assigned there is live: one buffer per allocation at a time. Largest first,
+    each into the smallest allocation that takes it, is the best such matching (the allocations
+    that take a buffer take every smaller one)."""
+    sizes = sorted(free)
+    used = [False] * len(sizes)
+    saved = 0
+    for b in sorted((b for b in buffers if b > 0), reverse=True):
+        for k, size in enumerate(sizes):
+            if not used[k] and size >= b:
+                used[k] = True
+                saved += b
+                break
+    return saved
+
+
+def _region(p: Program, op: Any, heroes: list[bool]) -> set[int]:
+    """The ops XLA could fuse into `op`'s kernel as its epilogue: non-hero consumers, transitively,
+    none of whose operands needs `op`'s result through another hero (a reduction or a dot of it
+    cannot finish inside the kernel that is still writing that result)."""
+    early: set[int] = {v for v in op.outputs if v is not None}   # made in the kernel
+    later: set[int] = set()                                      # made from it, after it
+    found: set[int] = set()
+    for user in p.ops[op.index + 1:]:  # ops are in topological order
+        ins = user.inputs
+        if not any(v in early or v in later for v in ins):
+            continue
+        outs = [v for v in user.outputs if v is not None]
+        if not heroes[user.index] and not any(v in later for v in ins):
+            found.add(user.index)
+            early.update(outs)
+        else:
+            later.update(outs)
+    return found
+
+
+def _widest(p: Program, starts: Sequence[Any], own: list[int], blocked: set[int]) -> "np.ndarray":
+    """[op, k]: the largest, over paths from `starts[k]`'s results into the op's operands that
+    avoid the `blocked` ops, of the smallest `own` cost on the path (-1 where no such path). One
+    pass in topological order, all starts at once."""
+    import numpy as np
+
+    column = {op.index: k for k, op in enumerate(starts)}
+    width = np.full((p.num_values, len(starts)), -1, dtype=np.int64)
+    into = np.full((len(p.ops), len(starts)), -1, dtype=np.int64)
+    for op in p.ops:  # ops are in topological order
+        outs = [v for v in op.outputs if v is not None]
+        if op.inputs:
+            through = width[op.inputs].max(axis=0)
+            into[op.index] = through
+            if op.index not in blocked:
+                for v in outs:
+                    width[v] = np.maximum(width[v], np.minimum(through, own[v]))
+        k = column.get(op.index)
+        if k is not None:
+            for v in outs:
+                width[v, k] = max(width[v, k], own[v])
+    return into
+
+
+# At most this many pairs get the exact (path-avoiding) evaluation, largest estimate first.
+PAIR_EVALUATIONS = 16
+
+
+def _pair_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always: list[int],
+                pinned: list[tuple[int, set[int]]], best: "LowerBound") -> "LowerBound":
+    """Two GEMMs/convolutions/scatters d1, d2 whose results both reach one later op C. Whatever
+    the policy and order, C reads values made from one instance of each; take the one computed
+    later, say d2's. While d2's kernel runs, its result (at least `_result_cost`) is being written,
+    and on every path from d1 to C a value made before d2's kernel and read after it is live (the
+    widest path's narrowest value). So at that moment both are held, as distinct buffers: the
+    path avoids the ops d2's kernel could hold (`_region`), so the value on it is read after d2's
+    kernel and cannot be overwritten in place by it (XLA:GPU shares a fusion's output only with an
+    operand whose last use it is, `FusionCanShareBufferHint`). Which one is later is not known:
+    the bound is the smaller of the two orders."""
+    import numpy as np
+
+    floor = best.floor_bytes
+    own = [0 if is_out[v] else p.nbytes[v] for v in range(p.num_values)]
+    cands = [op for op in p.ops if _is_counted_hero(op, heroes)]
+    if len(cands) < 2:
+        return best
+    result = np.array([_result_cost(p, op, heroes, is_out) for op in cands], dtype=np.int64)
+    # A path's narrowest value is at most the op's own result: a pair holds at most
+    # min(size_1 + result_2, size_2 + result_1). Only ops in a pair that could beat `best` go on.
+    size = np.array([max((own[v] for v in op.outputs if v is not None), default=0) for op in cands],
+                    dtype=np.int64)
+    ceiling = np.minimum(size[:, None] + result[None, :], size[None, :] + result[:, None])
+    np.fill_diagonal(ceiling, 0)
+    keep = np.flatnonzero((floor + ceiling > best.bytes).any(axis=1))
+    if len(keep) < 2:
+        return best
+    cands, result = [cands[k] for k in keep], result[keep]
+    # Estimates with paths free to pass anywhere: never below the exact figure.
+    reach = _widest(p, cands, own, set()).T          # [k, op]
+    estimates: list[tuple[int, int, int]] = []
+    ceiling = ceiling[np.ix_(keep, keep)]
+    for i in range(len(cands)):
+        js = np.flatnonzero(floor + ceiling[i, i + 1:] > best.bytes) + i + 1
+        if not len(js):
+            continue
+        both = (reach[i][None, :] >= 0) & (reach[js] >= 0)
+        orders = np.minimum(reach[i][None, :] + result[js][:, None], reach[js] + result[i])
+        top = np.where(both, orders, -1).max(axis=1)
+        estimates.extend((int(t), i, int(j)) for t, j in zip(top, js) if floor + t > best.bytes)
+    estimates.sort(reverse=True)
+    regions: dict[int, set[int]] = {}
+    avoiding: dict[int, "np.ndarray"] = {}   # paths that avoid one op's kernel, from every op
+
+    def paths_avoiding(k: int) -> "np.ndarray":
+        if k not in avoiding:
+            avoiding[k] = _widest(p, cands, own, regions[k]).T
+        return avoiding[k]
+
+    for estimate, i, j in estimates[:PAIR_EVALUATIONS]:
+        if floor + estimate <= best.bytes:
+            break
+        d1, d2 = cands[i], cands[j]
+        for k, d in ((i, d1), (j, d2)):
+            if k not in regions:
+                regions[k] = _region(p, d, heroes)
+        # Paths from one avoid the other's kernel; C is in neither kernel.
+        w1, w2 = paths_avoiding(j)[i], paths_avoiding(i)[j]
+        skip = regions[i] | regions[j] | {d1.index, d2.index}
+        touched = _descendants(p, d1) | _descendants(p, d2)
+        free = free_always + [size for size, chain in pinned if chain & touched]
+        r1, r2 = int(result[i]), int(result[j])
+        ok = (w1 >= 0) & (w2 >= 0)
+        ok[list(skip)] = False
+        for c in np.flatnonzero(ok)[np.unique(np.stack([w1, w2])[:, ok], axis=1, return_index=True)[1]]:
+            a, b = int(w1[c]), int(w2[c])
+            later2 = a + r2 - _saving([a, r2], free)   # d2 later: d1's path value and d2's result
+            later1 = b + r1 - _saving([b, r1], free)
+            held = min(later1, later2)
+            if floor + held > best.bytes:
+                first, second = (d1, d2) if later2 <= later1 else (d2, d1)
+                best = LowerBound(floor + held, floor, second.primitive, second.source,
+                                  a + r2 if second is d2 else b + r1, sum(free), other=first.primitive,
+                                  other_source=first.source, reader=p.ops[c].primitive,
+                                  reader_source=p.ops[c].source)
+    return best
+
+
+def _descendants(p: Program, start: Any) -> set[int]:
+    """The values computed from `start`'s results."""
+    seen: set[int] = set()
+    stack = [v for v in start.outputs if v is not None]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        for user in p.users[v]:
+            stack.extend(w for w in p.ops[user].outputs if w is not None)
+    return seen
+
+
 def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
                 floor_bytes: int | None = None) -> LowerBound:
     """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization or order.
@@ -229,38 +425,26 @@ def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Seq
         # Several outputs: XLA's output also holds the tuple's table of pointers (8 bytes each).
         table = 8 * len(p.outvars) if len(p.outvars) > 1 else 0
         floor_bytes = used + sum(p.outvar_bytes) + table - sum(p.outvar_bytes[o] for o in aliases)
-    # Allocations that may be free at some moment, with the chain that keeps a pinned one busy.
-    pinned: list[tuple[int, set[int]]] = []   # (bytes, chain values)
-    free_always = sum(p.nbytes[p.invars[a]] for a in donors)
-    for position, out in enumerate(p.outvars):
-        size = p.outvar_bytes[position]
-        arg = aliases.get(position)
-        if isinstance(out, Const) or arg is None:  # its own allocation, free until it is written
-            free_always += size
-            continue
-        chain = _chain(p, heroes, p.invars[arg], out)
-        if chain is None:
-            free_always += size
-        else:
-            pinned.append((size, chain))
+    free_always, pinned = _allocations(p, heroes, aliases, donors)
     cost = _cut_costs(p, heroes, is_out)
     best = LowerBound(floor_bytes, floor_bytes)
     for op in p.ops:
-        if op.primitive not in SCATTERS and not (op.primitive in GEMMS and heroes[op.index]):
+        if not _is_counted_hero(op, heroes):
             continue
         operands = [v for k, v in enumerate(op.operands)
                     if not isinstance(v, Const) and not (op.primitive in SCATTERS and k == 0)]
         # What enters the op's fusion: a cut above each operand (through its fusible producers).
         reach = [cost[v] for v in operands]
-        held = _result_cost(p, op, heroes, is_out) + max(reach, default=0)
-        if held + floor_bytes <= best.bytes:
+        buffers = [_result_cost(p, op, heroes, is_out), max(reach, default=0)]
+        if sum(buffers) + floor_bytes <= best.bytes:
             continue
         cone = _cone(p, heroes, operands)
-        free = free_always + sum(size for size, chain in pinned if chain & cone)
-        total = floor_bytes + max(0, held - free)
+        free = free_always + [size for size, chain in pinned if chain & cone]
+        saved = _saving(buffers, free)
+        total = floor_bytes + sum(buffers) - saved
         if total > best.bytes:
-            best = LowerBound(total, floor_bytes, op.primitive, op.source, held, free)
-    return best
+            best = LowerBound(total, floor_bytes, op.primitive, op.source, sum(buffers), sum(free))
+    return _pair_bound(p, heroes, is_out, free_always, pinned, best)
 
 
 def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:

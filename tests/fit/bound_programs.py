@@ -53,3 +53,11 @@ def deep_mlp(width: int = 512, layers: int = 4, batch: int = 1024) -> tuple[Any,
         return jnp.mean(x ** 2)
 
     return _step(loss_fn), (params, adam_state_midrun(params), x)
+
+
+def attention_lm(layers: int = 2, seq: int = 512) -> tuple[Any, tuple[Any, ...]]:
+    """A small transformer (d 64, 2 heads, `dot_product_attention`) whose [1, 2, seq, seq]
+    attention scores are its largest values: the backward's softmax reads two of them at once."""
+    from jaxmem.examples import zoo
+
+    return zoo._lm(layers, 64, 2, seq=seq, batch=1, vocab=512)

@@ -22,18 +22,28 @@ Why it holds (read from XLA's buffer assignment, `service/buffer_assignment.cc`)
   program argument or output costs nothing: it is in `floor` already). Of the operands, only
   the largest such cost is counted (two operands may share one cut), so the bound stays low
   where fusion could do better than we model.
+- Two GEMMs, convolutions or scatters d1, d2 whose results one later op C reads (a softmax
+  backward reading the scores' GEMM and the incoming gradient's GEMM): whichever instance of the
+  two runs later writes its result while a value made from the other's instance, on its way to
+  C, is live (`_pair_bound`). This holds for every policy and order: recomputation only adds
+  instances, and C reads one of each.
+- A free argument/output allocation holds at most one of the buffers counted at a moment, and
+  only one no larger than itself (`MaybeAssignBuffer`: a buffer goes whole, at offset 0, into an
+  allocation no smaller, whose other buffers' live ranges do not interfere), so a 2 MiB
+  activation cannot hide in a 1 MiB parameter's output allocation (`_saving`).
 - Which argument/output allocations are surely occupied at the operation: a readonly argument
   (not donated); a donated argument aliased to an output computed from it through same-size
   elementwise steps (an optimizer update `p - lr * u`, a moment `b1 * m + (1 - b1) * g`), as
   at every moment the argument, a step of that chain or the output is live, unless a step of
   that chain is in the operation's own operands (then it is counted free). Every other output
-  allocation, and every donated argument with no known alias, may be free: its bytes are
-  subtracted.
+  allocation, and every donated argument with no known alias, may be free: it may hold one
+  counted buffer no larger than itself.
 
 Rematerialization adds recomputation and reordering adds barriers; neither removes a scatter,
 a GEMM or a convolution of the backward pass, nor makes an argument or output smaller, so the
 bound read from the original step holds for them too (checked against XLA:GPU's totals of
-several variants in `tests/fit/test_fit_bound.py`).
+several variants in `tests/fit/test_fit_bound.py` and `tests/fit/test_fit_bound_pairs.py`). No
+term counts FLOPs: the bound is over every policy, whatever it recomputes.
 """
 
 from __future__ import annotations

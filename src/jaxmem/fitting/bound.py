@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import Const, SourceLine
@@ -293,11 +294,10 @@ def _region(p: Program, op: Any, heroes: list[bool]) -> set[int]:
     return found
 
 
-def _widest(p: Program, starts: Sequence[Any], own: list[int], blocked: set[int]) -> "np.ndarray":
+def _widest(p: Program, starts: Sequence[Any], own: list[int], blocked: set[int]) -> np.ndarray:
     """[op, k]: the largest, over paths from `starts[k]`'s results into the op's operands that
     avoid the `blocked` ops, of the smallest `own` cost on the path (-1 where no such path). One
     pass in topological order, all starts at once."""
-    import numpy as np
 
     column = {op.index: k for k, op in enumerate(starts)}
     width = np.full((p.num_values, len(starts)), -1, dtype=np.int64)
@@ -332,8 +332,6 @@ def _pair_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always:
     kernel and cannot be overwritten in place by it (XLA:GPU shares a fusion's output only with an
     operand whose last use it is, `FusionCanShareBufferHint`). Which one is later is not known:
     the bound is the smaller of the two orders."""
-    import numpy as np
-
     floor = best.floor_bytes
     own = [0 if is_out[v] else p.nbytes[v] for v in range(p.num_values)]
     cands = [op for op in p.ops if _is_counted_hero(op, heroes)]
@@ -364,9 +362,9 @@ def _pair_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always:
         estimates.extend((int(t), i, int(j)) for t, j in zip(top, js) if floor + t > best.bytes)
     estimates.sort(reverse=True)
     regions: dict[int, set[int]] = {}
-    avoiding: dict[int, "np.ndarray"] = {}   # paths that avoid one op's kernel, from every op
+    avoiding: dict[int, np.ndarray] = {}   # paths that avoid one op's kernel, from every op
 
-    def paths_avoiding(k: int) -> "np.ndarray":
+    def paths_avoiding(k: int) -> np.ndarray:
         if k not in avoiding:
             avoiding[k] = _widest(p, cands, own, regions[k]).T
         return avoiding[k]

@@ -243,3 +243,34 @@ TRANSCENDENTAL_STORED = {
     ("gelu_step_bf16", "h100-80gb"): True, ("gelu_step_bf16", "a100-40gb"): True,
     ("silu_step", "h100-80gb"): False, ("silu_step", "a100-40gb"): False,
 }
+
+
+# --- moe: a cheap producer that its readers re-read (priority fusion's operand utilization)
+
+def _reread_by_expert_matvec(d_out):
+    """`h = x * 2 + 1` (16 MiB) read by an expert matvec (`einsum("tf,tfd->td", h, w[idx])`, a
+    reduction that broadcasts h `d_out` times) and, in its gradient, by the scatter-add of the
+    outer product of h and the output gradient (which broadcasts it as often)."""
+    def fn(x, w, idx):
+        def loss(w):
+            h = x * 2.0 + 1.0
+            return jnp.sum(jnp.einsum("tf,tfd->td", h, w[idx]) ** 2)
+        return jax.value_and_grad(loss)(w)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((4, D, d_out), jnp.float32),
+                jnp.arange(N, dtype=jnp.int32) % 4)
+
+
+def reread_cheap_producer_stored():
+    """Re-read 64 times: computing h once per element read costs more than writing and reading
+    it, so XLA stores it (16 MiB)."""
+    return _reread_by_expert_matvec(64)
+
+
+def reread_cheap_producer_fused():
+    """Re-read 2 times: recomputing h is cheaper than storing it, so XLA computes it in both
+    readers (no 16 MiB buffer)."""
+    return _reread_by_expert_matvec(2)
+
+
+STORED["reread_cheap_producer_stored"] = True
+STORED["reread_cheap_producer_fused"] = False

@@ -123,7 +123,8 @@ def dot_kind(op: Any, g: Program) -> str:
 
 
 def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
-               store_shared_casts: bool = False, device: str | None = None) -> list[bool]:
+               store_shared_casts: bool = False, device: str | None = None,
+               reread_rule: bool = False) -> list[bool]:
     """Per value, True when XLA:GPU never stores it: computed inside each of its consumers.
 
     >>> import jax, jax.numpy as jnp
@@ -145,7 +146,9 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
     kernels is computed in each (`_duplicated`), and whose GEMM fusion sees whole chains
     (a value computed from a transcendental through elementwise ops is never a GEMM's
     prologue, stored or not); None (jaxmem's own plan) stores every such chain, which is
-    valid.
+    valid. `reread_rule` (with a `device`): store cheap values that a reader re-reads many
+    times, as XLA does (`_reread_stored`); off in `predict` until the memory scheduler is
+    modelled to match (see `_reread_stored`).
 
     **Returns:** per value, the fused flag (outputs and loop-body results are never fused).
     """
@@ -154,6 +157,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
     dev = device_numbers(device) if device else None
     costly = [False] * g.num_values   # a fused chain with a transcendental op in it
     tainted = _tainted(g) if dev else costly
+    # cheap values whose readers read each element many times, priced as stored (`_reread_stored`)
+    reread = _reread_stored(g, roles, fused, tainted, dev) if dev and reread_rule else set()
     for op in g.ops:
         if op.primitive in EXPENSIVE or any(fused[u] and costly[u] for u in op.inputs):
             for w in op.outputs:
@@ -164,7 +169,7 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
         v = op.outputs[0]
         if v is None or fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
             continue
-        if len(g.users[v]) > MAX_FUSED_READERS:
+        if len(g.users[v]) > MAX_FUSED_READERS or v in reread:
             continue
         ok = True
         for c in g.users[v]:
@@ -180,7 +185,7 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             ok = False  # not into a GEMM's prologue
         elif ok and costly[v] and len(g.users[v]) > 1:
             # not duplicated into several consumers, unless the device's cost model says so
-            ok = dev is not None and _duplicated(g, roles, fused, tainted, dev, v)
+            ok = dev is not None and _duplicated(g, roles, fused, tainted, dev, v, reread)
         if ok and store_shared_casts and _narrowing_shared(g, op, v):
             ok = False
         if ok:
@@ -248,19 +253,21 @@ def _elements(shape: Sequence[int]) -> int:
 _WALK_LIMIT = 400
 
 
-def _duplicated(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any, v: int) -> bool:
+def _duplicated(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any, v: int,
+                reread: set[int] = frozenset()) -> bool:
     """Whether XLA:GPU computes the transcendental chain ending at `v` inside each loop kernel
     that reads it (priority fusion, `gpu_cost.duplicate_is_faster`), rather than storing it.
 
     The kernels reading `v` are found by following its readers through values that are
     themselves fused (cheap elementwise ops and data movement, computed in each of their
-    readers); each kernel's FLOPs and bytes are those of its cone, up to stored values.
+    readers); each kernel's FLOPs and bytes are those of its cone, up to stored values
+    (`reread`: values `_reread_stored` stores, each then a kernel of its own).
     """
     start = g.producer[v]
 
     def inside(w: int) -> bool:
         """Computed inside its readers (for values after `v`, as the rules will decide)."""
-        if w == v:
+        if w == v or w in reread:
             return False
         p = g.producer[w]
         if p < 0 or roles.outputs[w] or roles.external[w]:
@@ -366,6 +373,134 @@ def _duplicated(g: Program, roles: Roles, fused: list[bool], tainted: list[bool]
             return False
         consumers.append(k)
     return duplicate_is_faster(dev, producer, v, consumers)
+
+
+def _kernel_space(g: Program, op: Any) -> int:
+    """Elements a loop, reduction or scatter kernel rooted at `op` runs over: the largest of its
+    inputs and outputs (a reduction runs over its input, a scatter over its updates, a
+    strength-reduced matvec over the broadcast product of its operands)."""
+    sizes = [_elements(g.shapes[u]) for u in op.inputs]
+    sizes += [_elements(g.shapes[w]) for w in op.outputs if w is not None]
+    return max(sizes, default=1)
+
+
+def _reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any) -> set[int]:
+    """Cheap elementwise values XLA:GPU stores because a kernel reading them reads each element
+    many times (a broadcast into a reduction, an outer product into a scatter's updates).
+
+    Priority fusion prices every producer, cheap or not, with its cost model
+    (`gpu_cost.duplicate_is_faster`); fused into a consumer it is computed once per element the
+    consumer reads (the operand's utilization: gpu_performance_model.cc multiplies the
+    producer's FLOPs by it), and it reads its own inputs that often. Fused into a kernel that
+    broadcasts it 128 times, even a multiply costs more than writing and reading it once: in
+    moe_train's dumps the gelu output `h`, read by the second einsum's reduction and by the
+    weight gradient's scatter, is stored on both devices (`loop_multiply_fusion` on H100, the
+    first output of `loop_multiply_tanh_fusion` on A100), and so are the output gradient and
+    gelu's input gradient that the scatters broadcast. Where no reader re-reads the value,
+    fusion wins and the other rules stand. Small programs put XLA's threshold where the cost
+    model does (`tests/gpu/fusion_programs.py`: `x * 2 + 1` broadcast 2 or 8 times is fused, 16
+    or more times stored, on H100 and A100).
+
+    The producer's cone is priced with transcendentals stored (the cheapest producer: a chain
+    that also recomputes a tanh costs more fused, so it is stored a fortiori); GEMM readers are
+    left out (XLA's GEMM fusion, not priority fusion, takes producers into them).
+
+    Not used by `predict` yet (`gpu_fusion(reread_rule=...)`): on moe_train it stores what XLA
+    stores, but then XLA's memory scheduler picks its post-order sequence (its VLOG: list
+    11.51, DFS 12.04, post order 11.26 MiB) where the model's list and DFS orders hold less,
+    so the prediction falls (A100 0.949 -> 0.898, H100 1.000 -> 0.946); in XLA's post order
+    the model's heap is XLA's temp to 256 bytes on both devices.
+    """
+    stored: set[int] = set()
+
+    def fusible(w: int, reader_side: bool) -> bool:
+        """Whether `w` is computed inside its readers, as far as this rule can tell."""
+        p = g.producer[w]
+        if p < 0 or roles.outputs[w] or roles.external[w]:
+            return False
+        if fused[w]:
+            return True
+        op = g.ops[p]
+        if (op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful or not g.users[w]
+                or len(g.users[w]) > MAX_FUSED_READERS or w in stored):
+            return False
+        # a transcendental read twice is priced by `_duplicated`; here it is taken as stored
+        if op.primitive in EXPENSIVE and not (reader_side and len(g.users[w]) == 1):
+            return False
+        for c in g.users[w]:
+            cop = g.ops[c]
+            if cop.primitive in DOTS and tainted[w]:
+                return False
+            if any(u == w and not _absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
+                return False
+        return True
+
+    def cone(root: int, stop: int) -> tuple[dict[int, float], dict[int, int]]:
+        """FLOPs of the ops computed in the kernel rooted at op `root`, bytes of the stored
+        values it reads (`stop` counted as read)."""
+        flops: dict[int, float] = {}
+        reads: dict[int, int] = {}
+        seen, todo = set(), [root]
+        while todo and len(seen) <= _WALK_LIMIT:
+            op = g.ops[todo.pop()]
+            out = next((w for w in op.outputs if w is not None), None)
+            if out is not None and (op.primitive in ELEMENTWISE or op.primitive in REDUCTIONS):
+                flops[op.index] = flops_per_element(dev, op.primitive, str(g.dtypes[out]),
+                                                    op.params) * _kernel_space(g, op)
+            for u in op.inputs:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if u != stop and fusible(u, False):
+                    todo.append(g.producer[u])
+                else:
+                    reads[u] = g.nbytes[u]
+        return flops, reads
+
+    # Readers first: a chain feeding a stored value is then priced against that value's kernel
+    # (in moe_train, gelu's backward chain is fused into its last product, which is stored, not
+    # into the scatter that broadcasts the product).
+    for op in reversed(g.ops):
+        if (op.primitive not in ELEMENTWISE or op.primitive in EXPENSIVE or len(op.outputs) != 1
+                or op.outputs[0] is None or op.effectful):
+            continue
+        v = op.outputs[0]
+        if fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+            continue
+        # the readers' kernels: the first ops, along each path of fused values, whose result is stored
+        roots: list[int] = []
+        seen, todo, opaque = {v}, [v], False
+        while todo and not opaque:
+            w = todo.pop()
+            for c in g.users[w]:
+                cop = g.ops[c]
+                out = cop.outputs[0] if len(cop.outputs) == 1 else None
+                if out is not None and cop.primitive in FUSIBLE_PRODUCERS and fusible(out, True):
+                    if out not in seen:
+                        seen.add(out)
+                        todo.append(out)
+                elif cop.primitive in DOTS:
+                    continue
+                elif cop.primitive in LOOP_CONSUMERS or cop.primitive.startswith("scatter"):
+                    if c not in roots:
+                        roots.append(c)
+                else:
+                    opaque = True   # a loop or a call reads it: stored whatever the cost
+                    break
+            opaque = opaque or len(seen) > _WALK_LIMIT
+        n = _elements(g.shapes[v])
+        if opaque or not roots or all(_kernel_space(g, g.ops[r]) <= n for r in roots):
+            continue
+        pflops, preads = cone(op.index, -1)
+        producer = Kernel(pflops, n, preads, g.nbytes[v])
+        consumers = []
+        for r in roots:
+            cflops, creads = cone(r, v)
+            written = sum(g.nbytes[w] for w in g.ops[r].outputs if w is not None)
+            consumers.append(Kernel(cflops, _kernel_space(g, g.ops[r]), creads, written))
+        if not duplicate_is_faster(dev, producer, v, consumers):
+            stored.add(v)
+    return stored
 
 
 # gemm_fusion.cc / triton_fusion_analysis.cc: kIoToleranceBytes, how much an operand fused into a

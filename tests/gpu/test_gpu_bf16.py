@@ -9,7 +9,7 @@ import pytest
 
 from jaxmem.xla.gpu import xla_gpu_reference
 
-from test_gpu_model import FUSION, _load, _predict, _rule_matches_xla, needs_gpu_compiler
+from test_gpu_model import FUSION, _load, _predict, needs_gpu_compiler
 
 MiB = 1 << 20
 
@@ -19,12 +19,14 @@ MiB = 1 << 20
 def test_softmax_over_widened_logits_stores_the_float32_shifted_logits(device):
     """XLA stores `f32(logits) - max` (16 MiB) beside the scatter (16 MiB); keeping the
     bfloat16 logits (8 MiB) instead, the model predicted 8 MiB less (36.5 against 44.5 MiB)."""
-    _rule_matches_xla("bf16_log_softmax_grad", device, (), 0.01)
     module, factory = _load("bf16_log_softmax_grad")
     ref = xla_gpu_reference(f"{FUSION}:bf16_log_softmax_grad", device=device, top=4)
     shifted = [b for b in ref.peak_buffers if b["name"].startswith("triton_softmax")]
     assert shifted and shifted[0]["dtype"] == "f32" and shifted[0]["size_bytes"] == module.BIG
-    assert abs(_predict(*factory(), device=device).temp_bytes - ref.temp_bytes) < MiB
+    pred = _predict(*factory(), device=device)
+    # (XLA's output figure also counts the 16-byte tuple table of the (loss, gradient) pair)
+    assert abs(pred.temp_bytes - ref.temp_bytes) < MiB, (pred.temp_bytes, ref.temp_bytes)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) < 0.01
 
 
 @needs_gpu_compiler

@@ -726,7 +726,8 @@ def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) 
     only by other elementwise ops or reductions (also run in float32) is stored as computed,
     in float32: twice its bytes. A value read by a GEMM is converted back to bfloat16 (the
     GEMM reads bfloat16). bf16_train on A100: gelu's stored tanh is f32[4,256,1536] (6 MiB),
-    on H100 bf16 (3 MiB), each layer (`tests/gpu/fusion_programs.py:bf16_tanh_stored`).
+    on H100 bf16 (3 MiB), each layer; the same in `tests/gpu/fusion_programs.py:gelu_step_bf16`
+    (the activation fusion's second output: f32 on A100, bf16 on H100).
     Converts are left as they are (a convert's result is its stated type).
     """
     dev = device_numbers(device) if device else None

@@ -261,3 +261,16 @@ def bf16_log_softmax_grad():
 
 
 STORED["bf16_log_softmax_grad"] = True
+
+
+def bf16_log_softmax_loss():
+    """The same loss without its gradient: nothing past the softmax reads the shifted logits,
+    so XLA makes one Triton softmax fusion writing the float32 log-probabilities (16 MiB, read
+    by the gather) and never stores the shifted logits."""
+    def fn(w, h, targets):
+        logp = jax.nn.log_softmax((h @ w).astype(jnp.float32), axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, targets[:, None], axis=-1))
+    return fn, (jnp.ones((256, D), jnp.bfloat16), jnp.ones((N, 256), jnp.bfloat16), jnp.zeros((N,), jnp.int32))
+
+
+STORED["bf16_log_softmax_loss"] = True

@@ -252,9 +252,53 @@ def widened_softmax_roots(g: Program) -> list[int]:
         if c < 0 or g.ops[c].primitive != "convert_element_type" or not g.ops[c].inputs:
             continue
         src = g.ops[c].inputs[0]
-        if 0 < _float_bytes(g.dtypes[src]) < _float_bytes(g.dtypes[full]):
+        if 0 < _float_bytes(g.dtypes[src]) < _float_bytes(g.dtypes[full]) and _read_outside_rows(g, v):
             out.append(v)
     return out
+
+
+def _row_reduction(g: Program, u: int) -> int:
+    """The reduction op a row value `u` comes from, through broadcasts, reshapes and unary
+    elementwise ops (log-softmax's `log(sum(exp(x)))`); -1 if it does not come from one."""
+    r = g.producer[u]
+    while r >= 0 and len(g.ops[r].inputs) == 1 and (g.ops[r].primitive in _ROW_PASS
+                                                    or g.ops[r].primitive in ELEMENTWISE):
+        r = g.producer[g.ops[r].inputs[0]]
+    return r if r >= 0 and g.ops[r].primitive in REDUCTIONS else -1
+
+
+def _read_outside_rows(g: Program, v: int) -> bool:
+    """Whether the shifted rows `v`, or a unary elementwise function of them (`exp(v)`), is
+    read by an op outside the softmax's own row computations: a reduction of them, and an
+    elementwise op combining them with a row value reduced from them (log-softmax's
+    `v - log(sum(exp(v)))`) are inside; anything else (the backward's `exp(v) * row`, with
+    the row reduced from the incoming gradient) is outside.
+
+    Where nothing outside reads it, XLA's softmax rewriter takes the whole chain into one
+    Triton fusion and `v` is never stored (a forward-only log-softmax over bfloat16 logits:
+    one `triton_softmax` fusion writing the float32 log-probabilities)."""
+    cone, todo = {v}, [v]
+    while todo:
+        w = todo.pop()
+        for c in g.users[w]:
+            op = g.ops[c]
+            out = op.outputs[0] if len(op.outputs) == 1 else None
+            if out is not None and op.primitive in ELEMENTWISE and len(op.inputs) == 1 and out not in cone:
+                cone.add(out)
+                todo.append(out)
+    for w in cone:
+        for c in g.users[w]:
+            op = g.ops[c]
+            if op.primitive in REDUCTIONS:
+                continue
+            if op.primitive in ELEMENTWISE and len(op.inputs) == 1 and op.outputs and op.outputs[0] in cone:
+                continue
+            rows = [u for u in op.inputs if u not in cone]
+            if op.primitive in ELEMENTWISE and rows and all(
+                    _row_reduction(g, u) >= 0 and g.ops[_row_reduction(g, u)].inputs[0] in cone for u in rows):
+                continue
+            return True
+    return False
 
 
 def store_shared_masks(g: Program, fused: list[bool]) -> None:

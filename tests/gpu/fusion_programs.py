@@ -274,3 +274,34 @@ def reread_cheap_producer_fused():
 
 STORED["reread_cheap_producer_stored"] = True
 STORED["reread_cheap_producer_fused"] = False
+
+
+# --- bf16: the softmax over widened logits, bfloat16 arithmetic per device
+
+def bf16_log_softmax_grad():
+    """Cross-entropy over bfloat16 logits widened to float32 (bf16_train's loss): XLA's Triton
+    softmax fusion stores `f32(logits) - max` (16 MiB of float32), read by the sum's reduction,
+    the loss's gather and the gradient; the 8 MiB bfloat16 GEMM result dies there."""
+    def fn(w, h, targets):
+        def loss(w):
+            logits = (h @ w).astype(jnp.float32)
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            return -jnp.mean(jnp.take_along_axis(logp, targets[:, None], axis=-1))
+        return jax.value_and_grad(loss)(w)
+    return fn, (jnp.ones((256, D), jnp.bfloat16), jnp.ones((N, 256), jnp.bfloat16), jnp.zeros((N,), jnp.int32))
+
+
+STORED["bf16_log_softmax_grad"] = True
+
+
+def bf16_log_softmax_loss():
+    """The same loss without its gradient: nothing past the softmax reads the shifted logits,
+    so XLA makes one Triton softmax fusion writing the float32 log-probabilities (16 MiB, read
+    by the gather) and never stores the shifted logits."""
+    def fn(w, h, targets):
+        logp = jax.nn.log_softmax((h @ w).astype(jnp.float32), axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, targets[:, None], axis=-1))
+    return fn, (jnp.ones((256, D), jnp.bfloat16), jnp.ones((N, 256), jnp.bfloat16), jnp.zeros((N,), jnp.int32))
+
+
+STORED["bf16_log_softmax_loss"] = True

@@ -139,6 +139,19 @@ def device_numbers(device: str) -> Device | None:
                   number("memory_bandwidth"))
 
 
+def bf16_arithmetic_native(device: Device) -> bool:
+    """Whether XLA:GPU computes bfloat16 elementwise arithmetic in bfloat16 on this device.
+
+    Hopper (compute capability 9) has bfloat16 add and multiply; on Ampere and older XLA's
+    float normalization (GpuFloatSupport) computes them in float32, converts around each op,
+    and the simplifier drops the converts between two such ops: a whole bfloat16 chain runs in
+    float32 and is converted back only where a reader needs bfloat16 (a GEMM). bf16_train's
+    dumps: the gelu fusion is bfloat16 arithmetic on H100 and float32 on A100
+    (`loop_convert_tanh_fusion`, its tanh output f32[4,256,1536]).
+    """
+    return int(device.sm[3:4] or 0) >= 9
+
+
 def flops_per_element(device: Device, primitive: str, dtype: str, params: dict | None = None) -> int:
     """XLA's flops per element for one jaxpr elementwise op on this device (its HLO ops'
     profiled clock cycles; an `integer_pow` is its multiplies)."""

@@ -38,7 +38,8 @@ from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import DROPPED, Program
 from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
-from jaxmem.xla.gpu_cost import NOT_DUPLICATED, Kernel, device_numbers, duplicate_is_faster, flops_per_element
+from jaxmem.xla.gpu_cost import (NOT_DUPLICATED, Kernel, bf16_arithmetic_native, device_numbers,
+                                 duplicate_is_faster, flops_per_element)
 
 # -- the fusion rules ----------------------------------------------------------------------------
 
@@ -199,7 +200,110 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
     for v in inside:
         if not (roles.outputs[v] or roles.external[v]):
             fused[v] = True
+    if device is not None:
+        for v in widened_softmax_roots(g):
+            if not roles.external[v]:
+                fused[v] = False
     return fused
+
+
+def _float_bytes(dtype: Any) -> int:
+    """Bytes per element of a floating dtype; 0 for any other."""
+    name = str(dtype)
+    if not (name.startswith("float") or name.startswith("bfloat")):
+        return 0
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return int(digits[:2]) // 8 if digits else 0
+
+
+# Ops between a row reduction and its use that keep it a row value of the same reduction.
+_ROW_PASS = frozenset({"broadcast_in_dim", "reshape", "expand_dims", "squeeze", "stop_gradient", "max", "min"})
+
+
+def widened_softmax_roots(g: Program) -> list[int]:
+    """Row-normalised values `f32(x) - max(f32(x))` over a narrow `x`, read by several ops: stored.
+
+    XLA:GPU's softmax rewriter makes a Triton fusion of the diamond (the widening convert, the
+    row max, its broadcast, the subtract); the diamond's root with several readers ends the
+    fusion, so that root is its output, stored in the wide type, and the narrow input dies
+    there. Log-softmax over bfloat16 logits: the backward reads the float32 shifted logits
+    (`exp(shifted)`), so XLA holds them, twice the bytes of the bfloat16 GEMM result the model
+    would otherwise keep (bf16_train's dump: `triton_softmax.13`, f32[4,256,8192], read by the
+    sum's reduction, the loss's gather and the gradient's `loop_convert_fusion`;
+    `tests/gpu/fusion_programs.py:bf16_log_softmax_grad`). Over a value already in the wide
+    type the root and its input have the same bytes, and the existing softmax rule stands.
+    """
+    out = []
+    for op in g.ops:
+        if op.primitive != "sub" or len(op.inputs) != 2 or len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        full, row = op.inputs
+        if g.shapes[full] != g.shapes[v] or len(g.users[v]) < 2:
+            continue
+        # the row value: a max reduction over `full`'s last dimension, through broadcasts,
+        # reshapes and `stop_gradient` (and the `max(m, -inf)` guard JAX's log_softmax adds)
+        r = g.producer[row]
+        while r >= 0 and g.ops[r].primitive in _ROW_PASS and len(g.ops[r].inputs) == 1:
+            r = g.producer[g.ops[r].inputs[0]]
+        if r < 0 or g.ops[r].primitive != "reduce_max" or not g.ops[r].inputs:
+            continue
+        axes = tuple(g.ops[r].params.get("axes") or ())
+        if len(g.shapes[full]) - 1 not in axes:
+            continue
+        if g.ops[r].inputs[0] != full:
+            continue
+        c = g.producer[full]
+        if c < 0 or g.ops[c].primitive != "convert_element_type" or not g.ops[c].inputs:
+            continue
+        src = g.ops[c].inputs[0]
+        if 0 < _float_bytes(g.dtypes[src]) < _float_bytes(g.dtypes[full]) and _read_outside_rows(g, v):
+            out.append(v)
+    return out
+
+
+def _row_reduction(g: Program, u: int) -> int:
+    """The reduction op a row value `u` comes from, through broadcasts, reshapes and unary
+    elementwise ops (log-softmax's `log(sum(exp(x)))`); -1 if it does not come from one."""
+    r = g.producer[u]
+    while r >= 0 and len(g.ops[r].inputs) == 1 and (g.ops[r].primitive in _ROW_PASS
+                                                    or g.ops[r].primitive in ELEMENTWISE):
+        r = g.producer[g.ops[r].inputs[0]]
+    return r if r >= 0 and g.ops[r].primitive in REDUCTIONS else -1
+
+
+def _read_outside_rows(g: Program, v: int) -> bool:
+    """Whether the shifted rows `v`, or a unary elementwise function of them (`exp(v)`), is
+    read by an op outside the softmax's own row computations: a reduction of them, and an
+    elementwise op combining them with a row value reduced from them (log-softmax's
+    `v - log(sum(exp(v)))`) are inside; anything else (the backward's `exp(v) * row`, with
+    the row reduced from the incoming gradient) is outside.
+
+    Where nothing outside reads it, XLA's softmax rewriter takes the whole chain into one
+    Triton fusion and `v` is never stored (a forward-only log-softmax over bfloat16 logits:
+    one `triton_softmax` fusion writing the float32 log-probabilities)."""
+    cone, todo = {v}, [v]
+    while todo:
+        w = todo.pop()
+        for c in g.users[w]:
+            op = g.ops[c]
+            out = op.outputs[0] if len(op.outputs) == 1 else None
+            if out is not None and op.primitive in ELEMENTWISE and len(op.inputs) == 1 and out not in cone:
+                cone.add(out)
+                todo.append(out)
+    for w in cone:
+        for c in g.users[w]:
+            op = g.ops[c]
+            if op.primitive in REDUCTIONS:
+                continue
+            if op.primitive in ELEMENTWISE and len(op.inputs) == 1 and op.outputs and op.outputs[0] in cone:
+                continue
+            rows = [u for u in op.inputs if u not in cone]
+            if op.primitive in ELEMENTWISE and rows and all(
+                    _row_reduction(g, u) >= 0 and g.ops[_row_reduction(g, u)].inputs[0] in cone for u in rows):
+                continue
+            return True
+    return False
 
 
 def store_shared_masks(g: Program, fused: list[bool]) -> None:
@@ -759,6 +863,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
     triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
     g = _no_inplace(strength_reduced(g), triton)
+    g = stored_in_f32(g, roles, fused, device)
     unknown: set[str] = set()
     scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True, device=device))
     for op in g.ops:
@@ -790,6 +895,38 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
     return int(_place(heap) or 0), best_name, sum(fused)
+
+
+def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> Program:
+    """The program with the bytes XLA:GPU stores for bfloat16 arithmetic results on a device
+    that computes bfloat16 arithmetic in float32 (`gpu_cost.bf16_arithmetic_native`).
+
+    There a bfloat16 elementwise chain runs in float32; a value of it that is stored and read
+    only by other elementwise ops or reductions (also run in float32) is stored as computed,
+    in float32: twice its bytes. A value read by a GEMM is converted back to bfloat16 (the
+    GEMM reads bfloat16). bf16_train on A100: gelu's stored tanh is f32[4,256,1536] (6 MiB),
+    on H100 bf16 (3 MiB), each layer; the same in `tests/gpu/fusion_programs.py:gelu_step_bf16`
+    (the activation fusion's second output: f32 on A100, bf16 on H100).
+    Converts are left as they are (a convert's result is its stated type).
+    """
+    dev = device_numbers(device) if device else None
+    if dev is None or bf16_arithmetic_native(dev):
+        return g
+    nbytes = None
+    for op in g.ops:
+        if op.primitive not in ELEMENTWISE or op.primitive == "convert_element_type" or len(op.outputs) != 1:
+            continue
+        v = op.outputs[0]
+        if v is None or fused[v] or roles.outputs[v] or roles.external[v] or str(g.dtypes[v]) != "bfloat16":
+            continue
+        readers = [g.ops[c].primitive for c in g.users[v]]
+        if not readers or any(r == "convert_element_type" or (r not in ELEMENTWISE and r not in REDUCTIONS)
+                              for r in readers):
+            continue
+        if nbytes is None:
+            nbytes = list(g.nbytes)
+        nbytes[v] = 2 * g.nbytes[v]
+    return replace(g, nbytes=nbytes) if nbytes is not None else g
 
 
 def _row_loops_in_place(g: Program, order: Sequence[int], fused: Sequence[bool],

@@ -243,3 +243,25 @@ TRANSCENDENTAL_STORED = {
     ("gelu_step_bf16", "h100-80gb"): True, ("gelu_step_bf16", "a100-40gb"): True,
     ("silu_step", "h100-80gb"): False, ("silu_step", "a100-40gb"): False,
 }
+
+
+# --- Triton split-K (`jaxmem.xla.gpu_splitk`): (512 x 2048) @ (2048 x 512) splits 8 ways on
+# H100 and 4 on A100, its float32 partials 8 and 4 MiB against a 1 MiB result.
+
+def splitk_partials_held():
+    """Two split GEMMs read by one concatenate-tanh: the split's reduce fuses into that loop
+    fusion, so both GEMMs' partials live until it runs (H100: 2 x 8 MiB, A100: 2 x 4 MiB;
+    the reduced 1 MiB results are never stored)."""
+    def fn(x1, x2, w1, w2):
+        return jnp.tanh(jnp.concatenate([x1 @ w1, x2 @ w2], axis=1))
+    x, w = jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32)
+    return fn, (x, x + 1, w, w + 1)
+
+
+def splitk_reduced_for_gemm():
+    """A split GEMM read by another GEMM: GEMM fusion takes no reduce into its operand, so the
+    reduce is its own fusion; the partials live from the GEMM to it, beside the stored result."""
+    def fn(x, w, v):
+        return (x @ w) @ v
+    return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32),
+                jnp.ones((512, 64), jnp.float32))

@@ -39,6 +39,7 @@ from jaxmem.compiler.program import DROPPED, Program
 from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
 from jaxmem.xla.gpu_cost import NOT_DUPLICATED, Kernel, device_numbers, duplicate_is_faster, flops_per_element
+from jaxmem.xla.gpu_splitk import with_splitk_partials
 
 # -- the fusion rules ----------------------------------------------------------------------------
 
@@ -624,8 +625,12 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
     triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
     g = _no_inplace(strength_reduced(g), triton)
+    # Triton split-K: a split GEMM's partial results, stored in its result's place or beside it
+    g, partials = with_splitk_partials(g, fused, device)
     unknown: set[str] = set()
     scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True, device=device))
+    for oi, extra in partials.items():
+        scratch[oi] = scratch.get(oi, 0) + extra
     for op in g.ops:
         extra = op_scratch(g, op, workspace)
         if extra:

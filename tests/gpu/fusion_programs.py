@@ -265,3 +265,21 @@ def splitk_reduced_for_gemm():
         return (x @ w) @ v
     return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32),
                 jnp.ones((512, 64), jnp.float32))
+
+
+def splitk_merged_dots():
+    """Two GEMMs sharing their lhs: the dot merger makes them one (512 x 1024) GEMM before the
+    split, which splits it as one (H100: 4 ways, A100: 2), so the partials are 8 and 4 MiB in
+    all, not each GEMM's own factor times its result (16 and 8 MiB)."""
+    def fn(x, w1, w2):
+        return jnp.concatenate([jnp.tanh(x @ w1), jnp.exp(x @ w2)], axis=1)
+    w = jnp.ones((2048, 512), jnp.float32)
+    return fn, (jnp.ones((512, 2048), jnp.float32), w, w + 1)
+
+
+def splitk_column_sum():
+    """A split GEMM summed over its rows (a column reduction): the reduce does not fuse into it,
+    so the reduced result is stored beside the partials (H100: 8 + 1 MiB, A100: 4 + 1)."""
+    def fn(x, w):
+        return (x @ w).sum(axis=0)
+    return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32))

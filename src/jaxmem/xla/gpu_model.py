@@ -626,6 +626,8 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
     g = _no_inplace(strength_reduced(g), triton)
     # Triton split-K: a split GEMM's partial results, stored in its result's place or beside it
+    # (the dot merger runs before the split: it groups GEMMs by their unsplit sizes)
+    unsplit = g
     g, partials = with_splitk_partials(g, fused, device)
     unknown: set[str] = set()
     scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True, device=device))
@@ -649,7 +651,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     # heap's lower bound and only the winner is placed (placement is most of the model's time).
     scored = []
     for name, order in orders.items():
-        groups = merged_dots(g, order)
+        groups = merged_dots(unsplit, order)
         order = _merged_order(order, groups)
         live = assign_buffers(_row_loops_in_place(g, order, fused, row_loops), order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}

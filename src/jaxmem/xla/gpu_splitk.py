@@ -132,22 +132,34 @@ def _side_bits(g: Program, u: Any) -> int:
     return _BITS.get(str(dtype), 32)
 
 
-def dot_split(g: Program, op: Any, device: str) -> int:
+def _dims(g: Program, op: Any) -> tuple[int, int, int, int]:
+    """(b, m, n, k) of a dot_general: batch, lhs free, rhs free and contracting sizes."""
+    lhs, rhs = op.operands[:2]
+    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+    ls, rs = g.shapes[lhs], g.shapes[rhs]
+    return (_prod([ls[d] for d in lb]), _prod([ls[d] for d in range(len(ls)) if d not in lc and d not in lb]),
+            _prod([rs[d] for d in range(len(rs)) if d not in rc and d not in rb]), _prod([ls[d] for d in lc]))
+
+
+def dot_split(g: Program, op: Any, device: str, merged: Sequence[Any] = ()) -> int:
     """The split factor of one GEMM `dot_general` of `g` on `device` (1: not split). Only
-    floating-point GEMMs are modelled (the rewriter skips s32 operands)."""
+    floating-point GEMMs are modelled (the rewriter skips s32 operands). `merged`: the ops of
+    the dot merger's group holding `op`, if any: the merger runs first, so the rewriter sees one
+    dot whose free dimension on the unshared side is the members' sum."""
     if op.primitive != "dot_general" or len(op.operands) < 2 or not all(isinstance(u, int) for u in op.operands[:2]):
         return 1
     lhs, rhs = op.operands[:2]
     out = op.outputs[0]
     if out is None or str(g.dtypes[out]) not in _FLOATS or str(g.dtypes[lhs]) not in _FLOATS:
         return 1
-    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
-    ls, rs = g.shapes[lhs], g.shapes[rhs]
-    k = _prod([ls[d] for d in lc])
-    b = _prod([ls[d] for d in lb])
-    m = _prod([ls[d] for d in range(len(ls)) if d not in lc and d not in lb])
-    n = _prod([rs[d] for d in range(len(rs)) if d not in rc and d not in rb])
-    if not lc or m == 0 or n == 0:
+    if not op.params["dimension_numbers"][0][0]:
+        return 1
+    b, m, n, k = _dims(g, op)
+    if len(merged) > 1:
+        shares_lhs = all(other.operands[0] == lhs for other in merged)
+        total = sum(_dims(g, other)[2 if shares_lhs else 1] for other in merged)
+        m, n = (m, total) if shares_lhs else (total, n)
+    if m == 0 or n == 0:
         return 1
     acc = 64 if str(g.dtypes[out]) == "float64" else 32
     return split_k(b, m, n, k, device, lhs_bits=_side_bits(g, lhs), rhs_bits=_side_bits(g, rhs),
@@ -183,15 +195,21 @@ def with_splitk_partials(g: Program, fused: Sequence[bool], device: str) -> tupl
     consumers has its result replaced by the partials (shape (s, *result), accumulator-typed
     bytes; so no consumer writes over it in place); another split GEMM keeps its result and
     gets the partials as a temporary beside it (op index -> bytes, for the model's scratch).
-    Top-level GEMMs only; `g` is copied only when something splits."""
+    Merged GEMMs split as one (each member's partials the merged factor times its result).
+    Top-level GEMMs only; `g` is copied only when something splits. The dot merger's own
+    choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this."""
+    from jaxmem.xla.gpu_model import merged_dots  # gpu_model imports this module
+
     outputs = {v for v in g.outvars if not isinstance(v, Const)}
+    # the dot merger's groups, in program order (the scheduler's order is not known yet)
+    group_of = {oi: [g.ops[m] for m in grp] for grp in merged_dots(g, range(len(g.ops))) for oi in grp}
     shapes, nbytes = None, None
     scratch: dict[int, int] = {}
     for op in g.ops:
         if op.primitive != "dot_general" or not op.outputs or op.outputs[0] is None:
             continue
         v = op.outputs[0]
-        split = dot_split(g, op, device)
+        split = dot_split(g, op, device, group_of.get(op.index, ()))
         if split <= 1 or fused[v]:
             continue
         acc_bytes = 8 if str(g.dtypes[v]) == "float64" else 4

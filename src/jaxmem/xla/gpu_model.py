@@ -628,7 +628,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     # Triton split-K: a split GEMM's partial results, stored in its result's place or beside it
     # (the dot merger runs before the split: it groups GEMMs by their unsplit sizes)
     unsplit = g
-    g, partials = with_splitk_partials(g, fused, device)
+    g, partials, fused = with_splitk_partials(g, fused, device)
     unknown: set[str] = set()
     scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True, device=device))
     for oi, extra in partials.items():

@@ -190,14 +190,38 @@ def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) 
     return True
 
 
-def with_splitk_partials(g: Program, fused: Sequence[bool], device: str) -> tuple[Program, dict[int, int]]:
+def _stored_readers(g: Program, v: int, fused: list[bool]) -> None:
+    """Store (in `fused`, in place) each value the model would recompute in several consumers
+    downstream of the split partials `v` through fused elementwise ops: priority fusion put the
+    split's reduce into that producer, and duplicating a kernel that reads `s` times the result
+    into every reader costs more than storing it once (transformer_train's dump: the residual
+    add after a split projection, `loop_add_fusion`, is stored; the model recomputed it)."""
+    todo = [ci for ci in g.users[v]]
+    seen: set[int] = set()
+    while todo:
+        ci = todo.pop()
+        if ci in seen:
+            continue
+        seen.add(ci)
+        for w in g.ops[ci].outputs:
+            if w is None or not fused[w]:
+                continue
+            if len(g.users[w]) > 1:
+                fused[w] = False
+            else:
+                todo.extend(g.users[w])
+
+
+def with_splitk_partials(g: Program, fused: Sequence[bool],
+                         device: str) -> tuple[Program, dict[int, int], list[bool]]:
     """`g` as XLA:GPU stores its split GEMMs on `device`: a GEMM whose reduce fuses into its
     consumers has its result replaced by the partials (shape (s, *result), accumulator-typed
     bytes; so no consumer writes over it in place); another split GEMM keeps its result and
     gets the partials as a temporary beside it (op index -> bytes, for the model's scratch).
     Merged GEMMs split as one (each member's partials the merged factor times its result).
     Top-level GEMMs only; `g` is copied only when something splits. The dot merger's own
-    choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this."""
+    choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this.
+    Returns the program, the scratch and the fused flags (`_stored_readers`)."""
     from jaxmem.xla.gpu_model import merged_dots  # gpu_model imports this module
 
     outputs = {v for v in g.outvars if not isinstance(v, Const)}
@@ -205,6 +229,7 @@ def with_splitk_partials(g: Program, fused: Sequence[bool], device: str) -> tupl
     group_of = {oi: [g.ops[m] for m in grp] for grp in merged_dots(g, range(len(g.ops))) for oi in grp}
     shapes, nbytes = None, None
     scratch: dict[int, int] = {}
+    fused = list(fused)
     for op in g.ops:
         if op.primitive != "dot_general" or not op.outputs or op.outputs[0] is None:
             continue
@@ -219,9 +244,10 @@ def with_splitk_partials(g: Program, fused: Sequence[bool], device: str) -> tupl
                 shapes, nbytes = list(g.shapes), list(g.nbytes)
             shapes[v] = (split,) + tuple(g.shapes[v])
             nbytes[v] = partials
+            _stored_readers(g, v, fused)
         else:
             scratch[op.index] = scratch.get(op.index, 0) + partials
     if shapes is None:
-        return g, scratch
+        return g, scratch, fused
     # a new op list: the program's side tables (`program.side_table`, by op list) hold sizes
-    return replace(g, ops=list(g.ops), shapes=shapes, nbytes=nbytes), scratch
+    return replace(g, ops=list(g.ops), shapes=shapes, nbytes=nbytes), scratch, fused

@@ -283,3 +283,17 @@ def splitk_column_sum():
     def fn(x, w):
         return (x @ w).sum(axis=0)
     return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32))
+
+
+def splitk_residual_stored():
+    """A split GEMM plus a residual, `h`, read early (by a GEMM through a tanh) and late (added
+    to the last GEMM's result): priority fusion puts the split's reduce into the add, which it
+    then stores rather than recompute in both readers, so the partials die at the add; read
+    again late, they would sit beside the 8 MiB `tanh(h) @ v` (H100: 16 MiB of temp, not 24;
+    A100: 12, not 16)."""
+    def fn(x, w, r, v):
+        h = x @ w + r
+        a = jnp.tanh(h) @ v
+        return jnp.tanh(a) @ v.T + h
+    return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32),
+                jnp.ones((512, 512), jnp.float32), jnp.ones((512, 4096), jnp.float32))

@@ -10,6 +10,7 @@ temporary beside the stored result when a GEMM reads it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def xla_splits(device: str) -> list[int]:
 def measured() -> dict[str, list[int]]:
     code = (f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import test_gpu_splitk as t; "
             f"print(json.dumps({{d: t.xla_splits(d) for d in {list(DEVICES)!r}}}))")
-    done = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"},
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "JAX_PLATFORMS": "cpu"},
                           capture_output=True, text=True, timeout=900, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

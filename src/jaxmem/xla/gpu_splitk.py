@@ -14,10 +14,11 @@ the device's core count, the smallest estimated cost over s = 1, 2, 4, ... 2048:
     cost    = max(compute, memory), plus for s > 1: w_launch + (the partials' bytes read and
               the result's written) * w_reduction
 
-with per-generation weights (Hopper, Ampere and older). Deviceless compiles here take it as
-written: 40 of 40 GEMMs measured (M, N, K, batch, float32 and bfloat16, on H100 and A100,
-`tests/gpu/test_gpu_splitk.py`) split as it says, e.g. (M, N, K) = (512, 512, 2048): 8 on H100,
-4 on A100; (1024, 1024, 1024): 1; (128, 128, 8192): 64 and 32.
+with per-generation weights (Blackwell, Hopper, Ampere and older). Deviceless compiles here
+take it as written: 20 GEMMs (M, N, K, batch, float32 and bfloat16) on H100 and A100, 40 of 40
+split as it says (`tests/gpu/test_gpu_splitk.py` keeps 14 of them), e.g. (M, N, K) =
+(512, 512, 2048): 8 on H100, 4 on A100; (1024, 1024, 1024): 1; (128, 128, 8192): 64 and 32.
+Deviceless, no autotuner changes it: the Triton search space sees the already split dot.
 
 The memory: the partial results f32[s, b, m, n] are the GEMM fusion's output. The reduce is a
 loop fusion, which priority fusion merges into the consumers of the dot's result when they are
@@ -27,6 +28,8 @@ result, a row sum, likewise), so the partials live until those consumers run and
 result is never stored. Where the result is read by another GEMM (GEMM fusion takes no reduce
 into its operands), by a column reduction, or is a program output, the reduce is its own
 fusion: its result is stored as before and the partials live only from the GEMM to the reduce.
+A fused value downstream that several kernels read is stored rather than recomputed in each
+(`_stored_readers`). GEMMs the dot merger joins (it runs first) split as one.
 """
 
 from __future__ import annotations

@@ -305,3 +305,57 @@ def bf16_log_softmax_loss():
 
 
 STORED["bf16_log_softmax_loss"] = True
+
+
+# --- Triton split-K (`jaxmem.xla.gpu_splitk`): (512 x 2048) @ (2048 x 512) splits 8 ways on
+# H100 and 4 on A100, its float32 partials 8 and 4 MiB against a 1 MiB result.
+
+def splitk_partials_held():
+    """Two split GEMMs read by one concatenate-tanh: the split's reduce fuses into that loop
+    fusion, so both GEMMs' partials live until it runs (H100: 2 x 8 MiB, A100: 2 x 4 MiB;
+    the reduced 1 MiB results are never stored)."""
+    def fn(x1, x2, w1, w2):
+        return jnp.tanh(jnp.concatenate([x1 @ w1, x2 @ w2], axis=1))
+    x, w = jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32)
+    return fn, (x, x + 1, w, w + 1)
+
+
+def splitk_reduced_for_gemm():
+    """A split GEMM read by another GEMM: GEMM fusion takes no reduce into its operand, so the
+    reduce is its own fusion; the partials live from the GEMM to it, beside the stored result."""
+    def fn(x, w, v):
+        return (x @ w) @ v
+    return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32),
+                jnp.ones((512, 64), jnp.float32))
+
+
+def splitk_merged_dots():
+    """Two GEMMs sharing their lhs: the dot merger makes them one (512 x 1024) GEMM before the
+    split, which splits it as one (H100: 4 ways, A100: 2), so the partials are 8 and 4 MiB in
+    all, not each GEMM's own factor times its result (16 and 8 MiB)."""
+    def fn(x, w1, w2):
+        return jnp.concatenate([jnp.tanh(x @ w1), jnp.exp(x @ w2)], axis=1)
+    w = jnp.ones((2048, 512), jnp.float32)
+    return fn, (jnp.ones((512, 2048), jnp.float32), w, w + 1)
+
+
+def splitk_column_sum():
+    """A split GEMM summed over its rows (a column reduction): the reduce does not fuse into it,
+    so the reduced result is stored beside the partials (H100: 8 + 1 MiB, A100: 4 + 1)."""
+    def fn(x, w):
+        return (x @ w).sum(axis=0)
+    return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32))
+
+
+def splitk_residual_stored():
+    """A split GEMM plus a residual, `h`, read early (by a GEMM through a tanh) and late (added
+    to the last GEMM's result): priority fusion puts the split's reduce into the add, which it
+    then stores rather than recompute in both readers, so the partials die at the add; read
+    again late, they would sit beside the 8 MiB `tanh(h) @ v` (H100: 16 MiB of temp, not 24;
+    A100: 12, not 16)."""
+    def fn(x, w, r, v):
+        h = x @ w + r
+        a = jnp.tanh(h) @ v
+        return jnp.tanh(a) @ v.T + h
+    return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32),
+                jnp.ones((512, 512), jnp.float32), jnp.ones((512, 4096), jnp.float32))

@@ -40,6 +40,7 @@ from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
 from jaxmem.xla.gpu_cost import (NOT_DUPLICATED, Kernel, bf16_arithmetic_native, device_numbers,
                                  duplicate_is_faster, flops_per_element)
+from jaxmem.xla.gpu_splitk import with_splitk_partials
 
 # -- the fusion rules ----------------------------------------------------------------------------
 
@@ -863,9 +864,16 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
     triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
     g = _no_inplace(strength_reduced(g), triton)
+    # Triton split-K: a split GEMM's partial results, stored in its result's place or beside it
+    # (the dot merger runs before the split: it groups GEMMs by their unsplit sizes)
+    unsplit = g
+    g, partials, fused = with_splitk_partials(g, fused, device)
+    # after the split, which may store more values (`_stored_readers`): each is sized as stored
     g = stored_in_f32(g, roles, fused, device)
     unknown: set[str] = set()
     scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True, device=device))
+    for oi, extra in partials.items():
+        scratch[oi] = scratch.get(oi, 0) + extra
     for op in g.ops:
         extra = op_scratch(g, op, workspace)
         if extra:
@@ -884,7 +892,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     # heap's lower bound and only the winner is placed (placement is most of the model's time).
     scored = []
     for name, order in orders.items():
-        groups = merged_dots(g, order)
+        groups = merged_dots(unsplit, order)
         order = _merged_order(order, groups)
         live = assign_buffers(_row_loops_in_place(g, order, fused, row_loops), order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}

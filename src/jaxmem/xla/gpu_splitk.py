@@ -1,0 +1,256 @@
+"""XLA:GPU's split-K rewrite of GEMMs, and the memory its partial results take.
+
+Before GEMM fusion, XLA:GPU's `SplitkRewriter` (backends/gpu/transforms/splitk_rewriter.cc, in
+the CUDA plugin that compiles here: jax 0.10.2) splits the contracting dimension of a dot into
+`s` chunks: the dot becomes a batched dot with `s` times the output elements, in the
+accumulator type (float32 for 16-bit inputs), followed by a reduce over the new dimension (and a
+convert back to the output type). The factor comes from a cost model over the problem size and
+the device's core count, the smallest estimated cost over s = 1, 2, 4, ... 2048:
+
+    tiles   = b * s * ceil(m / 128) * ceil(n / 128), a wave being cores * 128^2 / (tm * tn)
+              tiles, tm = min(m, 128), tn = min(n, 128)
+    compute = 2 * tm * tn * ceil(k / s) * max(1, tiles / wave) * w_compute
+    memory  = (lhs + rhs bytes + b * s * m * n * (accumulator or, unsplit, output) bytes) * w_memory
+    cost    = max(compute, memory), plus for s > 1: w_launch + (the partials' bytes read and
+              the result's written) * w_reduction
+
+with per-generation weights (Blackwell, Hopper, Ampere and older). Deviceless compiles here
+take it as written: 20 GEMMs (M, N, K, batch, float32 and bfloat16) on H100 and A100, 40 of 40
+split as it says (`tests/gpu/test_gpu_splitk.py` keeps 14 of them), e.g. (M, N, K) =
+(512, 512, 2048): 8 on H100, 4 on A100; (1024, 1024, 1024): 1; (128, 128, 8192): 64 and 32.
+Deviceless, no autotuner changes it: the Triton search space sees the already split dot.
+
+The memory: the partial results f32[s, b, m, n] are the GEMM fusion's output. The reduce is a
+loop fusion, which priority fusion merges into the consumers of the dot's result when they are
+loop, row-reduction or softmax fusions (parallel_branches' dump: the bias-add-silu, the
+concatenate and the layer norm read the partials themselves; a gather or dynamic slice of the
+result, a row sum, likewise), so the partials live until those consumers run and the reduced
+result is never stored. Where the result is read by another GEMM (GEMM fusion takes no reduce
+into its operands), by a column reduction, or is a program output, the reduce is its own
+fusion: its result is stored as before and the partials live only from the GEMM to the reduce.
+A fused value downstream that several kernels read is stored rather than recomputed in each
+(`_stored_readers`). GEMMs the dot merger joins (it runs first) split as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from jaxmem.compiler.plan_types import Const
+from jaxmem.compiler.program import Program
+from jaxmem.compiler.rules import RULES
+
+# The candidate factors (ChooseSplitK).
+CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+# The cost model's output tile (kMTileSize, kNTileSize).
+TILE = 128
+# (compute, memory, reduction memory, reduction launch) weights per compute capability major:
+# GetCostWeights (Blackwell and later, Hopper, the rest).
+WEIGHTS: dict[str, tuple[float, float, float, float]] = {
+    "blackwell": (100.0, 0.0848863, 189.711, 1.21563e+08),
+    "hopper": (100.0, 0.194136, 193.1384, 4.36e+07),
+    "other": (100.0, 0.0666955, 467.815, 5.65307e+07),
+}
+_BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16, "int8": 8, "uint8": 8,
+         "float8_e4m3fn": 8, "float8_e5m2": 8, "int32": 32, "int16": 16}
+_FLOATS = frozenset({"float64", "float32", "bfloat16", "float16"})
+_ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") | {"convert_element_type"}
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+                         "argmax", "argmin"})
+_MOVEMENT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice", "pad",
+                       "concatenate", "rev", "dynamic_slice", "gather"})
+# Consumers priority fusion merges the split's reduce (a loop fusion) into: loop fusions,
+# reductions, Triton softmax fusions (`gpu_model._no_inplace` names them gpu_row_fusion).
+ABSORBING = _ELEMENTWISE | _MOVEMENT | _REDUCTIONS | {"gpu_row_fusion"}
+
+
+def generation(device: str) -> str | None:
+    """The cost model's weight set for a GPU preset (None: not a CUDA GPU the model knows)."""
+    from jaxmem.xla.gpu_cost import device_numbers
+
+    dev = device_numbers(device)
+    if dev is None or not dev.sm.startswith("sm_"):
+        return None
+    major = int(dev.sm[3:-1] or 0)
+    return "blackwell" if major >= 10 else "hopper" if major == 9 else "other"
+
+
+def split_cost(b: int, m: int, n: int, k: int, split: int, cores: int, weights: tuple[float, float, float, float],
+               lhs_bits: int = 32, rhs_bits: int = 32, acc_bits: int = 32, out_bits: int = 32,
+               flops_per_element: int = 2) -> float:
+    """The cost model's estimate of a (b, m, n, k) GEMM split `split` ways (see the module's text)."""
+    w_compute, w_memory, w_reduction, w_launch = weights
+    eff_k = -(-k // split)
+    eff_b = b * split
+    tm, tn = min(m, TILE), min(n, TILE)
+    tiles = eff_b * -(-m // TILE) * -(-n // TILE)
+    wave = cores * (TILE * TILE) / (tm * tn)
+    compute = flops_per_element * tm * tn * eff_k * max(1.0, tiles / wave) * w_compute
+    read = (m * k * b * lhs_bits + n * k * b * rhs_bits) / 8
+    written = m * n * eff_b * (acc_bits if split > 1 else out_bits) / 8
+    cost = max(compute, (read + written) * w_memory)
+    if split == 1:
+        return cost
+    reduction = (eff_b * m * n * acc_bits + b * m * n * out_bits) / 8
+    return cost + w_launch + reduction * w_reduction
+
+
+def split_k(b: int, m: int, n: int, k: int, device: str, *, lhs_bits: int = 32, rhs_bits: int = 32,
+            acc_bits: int = 32, out_bits: int = 32) -> int:
+    """XLA:GPU's split-K factor for a GEMM of batch `b`, output m x n and contraction k on
+    `device` (a jaxmem GPU preset); 1 for an unknown device.
+
+    >>> split_k(1, 512, 512, 2048, "h100-80gb"), split_k(1, 512, 512, 2048, "a100-40gb")
+    (8, 4)
+    """
+    from jaxmem.xla.gpu_cost import device_numbers
+
+    gen = generation(device)
+    if gen is None or min(b, m, n, k) <= 0:
+        return 1
+    cores = device_numbers(device).cores
+    costs = [split_cost(b, m, n, k, s, cores, WEIGHTS[gen], lhs_bits, rhs_bits, acc_bits, out_bits)
+             for s in CANDIDATES]
+    return CANDIDATES[costs.index(min(costs))]
+
+
+def _prod(values: Sequence[int]) -> int:
+    out = 1
+    for d in values:
+        out *= d
+    return out
+
+
+def _side_bits(g: Program, u: Any) -> int:
+    """An operand's element width after walking up single-operand elementwise ops (the
+    rewriter's approximation of what GEMM fusion will read: a bfloat16 cast of a float32
+    weight counts 32 bits)."""
+    while isinstance(u, int) and g.producer[u] >= 0:
+        op = g.ops[g.producer[u]]
+        if op.primitive not in _ELEMENTWISE or len(op.operands) != 1 or not isinstance(op.operands[0], int):
+            break
+        u = op.operands[0]
+    dtype = g.dtypes[u] if isinstance(u, int) else str(getattr(getattr(u, "aval", None), "dtype", "float32"))
+    return _BITS.get(str(dtype), 32)
+
+
+def _dims(g: Program, op: Any) -> tuple[int, int, int, int]:
+    """(b, m, n, k) of a dot_general: batch, lhs free, rhs free and contracting sizes."""
+    lhs, rhs = op.operands[:2]
+    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+    ls, rs = g.shapes[lhs], g.shapes[rhs]
+    return (_prod([ls[d] for d in lb]), _prod([ls[d] for d in range(len(ls)) if d not in lc and d not in lb]),
+            _prod([rs[d] for d in range(len(rs)) if d not in rc and d not in rb]), _prod([ls[d] for d in lc]))
+
+
+def dot_split(g: Program, op: Any, device: str, merged: Sequence[Any] = ()) -> int:
+    """The split factor of one GEMM `dot_general` of `g` on `device` (1: not split). Only
+    floating-point GEMMs are modelled (the rewriter skips s32 operands). `merged`: the ops of
+    the dot merger's group holding `op`, if any: the merger runs first, so the rewriter sees one
+    dot whose free dimension on the unshared side is the members' sum."""
+    if op.primitive != "dot_general" or len(op.operands) < 2 or not all(isinstance(u, int) for u in op.operands[:2]):
+        return 1
+    lhs, rhs = op.operands[:2]
+    out = op.outputs[0]
+    if out is None or str(g.dtypes[out]) not in _FLOATS or str(g.dtypes[lhs]) not in _FLOATS:
+        return 1
+    if not op.params["dimension_numbers"][0][0]:
+        return 1
+    b, m, n, k = _dims(g, op)
+    if len(merged) > 1:
+        shares_lhs = all(other.operands[0] == lhs for other in merged)
+        total = sum(_dims(g, other)[2 if shares_lhs else 1] for other in merged)
+        m, n = (m, total) if shares_lhs else (total, n)
+    if m == 0 or n == 0:
+        return 1
+    acc = 64 if str(g.dtypes[out]) == "float64" else 32
+    return split_k(b, m, n, k, device, lhs_bits=_side_bits(g, lhs), rhs_bits=_side_bits(g, rhs),
+                   acc_bits=acc, out_bits=_BITS.get(str(g.dtypes[out]), 32))
+
+
+def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) -> bool:
+    """Whether the split's reduce of `v` fuses into all its consumers (see the module's text): no
+    consumer is a GEMM or an op outside loop/reduction fusions, `v` is no program output, and a
+    consumer whose own result the model fuses onwards feeds no GEMM (GEMM fusion takes the
+    elementwise op into its operand, not the reduce before it)."""
+    if v in outputs or not g.users[v]:
+        return False
+    minor = len(g.shapes[v]) - 1
+    for ci in g.users[v]:
+        c = g.ops[ci]
+        if c.primitive not in ABSORBING:
+            return False
+        # a reduction over leading dimensions only (a column sum) does not take the reduce:
+        # XLA stores the reduced result for it (measured: `(x @ w).sum(0)` on H100)
+        axes = c.params.get("axes") if c.primitive in _REDUCTIONS and c.operands[0] == v else None
+        if axes is not None and minor not in tuple(axes):
+            return False
+        for w in c.outputs:
+            if w is not None and fused[w] and any(g.ops[r].primitive in ("dot_general", "conv_general_dilated")
+                                                  for r in g.users[w]):
+                return False
+    return True
+
+
+def _stored_readers(g: Program, v: int, fused: list[bool]) -> None:
+    """Store (in `fused`, in place) each value the model would recompute in several consumers
+    downstream of the split partials `v` through fused elementwise ops: priority fusion put the
+    split's reduce into that producer, and duplicating a kernel that reads `s` times the result
+    into every reader costs more than storing it once (transformer_train's dump: the residual
+    add after a split projection, `loop_add_fusion`, is stored; the model recomputed it)."""
+    todo = [ci for ci in g.users[v]]
+    seen: set[int] = set()
+    while todo:
+        ci = todo.pop()
+        if ci in seen:
+            continue
+        seen.add(ci)
+        for w in g.ops[ci].outputs:
+            if w is None or not fused[w]:
+                continue
+            if len(g.users[w]) > 1:
+                fused[w] = False
+            else:
+                todo.extend(g.users[w])
+
+
+def with_splitk_partials(g: Program, fused: Sequence[bool],
+                         device: str) -> tuple[Program, dict[int, int], list[bool]]:
+    """`g` as XLA:GPU stores its split GEMMs on `device`: a GEMM whose reduce fuses into its
+    consumers has its result replaced by the partials (shape (s, *result), accumulator-typed
+    bytes; so no consumer writes over it in place); another split GEMM keeps its result and
+    gets the partials as a temporary beside it (op index -> bytes, for the model's scratch).
+    Merged GEMMs split as one (each member's partials the merged factor times its result).
+    Top-level GEMMs only; `g` is copied only when something splits. The dot merger's own
+    choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this.
+    Returns the program, the scratch and the fused flags (`_stored_readers`)."""
+    from jaxmem.xla.gpu_model import merged_dots  # gpu_model imports this module
+
+    outputs = {v for v in g.outvars if not isinstance(v, Const)}
+    # the dot merger's groups, in program order (the scheduler's order is not known yet)
+    group_of = {oi: [g.ops[m] for m in grp] for grp in merged_dots(g, range(len(g.ops))) for oi in grp}
+    shapes, nbytes = None, None
+    scratch: dict[int, int] = {}
+    fused = list(fused)
+    for op in g.ops:
+        if op.primitive != "dot_general" or not op.outputs or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        split = dot_split(g, op, device, group_of.get(op.index, ()))
+        if split <= 1 or fused[v]:
+            continue
+        acc_bytes = 8 if str(g.dtypes[v]) == "float64" else 4
+        partials = split * _prod(g.shapes[v]) * acc_bytes
+        if _reduce_fused(g, v, fused, outputs):
+            if shapes is None:
+                shapes, nbytes = list(g.shapes), list(g.nbytes)
+            shapes[v] = (split,) + tuple(g.shapes[v])
+            nbytes[v] = partials
+            _stored_readers(g, v, fused)
+        else:
+            scratch[op.index] = scratch.get(op.index, 0) + partials
+    if shapes is None:
+        return g, scratch, fused
+    # a new op list: the program's side tables (`program.side_table`, by op list) hold sizes
+    return replace(g, ops=list(g.ops), shapes=shapes, nbytes=nbytes), scratch, fused

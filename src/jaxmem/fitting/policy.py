@@ -293,7 +293,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
                     progress: Callable[[str], None] | None = None, exhaustive: bool = False,
                     deadline: float | None = None, reorder: bool | None = None) -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
-    function, and pick the cheapest in FLOPs that meets `budget`.
+    function, and pick the cheapest in FLOPs that meets `budget`. On a scan body whose dots
+    without batch dimensions come from 2 to MAX_NAMED_DOTS lines, also `save_only_these_names`
+    over all of them but one (fit names them by line, `NAMED_DOTS`); on the one layer or loop
+    site, a per-iteration mix of a policy that met the budget and a cheaper one (`_mixes`).
 
     Args:
         fn, args, donate: the training step, its arguments and donated positions.

@@ -475,11 +475,26 @@ def _mixes(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], j
         return []   # a mix lies between its two ends: nothing to gain where no end fits
     best_flops = min(c.extra_flops for c in fitting)
     strong = [c for c in fitting if c.kind == kind and c.policy != "none"]
+    out: list[PolicyCandidate] = []
+    # The planner may have ranked every cheaper policy on the site out of the compiles; then
+    # one, the lowest it plans, is compiled as the cheap end (else only the original is).
+    unjudged = [c for c in judged if c.kind == kind and c.xla_total_bytes is None and not c.error and c.keys is None
+                and c.first == 0 and not c.but_last and not c.policy.startswith(OFFLOAD)
+                and c.planned_peak_bytes is not None and c.extra_flops < best_flops]
+    if strong and unjudged and not any(c.kind == kind and not c.but_last and c.extra_flops < best_flops for c in done):
+        end = min(unjudged, key=lambda c: (c.planned_peak_bytes, c.extra_flops))
+        if deadline is None or time.perf_counter() < deadline:
+            if progress is not None:
+                progress(f"{end.policy} on {end.kind}{end.where}")
+            try:
+                end.xla_total_bytes = judge.total(end.apply(fn), args, donate)
+                done.append(end)
+            except Exception as err:  # noqa: BLE001 - listed with why, as in the search
+                end.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
     cheap = [c for c in done if c.xla_total_bytes > budget and (c.policy == "none" or (c.kind == kind and not c.but_last))]
     pairs = [_Mix(s, c, n - 1 if s.but_last else n) for s in strong for c in cheap
              if c.extra_flops < s.extra_flops and c.policy != s.policy]
     plans = [(m.flops(k), m, k) for m in pairs if (k := m.smallest_k(budget)) is not None and m.flops(k) < best_flops]
-    out: list[PolicyCandidate] = []
     if not plans:
         return out
     _, mix, k = min(plans, key=lambda p: p[0])

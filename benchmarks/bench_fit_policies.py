@@ -27,23 +27,16 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxmem.compiler.remat import fit
 from jaxmem.examples.suite import ALL_PROGRAMS
-from jaxmem.fitting.judge import Judge
+from jaxmem.fitting.judge import Judge, compute_dtype, values_equal
 from jaxmem.fitting.policy import _flops, find_sites, with_policy
 
 DEFAULT = ["scanned_transformer_train", "transformer_train", "cnn_train", "convnet_bn_train", "moe_train"]
 MiB = 2 ** 20
 
 
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
-                   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
-    except ValueError:
-        return False
 
 
 def run(name: str, device: str | None, rounds: int, policy_only: bool = False) -> dict[str, Any]:
@@ -73,6 +66,7 @@ def run(name: str, device: str | None, rounds: int, policy_only: bool = False) -
             print(f"{name}: {policy} on {kind} failed: {err}", file=sys.stderr)
             compared[policy] = (None, None)
     expected = jax.jit(fn)(*args)
+    narrow = compute_dtype(fn, args)   # bf16 steps: values compared at bf16's precision
     best = found.best
     where = best.kind + best.where + (f" ({', '.join(s.function for s in best.sites)})" if best.keys else "") \
         + (f", reordered ({best.order})" if best.order else "")
@@ -86,11 +80,12 @@ def run(name: str, device: str | None, rounds: int, policy_only: bool = False) -
         "floor": result.floor_bytes,
         "policy": f"{best.policy} on {where}", "policy_total": best.xla_total_bytes,
         "policy_flops": best.extra_flops_ratio,
-        "policy_equal": _equal(expected, jax.jit(result.policy_fn)(*args)),
+        "policy_equal": values_equal(expected, jax.jit(result.policy_fn)(*args), narrow),
+        "compared_at": "f32" if narrow is None else str(narrow),
         "rewrite_total": None if policy_only else result.xla_total_bytes,
         "rewrite_flops": None if policy_only else result.recompute_flops_ratio,
         "rewrite_fits": None if policy_only else result.fits,
-        "rewrite_equal": None if policy_only else _equal(expected, jax.jit(result.fn)(*args)),
+        "rewrite_equal": None if policy_only else values_equal(expected, jax.jit(result.fn)(*args), narrow),
         "seconds": round(time.perf_counter() - started, 1),
     }
     return row

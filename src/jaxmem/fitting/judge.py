@@ -88,6 +88,73 @@ class Judge:
         return self.figures(fn, args, donate).total
 
 
+# Values: a candidate must compute what the original computes. In f32 the only differences are
+# XLA's reassociation inside fusions, well within these.
+RTOL, ATOL = 1e-4, 1e-5
+ULPS = 2   # at a narrower compute dtype: two roundings' worth of that dtype's precision
+
+
+def compute_dtype(fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+    """The narrowest floating dtype `fn` computes in (bf16 for a mixed-precision step whose
+    arguments and results are all f32), from its jaxpr, nested ones included; None: f32 or wider."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxmem.compiler import jaxpr_adapter as ja
+
+    found: list[Any] = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in ja.jaxpr_eqns(jaxpr):
+            for v in eqn.outvars:
+                dtype = getattr(getattr(v, "aval", None), "dtype", None)
+                if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+                    found.append(np.dtype(dtype))
+            for sub in ja.nested_jaxprs(eqn):
+                walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args))
+    return max(found, key=lambda d: float(jnp.finfo(d).eps)) if found else None   # bf16 before f16
+
+
+def values_equal(expected: Any, got: Any, computed_in: Any = None) -> bool:
+    """Whether `got` holds the original's values, leaf by leaf: integers exactly; floats at
+    RTOL/ATOL where the function computes in f32, and where it computes in a narrower dtype
+    (`computed_in`, e.g. bf16: `compute_dtype`) at ULPS of that dtype's precision, relative to
+    each element and to the leaf's largest magnitude. Why: a checkpoint moves where XLA rounds
+    to bf16 (a value recomputed in the backward pass is fused differently, and a fusion keeps
+    its intermediates in f32 where a stored value was rounded), so a gradient summed from such
+    values differs by a rounding of bf16 relative to the sum, not of f32 (bf16_train under
+    nothing_saveable: Adam's first moment of the embedding off by 1.7e-5 where its largest
+    entry is 2.1e-3, 0.8%)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    try:
+        pairs = list(zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True))
+    except ValueError:
+        return False
+    for a, b in pairs:
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return False
+        if not jnp.issubdtype(a.dtype, jnp.inexact):
+            if not np.array_equal(a, b):
+                return False
+            continue
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        if computed_in is None:
+            rtol, atol = RTOL, ATOL
+        else:
+            rtol = ULPS * float(jnp.finfo(computed_in).eps)
+            atol = max(ATOL, rtol * float(np.max(np.abs(a), initial=0.0)))
+        if not np.allclose(b, a, rtol=rtol, atol=atol, equal_nan=True):
+            return False
+    return True
+
+
 HALF_TEMP = ("half-temp", "half_temp", "halftemp")
 
 
@@ -127,4 +194,4 @@ def infeasible_line(budget: int, floor: int, judge: str) -> str | None:
     return None
 
 
-__all__ = ["Figures", "Judge", "resolve_budget", "infeasible_line", "JaxmemError"]
+__all__ = ["Figures", "Judge", "resolve_budget", "infeasible_line", "values_equal", "compute_dtype", "JaxmemError"]

@@ -15,22 +15,28 @@ from __future__ import annotations
 
 import functools
 import itertools
+import linecache
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.jaxpr_adapter import checkpoint_names
+from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.errors import JaxmemError
 from jaxmem.fitting.judge import Judge
-from jaxmem.fitting.sites import CheckpointSite, body_sites, checkpoint_policy, checkpoint_sites, trace_body
+from jaxmem.fitting.sites import (NAMED_DOTS, CheckpointSite, body_sites, checkpoint_policy, checkpoint_sites,
+                                  dot_tag, tag_dots, trace_body)
 
 # Policies tried, least recompute first (the order ties are broken in).
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
 OFFLOAD = "offload_dot_with_no_batch_dims"
 MAX_SINGLE_LAYER_SITES = 6  # up to this many layer sites, each is also tried alone
 MAX_REORDERED = 3  # policy candidates also run in jaxmem's order, when no policy alone fits
+MAX_NAMED_DOTS = 4   # a scan body with up to this many dot lines: each left out of what is saved in turn
+MAX_MIX_COMPILES = 3  # compiles to confirm a per-iteration mix's k
 SLACK = 1.25   # a candidate the planner predicts within SLACK x budget is compiled first
 
 
@@ -51,6 +57,8 @@ class PolicyCandidate:
     keys: list[str] | None = None  # only these sites (None: every site of `kind`)
     but_last: bool = False         # every call (iteration) of a layer or loop site but the last
     first: int = 0                 # only the first `first` calls (iterations), in program order (0: all)
+    rest: str = "none"             # with `first`: the policy on the other calls ("none": as written)
+    dots: tuple[SourceLine, ...] = ()  # for a policy over fit's dot names: the lines to tag
     order: str = ""                # "": as XLA orders it; else the order `reorder` kept for the
                                    # function with this policy ("cpu plan order", ...)
     reorder_call: str = ""         # the line that rebuilds that order in the user's code
@@ -62,11 +70,13 @@ class PolicyCandidate:
         if self.reordered_fn is not None:
             return self.reordered_fn
         return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last,
-                                                            self.first)
+                                                            self.first, self.rest)
 
     @property
     def where(self) -> str:
         """Which calls of the sites: "" (every one), " but the last", " (the first k)"."""
+        if self.first and self.rest != "none":
+            return f" (the first {self.first}; {self.rest} on the others)"
         if self.first:
             return f" (the first {self.first})"
         return " but the last" if self.but_last else ""
@@ -84,6 +94,9 @@ class PolicyCandidate:
         if self.policy == "none":
             return [] if self.order else ["no jax.checkpoint needed"]
         pol = policy_expression(self.policy)
+        if self.first and self.rest != "none":
+            # A per-iteration mix: one checkpoint per iteration, its policy chosen by the index.
+            pol = f"{pol} if i < {self.first} else {policy_expression(self.rest)}"
         lines = []
         for s in self.sites:
             if s.kind == "scan" and s.traced_for == "fori_loop":
@@ -101,10 +114,20 @@ class PolicyCandidate:
                 lines.append(f"{s}: jax.value_and_grad(jax.checkpoint({s.function}, policy={pol}))  "
                              f"# (or jax.grad / jax.vjp as written there; non-array keyword arguments "
                              f"bound first with functools.partial); {s.function} defined at {s.defined}")
+        for line in self.dots:
+            text = linecache.getline(line.file, line.line).strip()
+            lines.append(f"{line.file}:{line.line} ({line.function}): name the product on this line "
+                         f"(`{text}`) with `jax.ad_checkpoint.checkpoint_name(<the product>, {dot_tag(line)!r})`, "
+                         f"so the policy saves it (the other dots are recomputed)")
         if self.but_last:
             lines.append("on every call (loop iteration) but the last: the backward pass uses the last one's "
                          "values at once, so checkpointing it would recompute them and save nothing")
-        if self.first:
+        if self.first and self.rest != "none":
+            lines.append(f"i: the call's (loop iteration's) index, from 0 in program order (`for i, ... in "
+                         f"enumerate(...)`): the first {self.first} under {self.policy}, the others under "
+                         f"{self.rest}; the first layers' values are held the longest, from the forward pass "
+                         f"to the end of the backward, so the stronger policy goes there")
+        elif self.first:
             lines.append(f"on the first {self.first} call(s) (loop iteration(s)) only, the others as written "
                          f"(`... = jax.checkpoint(f, policy=...)(...) if i < {self.first} else f(...)`, i the "
                          f"iteration's index): the first layers' values are held the longest, from the forward "
@@ -139,7 +162,7 @@ def policy_expression(name: str) -> str:
         return "None"
     if name.startswith(OFFLOAD):
         return f"jax.checkpoint_policies.{OFFLOAD}('device', 'pinned_host')"
-    if name.startswith("save_only_these_names:"):
+    if name.startswith(("save_only_these_names:", NAMED_DOTS)):
         names = ", ".join(repr(n) for n in name.split(":", 1)[1].split(","))
         return f"jax.checkpoint_policies.save_only_these_names({names})"
     return f"jax.checkpoint_policies.{name}"
@@ -184,15 +207,19 @@ def loop_lines(site: CheckpointSite, pol: str) -> str:
 
 
 def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
-                keys: Sequence[str] | None = None, but_last: bool = False, first: int = 0) -> Callable[..., Any]:
+                keys: Sequence[str] | None = None, but_last: bool = False, first: int = 0,
+                rest: str = "none") -> Callable[..., Any]:
     """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
     the sites whose `key` is in `keys`; on layer and loop sites, `but_last`: every call but the
-    last, `first`: only the first `first` calls in program order). A fresh function object each
-    call, so no trace cache hands back the unwrapped trace.
+    last, `first`: only the first `first` calls in program order, the others under `rest`, "none"
+    leaving them as written). A fresh function object each call, so no trace cache hands back
+    the unwrapped trace.
 
     >>> jax.jit(with_policy(step, "nothing_saveable"))(*args)   # doctest: +SKIP
     """
     pol = checkpoint_policy(policy)
+    rest_pol = None if rest == "none" else checkpoint_policy(rest)
+    tags = policy.split(":", 1)[1].split(",") if policy.startswith(NAMED_DOTS) else []
 
     inner = [k for k in kinds if k in ("scan", "layer", "loop")]
 
@@ -205,7 +232,9 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
                 calls = itertools.count()   # run() wraps each call once, in program order
 
                 def checkpoint(f: Callable[..., Any]) -> Callable[..., Any]:
-                    return jax.checkpoint(f, policy=pol) if not first or next(calls) < first else f
+                    if not first or next(calls) < first:
+                        return jax.checkpoint(tag_dots(f, tags) if tags else f, policy=pol)
+                    return f if rest == "none" else jax.checkpoint(f, policy=rest_pol)
 
                 return trace_body(body, a, k).run(inner, keys, checkpoint, but_last)
 
@@ -264,7 +293,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
                     progress: Callable[[str], None] | None = None, exhaustive: bool = False,
                     deadline: float | None = None, reorder: bool | None = None) -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
-    function, and pick the cheapest in FLOPs that meets `budget`.
+    function, and pick the cheapest in FLOPs that meets `budget`. On a scan body whose dots
+    without batch dimensions come from 2 to MAX_NAMED_DOTS lines, also `save_only_these_names`
+    over all of them but one (fit names them by line, `NAMED_DOTS`); on the one layer or loop
+    site, a per-iteration mix of a policy that met the budget and a cheaper one (`_mixes`).
 
     Args:
         fn, args, donate: the training step, its arguments and donated positions.
@@ -301,6 +333,9 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         policies.insert(0, "save_only_these_names:" + ",".join(names))
     if offload if offload is not None else judge.device is not None:
         policies.append(OFFLOAD)
+    dot_lines = scan_dot_lines(original.closed_jaxpr)
+    named = [NAMED_DOTS + ",".join(dot_tag(x) for x in dot_lines if x != left) for left in dot_lines] \
+        if 2 <= len(dot_lines) <= MAX_NAMED_DOTS else []
     kinds = [k for k in ("scan", "loop", "layer", "grad") if any(s.kind == k for s in sites)]
     planned_before = _planned_peak(original)
     scale = original_total / max(planned_before or 1, 1)
@@ -322,12 +357,14 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     if per_layer == "layer" and 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:
         choices += [("layer", [s.key], False, 0) for s in layers]
     for kind, keys, but_last, first in choices:
-        for name in policies:
+        for name in policies + (named if kind == "scan" else []):
             if first and name.startswith(OFFLOAD):
                 continue
             cand = with_policy(fn, name, (kind,), keys, but_last, first)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
-                                    None, 0, 0, keys=keys, but_last=but_last, first=first)
+                                    None, 0, 0, keys=keys, but_last=but_last, first=first,
+                                    dots=tuple(x for x in dot_lines if name.startswith(NAMED_DOTS)
+                                               and dot_tag(x) in name.split(":", 1)[1].split(",")))
             if deadline is not None and time.perf_counter() > deadline and pending:
                 entry.error = "not tried: the policy search's time ran out"
                 result.candidates.append(entry)
@@ -369,6 +406,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         if not exhaustive and entry.xla_total_bytes is not None and entry.xla_total_bytes <= budget \
                 and entry.policy != "none":
             break
+    if per_layer is not None and len([s for s in sites if s.kind == per_layer]) == 1:
+        (site,) = [s for s in sites if s.kind == per_layer]
+        result.candidates += _mixes(fn, args, donate, judge, budget, result.candidates, site, base_flops,
+                                    progress, deadline)
     ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
     fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if (reorder if reorder is not None else judge.device is not None) and (exhaustive or not fitting):
@@ -384,6 +425,101 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     else:
         result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
     return result
+
+
+@dataclass(frozen=True)
+class _Mix:
+    """A per-iteration mix to try: `strong` on the first k calls, `cheap` on the others, its
+    total and FLOPs interpolated between the two measured ends."""
+
+    strong: PolicyCandidate
+    cheap: PolicyCandidate
+    calls: int                     # the calls `strong` covered when measured
+
+    def total(self, k: int) -> float:
+        # Each call the strong policy takes over saves what one call's residuals differ by
+        # (identical layers hold identical residuals until the backward reaches them).
+        t_s, t_c = self.strong.xla_total_bytes or 0, self.cheap.xla_total_bytes or 0
+        return t_c - k * (t_c - t_s) / self.calls
+
+    def flops(self, k: int) -> float:
+        return self.cheap.extra_flops + k * (self.strong.extra_flops - self.cheap.extra_flops) / self.calls
+
+    def smallest_k(self, budget: int) -> int | None:
+        """The fewest calls under the strong policy predicted to meet `budget` (None: none does)."""
+        top = self.calls if (self.strong.but_last and self.cheap.policy != "none") else self.calls - 1
+        return next((k for k in range(1, top + 1) if self.total(k) <= budget), None)
+
+
+def _mixes(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], judge: Judge, budget: int,
+           judged: list[PolicyCandidate], site: CheckpointSite, base_flops: int, progress: Callable[[str], None] | None,
+           deadline: float | None) -> list[PolicyCandidate]:
+    """Per-iteration mixes on the one layer or loop site: a policy that met the budget (strong)
+    on the first k calls and a cheaper one that did not (or none) on the rest, what users write
+    between "every layer one policy" and "every layer another". The first calls' values are
+    held longest (from the forward pass to the end of the backward), so they take the strong
+    policy. k is read from the two measured ends (the saving per call and the FLOPs per call
+    are each one layer's share), the pair with the fewest predicted FLOPs first, then confirmed
+    by XLA: one call more while over the budget, one fewer while within it, at most
+    MAX_MIX_COMPILES compiles in all."""
+    from jaxmem.compiler.costs import jaxpr_flops
+
+    kind = site.kind
+    done = [c for c in judged if not c.error and c.xla_total_bytes is not None and not c.order
+            and c.keys is None and c.first == 0 and not c.policy.startswith(OFFLOAD)]
+    n = site.calls or 0
+    if n < 2:
+        return []
+    fitting = [c for c in done if c.xla_total_bytes <= budget]
+    if not fitting:
+        return []   # a mix lies between its two ends: nothing to gain where no end fits
+    best_flops = min(c.extra_flops for c in fitting)
+    strong = [c for c in fitting if c.kind == kind and c.policy != "none"]
+    out: list[PolicyCandidate] = []
+    # The planner may have ranked every cheaper policy on the site out of the compiles; then
+    # one, the lowest it plans, is compiled as the cheap end (else only the original is).
+    unjudged = [c for c in judged if c.kind == kind and c.xla_total_bytes is None and not c.error and c.keys is None
+                and c.first == 0 and not c.but_last and not c.policy.startswith(OFFLOAD)
+                and c.planned_peak_bytes is not None and c.extra_flops < best_flops]
+    if strong and unjudged and not any(c.kind == kind and not c.but_last and c.extra_flops < best_flops for c in done):
+        end = min(unjudged, key=lambda c: (c.planned_peak_bytes, c.extra_flops))
+        if deadline is None or time.perf_counter() < deadline:
+            if progress is not None:
+                progress(f"{end.policy} on {end.kind}{end.where}")
+            try:
+                end.xla_total_bytes = judge.total(end.apply(fn), args, donate)
+                done.append(end)
+            except Exception as err:  # noqa: BLE001 - listed with why, as in the search
+                end.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    cheap = [c for c in done if c.xla_total_bytes > budget and (c.policy == "none" or (c.kind == kind and not c.but_last))]
+    pairs = [_Mix(s, c, n - 1 if s.but_last else n) for s in strong for c in cheap
+             if c.extra_flops < s.extra_flops and c.policy != s.policy]
+    plans = [(m.flops(k), m, k) for m in pairs if (k := m.smallest_k(budget)) is not None and m.flops(k) < best_flops]
+    if not plans:
+        return out
+    _, mix, k = min(plans, key=lambda p: p[0])
+    tried: dict[int, PolicyCandidate] = {}
+    top = mix.calls if (mix.strong.but_last and mix.cheap.policy != "none") else mix.calls - 1
+    while len(tried) < MAX_MIX_COMPILES and 1 <= k <= top and k not in tried:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        rest = "none" if mix.cheap.policy == "none" else mix.cheap.policy
+        cand = with_policy(fn, mix.strong.policy, (kind,), None, False, k, rest)
+        entry = PolicyCandidate(kind, mix.strong.policy, mix.strong.sites, None, 0, 0, first=k, rest=rest)
+        if progress is not None:
+            progress(f"{entry.policy} on {entry.kind}{entry.where}")
+        try:
+            entry.flops = jaxpr_flops(_trace(cand, args, donate).closed_jaxpr.jaxpr)
+            entry.extra_flops = max(0, entry.flops - base_flops)
+            entry.xla_total_bytes = judge.total(cand, args, donate)
+        except Exception as err:  # noqa: BLE001 - a mix JAX or XLA refuses stays listed with why
+            entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        tried[k] = entry
+        out.append(entry)
+        if entry.error:
+            break
+        k = k - 1 if entry.xla_total_bytes <= budget else k + 1   # a k already tried ends the loop
+    return out
 
 
 def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], judge: Judge, budget: int,
@@ -429,11 +565,30 @@ def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int
                 f"{f', donate_argnums={tuple(donate)!r}' if donate else ''}) as before")
         out.append(PolicyCandidate(entry.kind, entry.policy, entry.sites, found.xla_total_bytes_after,
                                    entry.flops, entry.extra_flops, entry.planned_peak_bytes, keys=entry.keys,
-                                   but_last=entry.but_last, first=entry.first, order=found.order, reorder_call=call,
+                                   but_last=entry.but_last, first=entry.first, rest=entry.rest, order=found.order,
+                                   reorder_call=call,
                                    reordered_fn=found.fn))
         if not exhaustive and found.xla_total_bytes_after <= budget:
             break
     return out
+
+
+def scan_dot_lines(closed: Any) -> list[SourceLine]:
+    """The user's lines that make a dot with no batch dimensions inside a scan body (the values
+    dots_with_no_batch_dims_saveable stacks per iteration), one per distinct tag, in order."""
+    found: dict[str, SourceLine] = {}
+
+    def walk(jaxpr: Any, in_scan: bool) -> None:
+        for eqn in ja.jaxpr_eqns(jaxpr):
+            if in_scan and eqn.primitive.name == "dot_general" and not eqn.params["dimension_numbers"][1][0]:
+                line = ja.source_line(eqn)
+                if line is not None and ja.is_user_file(line.file):
+                    found.setdefault(dot_tag(line), SourceLine(line.file, line.line, line.function))
+            for sub in ja.nested_jaxprs(eqn):
+                walk(sub, in_scan or eqn.primitive.name == "scan")
+
+    walk(closed, False)
+    return list(found.values())
 
 
 def _trace(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Any:

@@ -79,6 +79,45 @@ def _calling_site(kind: str, fun: Callable[..., Any], depth: int = 2) -> Checkpo
     return CheckpointSite(kind, call, name, defined)
 
 
+# A policy over dot outputs fit names for the user by source line ("rnn.py:38"): the dots are
+# tagged with jax.ad_checkpoint.checkpoint_name while the scan body is traced (`tag_dots`), and
+# the policy is save_only_these_names over the tags kept.
+NAMED_DOTS = "save_only_these_dots:"
+
+
+def dot_tag(line: SourceLine) -> str:
+    """The name fit gives a dot made on `line`: the file's name and the line ("rnn.py:38")."""
+    return f"{line.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line.line}"
+
+
+def tag_dots(f: Callable[..., Any], tags: Sequence[str]) -> Callable[..., Any]:
+    """`f` with each dot_general it binds on a user line whose `dot_tag` is in `tags` passed
+    through `checkpoint_name(out, tag)`: what a user writes around that line's product, so
+    `save_only_these_names(*tags)` can keep exactly those dots."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    wanted = set(tags)
+
+    def tagged(*args: Any) -> Any:
+        closed, shape = jax.make_jaxpr(f, return_shape=True)(*args)
+        jaxpr, consts = ja.split_closed(closed)
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, jax.tree.leaves(args)))
+        read = lambda a: ja.literal_value(a) if ja.is_literal(a) else env[a]  # noqa: E731
+        for eqn in jaxpr.eqns:
+            outs = ja.bind(eqn, [read(a) for a in eqn.invars], subfuns_ok=True)
+            if eqn.primitive.name == "dot_general":
+                line = ja.source_line(eqn)
+                if line is not None and dot_tag(line) in wanted:
+                    outs = [checkpoint_name(o, dot_tag(line)) for o in outs]
+            for var, out in zip(eqn.outvars, outs):
+                if not ja.is_dropvar(var):
+                    env[var] = out
+        return jax.tree.unflatten(jax.tree.structure(shape), [read(a) for a in jaxpr.outvars])
+
+    return tagged
+
+
 @functools.lru_cache(maxsize=None)
 def checkpoint_policy(name: str) -> Any:
     """A `jax.checkpoint_policies` policy by the name jaxmem prints for it ("default": None, the
@@ -90,7 +129,7 @@ def checkpoint_policy(name: str) -> Any:
     policies = jax.checkpoint_policies
     if name == "default":
         return None  # jax.checkpoint(f): saves only the inputs
-    if name.startswith("save_only_these_names:"):
+    if name.startswith(("save_only_these_names:", NAMED_DOTS)):
         return policies.save_only_these_names(*name.split(":", 1)[1].split(","))
     if name.startswith("offload_dot_with_no_batch_dims"):
         return policies.offload_dot_with_no_batch_dims("device", "pinned_host")

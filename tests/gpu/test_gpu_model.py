@@ -110,7 +110,7 @@ def test_prediction_within_5_percent_on_fast_suite_programs(name, donate, device
 
 
 # Measured outside 5% (BENCHMARKS.md, "Planning for the GPU"): the rules these miss are listed there.
-OUTSIDE = {"parallel_branches", "bf16_train", "moe_train"}
+OUTSIDE = {"moe_train"}  # on A100 (0.949): XLA's memory scheduler picks post order there
 
 
 @pytest.mark.slow

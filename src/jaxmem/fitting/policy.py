@@ -116,7 +116,7 @@ class PolicyCandidate:
                              f"bound first with functools.partial); {s.function} defined at {s.defined}")
         for line in self.dots:
             text = linecache.getline(line.file, line.line).strip()
-            lines.append(f"{line.file}:{line.line} ({line.function}): name the product on this line "
+            lines.append(f"{line.file}:{line.line} ({line.function}): name each matrix product on this line "
                          f"(`{text}`) with `jax.ad_checkpoint.checkpoint_name(<the product>, {dot_tag(line)!r})`, "
                          f"so the policy saves it (the other dots are recomputed)")
         if self.but_last:

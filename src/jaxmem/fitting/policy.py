@@ -116,7 +116,7 @@ class PolicyCandidate:
                              f"bound first with functools.partial); {s.function} defined at {s.defined}")
         for line in self.dots:
             text = linecache.getline(line.file, line.line).strip()
-            lines.append(f"{line.file}:{line.line} ({line.function}): name the product on this line "
+            lines.append(f"{line.file}:{line.line} ({line.function}): name each matrix product on this line "
                          f"(`{text}`) with `jax.ad_checkpoint.checkpoint_name(<the product>, {dot_tag(line)!r})`, "
                          f"so the policy saves it (the other dots are recomputed)")
         if self.but_last:
@@ -249,6 +249,9 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
             static = {n: v for n, v in k.items() if not _is_array_tree(v)}
             dynamic = {n: v for n, v in k.items() if n not in static}
             inner = functools.partial(body, **static) if static else body
+            if tags:  # fit's dot names, as the user writes checkpoint_name around those products
+                named = tag_dots(lambda pos, kw: inner(*pos, **kw), tags)
+                return jax.checkpoint(named, policy=pol)(a, dynamic)
             return jax.checkpoint(inner, policy=pol)(*a, **dynamic)
 
         return differentiated
@@ -294,7 +297,8 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
                     deadline: float | None = None, reorder: bool | None = None) -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
     function, and pick the cheapest in FLOPs that meets `budget`. On a scan body whose dots
-    without batch dimensions come from 2 to MAX_NAMED_DOTS lines, also `save_only_these_names`
+    without batch dimensions come from 2 to MAX_NAMED_DOTS lines (and on the differentiated
+    function, over its dot lines), also `save_only_these_names`
     over all of them but one (fit names them by line, `NAMED_DOTS`); on the one layer or loop
     site, a per-iteration mix of a policy that met the budget and a cheaper one (`_mixes`).
 
@@ -333,9 +337,11 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         policies.insert(0, "save_only_these_names:" + ",".join(names))
     if offload if offload is not None else judge.device is not None:
         policies.append(OFFLOAD)
-    dot_lines = scan_dot_lines(original.closed_jaxpr)
-    named = [NAMED_DOTS + ",".join(dot_tag(x) for x in dot_lines if x != left) for left in dot_lines] \
-        if 2 <= len(dot_lines) <= MAX_NAMED_DOTS else []
+    # Per kind, the dot lines a named-dots policy may keep: a scan body's, or (on the
+    # differentiated function) every line's, each left out in turn.
+    dot_lines = {"scan": scan_dot_lines(original.closed_jaxpr), "grad": dot_lines_in(original.closed_jaxpr)}
+    named = {kind: [NAMED_DOTS + ",".join(dot_tag(x) for x in lines if x != left) for left in lines]
+             if 2 <= len(lines) <= MAX_NAMED_DOTS else [] for kind, lines in dot_lines.items()}
     kinds = [k for k in ("scan", "loop", "layer", "grad") if any(s.kind == k for s in sites)]
     planned_before = _planned_peak(original)
     scale = original_total / max(planned_before or 1, 1)
@@ -357,13 +363,13 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     if per_layer == "layer" and 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:
         choices += [("layer", [s.key], False, 0) for s in layers]
     for kind, keys, but_last, first in choices:
-        for name in policies + (named if kind == "scan" else []):
+        for name in policies + named.get(kind, []):
             if first and name.startswith(OFFLOAD):
                 continue
             cand = with_policy(fn, name, (kind,), keys, but_last, first)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
                                     None, 0, 0, keys=keys, but_last=but_last, first=first,
-                                    dots=tuple(x for x in dot_lines if name.startswith(NAMED_DOTS)
+                                    dots=tuple(x for x in dot_lines.get(kind, []) if name.startswith(NAMED_DOTS)
                                                and dot_tag(x) in name.split(":", 1)[1].split(",")))
             if deadline is not None and time.perf_counter() > deadline and pending:
                 entry.error = "not tried: the policy search's time ran out"
@@ -576,11 +582,25 @@ def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int
 def scan_dot_lines(closed: Any) -> list[SourceLine]:
     """The user's lines that make a dot with no batch dimensions inside a scan body (the values
     dots_with_no_batch_dims_saveable stacks per iteration), one per distinct tag, in order."""
+    return _dot_lines(closed, in_scan_only=True)
+
+
+def dot_lines_in(closed: Any) -> list[SourceLine]:
+    """The user's lines that make a dot with no batch dimensions anywhere in the step (what
+    dots_with_no_batch_dims_saveable saves on the differentiated function), one per tag. On
+    XLA:GPU the values saved from different lines differ in size and in how long they are
+    held (bf16_train: leaving the attention projection's product out takes the total below
+    what saving every dot gives), so each is left out in turn, as on a scan body."""
+    return _dot_lines(closed, in_scan_only=False)
+
+
+def _dot_lines(closed: Any, in_scan_only: bool) -> list[SourceLine]:
     found: dict[str, SourceLine] = {}
 
     def walk(jaxpr: Any, in_scan: bool) -> None:
         for eqn in ja.jaxpr_eqns(jaxpr):
-            if in_scan and eqn.primitive.name == "dot_general" and not eqn.params["dimension_numbers"][1][0]:
+            if (in_scan or not in_scan_only) and eqn.primitive.name == "dot_general" \
+                    and not eqn.params["dimension_numbers"][1][0]:
                 line = ja.source_line(eqn)
                 if line is not None and ja.is_user_file(line.file):
                     found.setdefault(dot_tag(line), SourceLine(line.file, line.line, line.function))

@@ -174,6 +174,7 @@ GPU_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # a fit on XLA:GPU with its compiles, 5-13 minutes here: `pytest -m exhaustive`
 def test_mix_fit_chooses_applied_by_hand_gives_the_reported_xla_gpu_total(run_gpu_script):
     data = run_gpu_script(GPU_SCRIPT)
     assert data["first"] and data["rest"] != "none", data

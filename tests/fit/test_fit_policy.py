@@ -17,6 +17,7 @@ from jaxmem.examples.adam import adam_update
 from jaxmem.examples.layers import layernorm
 from jaxmem.fitting.judge import Figures, Judge, resolve_budget
 from jaxmem.fitting.policy import PolicyCandidate, find_sites, policy_expression, with_policy
+from jaxmem.fitting.sites import NAMED_DOTS
 from jaxmem.xla.cpu import xla_reference
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, seq=64, batch=2, vocab=256)
@@ -101,9 +102,11 @@ def test_printed_policy_pasted_by_hand_gives_the_reported_xla_total_and_the_same
     assert result.policy == best.policy and "jax.checkpoint(" in result.policy_code
     assert f"jax.checkpoint_policies.{best.policy}" in result.policy_code
     assert result.policy_fits and result.policy_xla_total_bytes <= result.budget_bytes
-    # Every alternative's figure is XLA's own for the hand-written model.
+    # Every alternative's figure is XLA's own for the hand-written model. Named-dots policies
+    # need `checkpoint_name` tags inside zoo._block, which this hand-written model cannot add;
+    # they are checked against hand-tagged models in test_fit_mix.py and test_fit_grad_named.py.
     for cand in result.policies.candidates:
-        if cand.kind != "scan":
+        if cand.kind != "scan" or cand.policy.startswith(NAMED_DOTS):
             continue
         step, a = _by_hand(cand.policy)
         assert xla_reference(step, a, donate_argnums=donate).total_bytes == cand.xla_total_bytes, cand.policy

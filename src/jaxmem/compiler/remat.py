@@ -225,10 +225,14 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     budget_bytes = resolve_budget(budget, original)
     xla_before = original.total
     infeasible = infeasible_line(budget_bytes, original.floor, judge_.name)
+    capped = False  # proven only within the FLOP cap: a rewrite above it may still fit
     if infeasible is None and judge_.device is not None:  # XLA:GPU: a bound over every remat and order
-        from jaxmem.fitting.bound import verdict
+        from jaxmem.fitting.bound import capped_verdict, verdict
 
         infeasible = verdict(fn, args, donate, budget_bytes, original.floor, judge_.name)
+        if infeasible is None:
+            infeasible = capped_verdict(fn, args, donate, budget_bytes, original.floor, judge_.name)
+            capped = infeasible is not None
 
     def total_of(f: Callable, a: Sequence[Any], d: tuple[int, ...]) -> int:
         return judge_.total(f, a, d)
@@ -251,7 +255,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     # rewrite gets at least a quarter of it even where the policy search overran its half.
     deadline = None if time_limit is None else max(started + float(time_limit),
                                                     time.perf_counter() + float(time_limit) / 4)
-    if not rewrite or infeasible:
+    if not rewrite or (infeasible and not capped):
         snaps = [Snapshot(graph, 0, 0, [])]
     else:
         snaps = search(graph, guard=guard)
@@ -366,7 +370,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         policy_fits=policy_total is not None and policy_total <= budget_bytes,
         floor_bytes=original.floor,
         infeasible=infeasible,
-        rewrite_ran=bool(rewrite) and not infeasible,
+        rewrite_ran=bool(rewrite) and not (infeasible and not capped),
         policy_fn=best.apply(fn) if best is not None else None,
     )
 

@@ -43,11 +43,25 @@ Rematerialization adds recomputation and reordering adds barriers; neither remov
 a GEMM or a convolution of the backward pass, nor makes an argument or output smaller, so the
 bound read from the original step holds for them too (checked against XLA:GPU's totals of
 several variants in `tests/fit/test_fit_bound.py` and `tests/fit/test_fit_bound_pairs.py`). No
-term counts FLOPs: the bound is over every policy, whatever it recomputes.
+term above counts FLOPs: `lower_bound` is over every policy, whatever it recomputes.
+
+`flop_lower_bound` is over the variants within a FLOP cap (the issue's +15%, counted on the
+jaxpr as fit counts it): at the first run of a GEMM/convolution/scatter z (the pivot), every
+GEMM d that z is made from and whose result is read again after z's kernel (through a value u
+made from d, read by an op made from z outside z's kernel) either runs again, paying its FLOPs,
+or has a value on every path from d to u held across that moment, so at least the widest path's
+narrowest value. Paths that share no buffer give distinct buffers; what the cap lets a variant
+recompute is taken off exactly (`_least_held`). It rests on: XLA runs a dot, convolution or
+scatter no more often than the jaxpr has it (no duplication into fusions; its rematerialization
+pass runs only under a memory limit, and a deviceless compile has 80 GB), every op of a step
+with no `jax.checkpoint` in it runs at least once in any variant, and a GEMM kernel takes no
+other GEMM, reduction or scatter (its epilogue is `_region`). Checked against XLA:GPU's totals of
+variants within the cap in `tests/fit/test_fit_bound_flops.py`.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -89,6 +103,9 @@ class LowerBound:
     other_source: SourceLine | None = None
     reader: str = ""
     reader_source: SourceLine | None = None
+    flop_cap: float = 0.0                 # > 0: the bound holds for variants within this FLOP cap
+    crossings: int = 0                    # that bound: buffers counted at the pivot's kernel
+    during: bool = False                  # ... while it runs (its result counted), else as it ends
 
     def describe(self) -> str:
         from jaxmem.units import format_size
@@ -97,6 +114,13 @@ class LowerBound:
         if not self.op:
             return floor
         where = f" at {self.source}" if self.source is not None else ""
+        if self.flop_cap:
+            moment = "while" if self.during else "as"
+            ends = "runs first" if self.during else "first ends"
+            return (f"{moment} {self.op}{where} {ends}, {self.crossings} buffers made from distinct GEMMs, "
+                    f"convolutions or scatters, {format_size(self.held_bytes)}, are live unless their GEMM "
+                    f"runs again, and +{self.flop_cap:.0%} FLOPs recompute only part of them, beside {floor}, "
+                    f"of which at most {format_size(self.free_bytes)} may be free then")
         if self.other:
             other = f" at {self.other_source}" if self.other_source is not None else ""
             reader = f" at {self.reader_source}" if self.reader_source is not None else ""
@@ -263,14 +287,12 @@ def _saving(buffers: Sequence[int], free: Sequence[int]) -> int:
     each into the smallest allocation that takes it, is the best such matching (the allocations
     that take a buffer take every smaller one)."""
     sizes = sorted(free)
-    used = [False] * len(sizes)
     saved = 0
     for b in sorted((b for b in buffers if b > 0), reverse=True):
-        for k, size in enumerate(sizes):
-            if not used[k] and size >= b:
-                used[k] = True
-                saved += b
-                break
+        k = bisect.bisect_left(sizes, b)
+        if k < len(sizes):
+            sizes.pop(k)
+            saved += b
     return saved
 
 
@@ -412,6 +434,348 @@ def _descendants(p: Program, start: Any) -> set[int]:
     return seen
 
 
+
+# -- a bound over policies within a FLOP cap ----------------------------------------------------
+
+# Ops whose result XLA may make a view of an operand's buffer (a bitcast, a barrier's pass-through,
+# a copy it elides): a value and its view are one buffer, so the FLOP-capped bound never counts
+# them as two. Over-joining only weakens the bound.
+VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "bitcast_convert_type", "copy", "copy_p",
+                   "optimization_barrier", "broadcast_in_dim", "slice", "dynamic_slice", "convert_element_type",
+                   "reduce_precision", "real", "imag"})
+
+# The issue's cap: at most this fraction of the original's FLOPs recomputed.
+FLOP_CAP = 0.15
+
+
+def _has_remat(jaxpr: Any) -> bool:
+    """Whether the jaxpr (nested ones included) already recomputes: a `jax.checkpoint` in it,
+    which a policy could weaken, so the original's FLOPs would not be a floor for every variant."""
+    from jaxmem.compiler.jaxpr_adapter import jaxpr_eqns, nested_jaxprs
+
+    for eqn in jaxpr_eqns(jaxpr):
+        if "remat" in eqn.primitive.name or "checkpoint" in eqn.primitive.name:
+            return True
+        if any(_has_remat(sub) for sub in nested_jaxprs(eqn)):
+            return True
+    return False
+
+
+def _buffer_classes(p: Program) -> list[int]:
+    """Per value, a representative of the values XLA may hold in one buffer: views of each other
+    (`VIEWS`), an elementwise op with a literal operand and its same-size operand (XLA's
+    simplifier turns `x * 1`, `x + 0`, `max(x, -inf)` into `x`), and equations that compute the
+    same thing from the same buffers (XLA's CSE merges them)."""
+    parent = list(range(p.num_values))
+
+    def find(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    def join(a: int, b: int) -> None:
+        parent[find(a)] = find(b)
+
+    seen: dict[tuple[Any, ...], list[int | None]] = {}
+    for op in p.ops:
+        outs = [w for w in op.outputs if w is not None]
+        if op.primitive in VIEWS:
+            for w in outs:
+                for v in op.inputs:
+                    join(w, v)
+        elif any(isinstance(v, Const) for v in op.operands):
+            for w in outs:
+                for v in op.inputs:
+                    if p.nbytes[v] == p.nbytes[w]:
+                        join(w, v)
+        try:
+            key = (op.primitive, str(op.params), tuple(_const_key(v) if isinstance(v, Const) else find(v)
+                                                       for v in op.operands))
+        except Exception:  # noqa: BLE001 - an unprintable parameter: no CSE key, the op stands alone
+            continue
+        twin = seen.setdefault(key, op.outputs)
+        for a, b in zip(op.outputs, twin):
+            if a is not None and b is not None:
+                join(a, b)
+    return [find(v) for v in range(p.num_values)]
+
+
+def _const_key(c: Const) -> tuple[Any, ...]:
+    """A literal's CSE key: its value when small; else only its shape and type, so two large
+    constants may be taken as one (which only joins more values)."""
+    value = np.asarray(c.val)
+    if value.size <= 16:
+        return ("c", str(value.dtype), value.shape, value.tobytes())
+    return ("c", str(value.dtype), value.shape)
+
+
+def _ancestor_bits(p: Program) -> list[int]:
+    """Per value, a bitset of itself and every value it is computed from."""
+    bits = [1 << v for v in range(p.num_values)]
+    for op in p.ops:
+        above = 0
+        for v in op.inputs:
+            above |= bits[v]
+        for w in op.outputs:
+            if w is not None:
+                bits[w] |= above
+    return bits
+
+
+def _descendant_bits(p: Program) -> list[int]:
+    """Per value, a bitset of itself and every value computed from it."""
+    bits = [1 << v for v in range(p.num_values)]
+    for op in reversed(p.ops):
+        below = 0
+        for w in op.outputs:
+            if w is not None:
+                below |= bits[w]
+        for v in op.inputs:
+            bits[v] |= below
+    return bits
+
+
+def _fractional_knapsack(items: Sequence[tuple[int, int]], capacity: float) -> float:
+    """The most value (bytes) of `items` ((bytes, FLOPs)) whose FLOPs fit `capacity`, items
+    divisible: never below the best whole choice, so subtracting it keeps a bound sound."""
+    got = 0.0
+    free_items = [b for b, f in items if f <= 0]
+    got += sum(free_items)
+    for b, f in sorted(((b, f) for b, f in items if f > 0), key=lambda t: t[0] / t[1], reverse=True):
+        if capacity <= 0:
+            break
+        take = min(1.0, capacity / f)
+        got += take * b
+        capacity -= take * f
+    return got
+
+
+# Above this many choices of what to recompute, `_least_held` takes the fractional knapsack.
+EXACT_CHOICES = 4000
+
+
+def _least_held(items: Sequence[tuple[int, float]], allowance: float, free: Sequence[int]) -> int:
+    """The fewest bytes a variant holds of `items` ((bytes, FLOPs to make it again), one buffer
+    each) when it may recompute items within `allowance` FLOPs and put one held buffer in each
+    free allocation no smaller (`_saving`). Exact over every affordable choice (items alike are
+    counted, not chosen one by one) while there are few; else the sum less a fractional
+    knapsack and the saving of all items (each an overestimate of what it removes)."""
+    kinds: dict[tuple[int, float], int] = {}
+    for item in items:
+        kinds[item] = kinds.get(item, 0) + 1
+    kind_list = sorted(kinds, key=lambda k: k[1])
+    counts: list[list[int]] = []
+
+    def grow(at: int, left: float, chosen: list[int]) -> bool:
+        if at == len(kind_list):
+            counts.append(list(chosen))
+            return len(counts) <= EXACT_CHOICES
+        (_, flops), have = kind_list[at], kinds[kind_list[at]]
+        most = have if flops <= 0 else min(have, int(left // flops)) if flops != float("inf") else 0
+        for n in range(most + 1):
+            chosen.append(n)
+            ok = grow(at + 1, left - n * max(flops, 0), chosen)
+            chosen.pop()
+            if not ok:
+                return False
+        return True
+
+    if grow(0, allowance, []):
+        least = None
+        for chosen in counts:
+            rest = [k[0] for k, n in zip(kind_list, chosen) for _ in range(kinds[k] - n)]
+            held = sum(rest) - _saving(rest, free)
+            least = held if least is None else min(least, held)
+        return int(least or 0)
+    every = [b for b, _ in items]
+    return max(0, int(sum(every) - _fractional_knapsack(items, allowance)) - _saving(every, free))
+
+
+@dataclass(frozen=True)
+class _Crossing:
+    """A GEMM/convolution/scatter `d` made before the pivot's kernel ends, and a value `u` read
+    after it that is computed from `d`: unless `d` runs again (its FLOPs), a value on `path` (a
+    bitset of the values on the widest path from d to u, each at least `bytes`) is held across
+    that moment."""
+
+    d: int
+    u: int
+    bytes: int
+    path: int
+    flops: int
+
+
+class _Widest:
+    """Per value v and GEMM/convolution/scatter d: the widest path from d's results to v (the
+    largest, over paths, of the smallest `own` bytes on the path; -1 where v is not made from d),
+    and the operand each path comes through, so the path can be read back. One pass over the ops
+    in topological order, every d at once."""
+
+    def __init__(self, p: Program, ds: Sequence[int], own: list[int]):
+        self.p, self.ds = p, list(ds)
+        self.column = {d: k for k, d in enumerate(self.ds)}
+        self.width = np.full((p.num_values, len(self.ds)), -1, dtype=np.int64)
+        self.came = np.full((p.num_values, len(self.ds)), -1, dtype=np.int64)
+        for op in p.ops:
+            outs = [w for w in op.outputs if w is not None]
+            k = self.column.get(op.index)
+            if op.inputs and outs:
+                through = self.width[op.inputs]              # [inputs, ds]
+                pick = through.argmax(axis=0)
+                best = through[pick, np.arange(len(self.ds))]
+                for w in outs:
+                    self.width[w] = np.where(best >= 0, np.minimum(best, own[w]), -1)
+                    self.came[w] = np.where(best >= 0, np.asarray(op.inputs)[pick], -1)
+            if k is not None:
+                for w in outs:
+                    self.width[w, k] = own[w]
+                    self.came[w, k] = -1
+
+    def path(self, d: int, u: int) -> int:
+        """The values on the widest path from `d`'s results to `u`, as a bitset."""
+        k = self.column[d]
+        bits, v = 0, u
+        while v >= 0:
+            bits |= 1 << v
+            v = int(self.came[v, k])
+        return bits
+
+
+def _crossings(p: Program, z: Any, heroes: list[bool], anc: list[int], desc: list[int],
+               hero_flops: dict[int, int], widest: _Widest) -> list[_Crossing]:
+    """The crossings at pivot `z` (see `_flop_bound`), the widest per `d`."""
+    region = _region(p, z, heroes)
+    z_desc = 0
+    for w in z.outputs:
+        if w is not None:
+            z_desc |= desc[w]
+    # Ops surely run after z's kernel: computed from z, and not in its epilogue. (No path into
+    # a value they read passes through a value they make: those are all made after the kernel.)
+    after_ops = [op for op in p.ops[z.index + 1:] if op.index not in region
+                 and any((z_desc >> v) & 1 for v in op.inputs)]
+    after = 0
+    for op in after_ops:
+        for w in op.outputs:
+            if w is not None:
+                after |= 1 << w
+    read_after = sorted({v for op in after_ops for v in op.inputs if not (after >> v) & 1})
+    if not read_after:
+        return []
+    z_anc = 0
+    for v in z.inputs:
+        z_anc |= anc[v]
+    widths = widest.width[read_after]                 # [u, d]
+    found: list[_Crossing] = []
+    for d_index, flops in hero_flops.items():
+        outs = [w for w in p.ops[d_index].outputs if w is not None]
+        if d_index != z.index and not any((z_anc >> w) & 1 for w in outs):
+            continue
+        column = widths[:, widest.column[d_index]]
+        pick = int(column.argmax())
+        if column[pick] > 0:
+            u = read_after[pick]
+            found.append(_Crossing(d_index, u, int(column[pick]), widest.path(d_index, u), flops))
+    return found
+
+
+def _family(crossings: Sequence[_Crossing], classes_of: Callable[[int], frozenset[int]]) -> list[_Crossing]:
+    """Crossings whose paths share no buffer, largest first: each needs a buffer of its own at the
+    pivot (unless its GEMM runs again)."""
+    used: set[int] = set()
+    chosen: list[_Crossing] = []
+    for c in sorted(crossings, key=lambda c: c.bytes, reverse=True):
+        mine = classes_of(c.path)
+        if mine & used:
+            continue
+        used |= mine
+        chosen.append(c)
+    return chosen
+
+
+def _flop_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always: list[int],
+                pinned: list[tuple[int, set[int]]], floor: int, allowance: float,
+                cap: float) -> "LowerBound | None":
+    """A bound over the variants that recompute at most `allowance` FLOPs beyond the original's.
+
+    Pick a GEMM/convolution/scatter z (the pivot) and the moment its first instance's kernel
+    ends. Take d, a GEMM/convolution/scatter z is computed from (or z itself), and u, a value read
+    by an op computed from z outside z's kernel (so it runs after that moment). If u is computed
+    from d, then in any variant either d runs twice (its first instance is before the moment, as
+    z needs it; extra FLOPs at least d's), or every instance of d is before the moment, and on
+    each path from d to u a value is held across it: at least the narrowest value of the widest
+    path. Crossings whose widest paths share no buffer (`_buffer_classes`) need distinct buffers,
+    so at that moment the variant holds the sum of their sizes, less the ones whose d it
+    recomputes within `allowance` and what free argument/output allocations can hold
+    (`_least_held`). While z's kernel runs (the second moment tried), its result is written too."""
+    from jaxmem.compiler.costs import eqn_cost
+
+    hero_flops = {op.index: eqn_cost(op.eqn).flops for op in p.ops if _is_counted_hero(op, heroes)}
+    hero_flops = {k: f for k, f in hero_flops.items() if f > 0}
+    if not hero_flops:
+        return None
+    own = [0 if is_out[v] else p.nbytes[v] for v in range(p.num_values)]
+    anc, desc = _ancestor_bits(p), _descendant_bits(p)
+    widest = _Widest(p, list(hero_flops), own)
+    cls = _buffer_classes(p)
+
+    def classes_of(bits: int) -> frozenset[int]:
+        return frozenset(cls[v] for v in _bits(bits))
+
+    best: LowerBound | None = None
+    for z in p.ops:
+        if z.index not in hero_flops:
+            continue
+        crossings = _crossings(p, z, heroes, anc, desc, hero_flops, widest)
+        for during in (False, True):
+            found = _at_pivot(p, z, heroes, is_out, crossings, during, classes_of, cls, free_always, pinned,
+                              allowance)
+            if found is not None and (best is None or floor + found[0] > best.bytes):
+                best = LowerBound(floor + found[0], floor, z.primitive, z.source, found[1], found[2],
+                                  flop_cap=cap, crossings=found[3], during=during)
+    return best
+
+
+def _bits(bits: int) -> set[int]:
+    """The values in a bitset."""
+    out: set[int] = set()
+    while bits:
+        low = bits & -bits
+        out.add(low.bit_length() - 1)
+        bits ^= low
+    return out
+
+
+def _at_pivot(p: Program, z: Any, heroes: list[bool], is_out: list[bool], crossings: Sequence[_Crossing],
+              during: bool, classes_of: Callable[[int], frozenset[int]], cls: list[int], free_always: list[int],
+              pinned: list[tuple[int, set[int]]], allowance: float) -> tuple[int, int, int, int] | None:
+    """(bytes held beyond the floor, bytes counted, free bytes, buffers counted) at pivot `z`: just
+    after its first kernel ends, or (`during`) while it runs. While it runs, its kernel writes its
+    result (at least `_result_cost`; no recompute removes it: this is z's first instance), so that
+    buffer counts too, and the crossings of z itself are left out (they may be that buffer), as
+    are crossings whose path holds a value z's kernel may write."""
+    fixed: list[int] = []
+    kernel: set[int] = set()
+    if during:
+        kernel = {w for w in z.outputs if w is not None}
+        for k in _region(p, z, heroes):
+            kernel.update(w for w in p.ops[k].outputs if w is not None)
+        mine = {cls[w] for w in kernel}
+        crossings = [c for c in crossings if c.d != z.index and not (classes_of(c.path) & mine)]
+        fixed = [b for b in [_result_cost(p, z, heroes, is_out)] if b > 0]
+    family = _family(crossings, classes_of)
+    if not family and not fixed:
+        return None
+    # A donated allocation kept busy by its chain may hold a counted buffer if that buffer may be
+    # a step of the chain (see `_allocations`).
+    touched = set(kernel)
+    for c in family:
+        touched |= _bits(c.path)
+    free = free_always + [size for size, chain in pinned if chain & touched]
+    items = [(c.bytes, float(c.flops)) for c in family] + [(b, float("inf")) for b in fixed]
+    return _least_held(items, allowance, free), sum(b for b, _ in items), sum(free), len(items)
+
+
 def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
                 floor_bytes: int | None = None) -> LowerBound:
     """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization or order.
@@ -455,14 +819,46 @@ def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Seq
     return _pair_bound(p, heroes, is_out, free_always, pinned, best)
 
 
+def flop_lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
+                     floor_bytes: int | None = None, cap: float = FLOP_CAP) -> LowerBound | None:
+    """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization that adds at
+    most `cap` of the original's FLOPs (as fit counts them, on the jaxpr), and any order; None
+    where the step already recomputes (a `jax.checkpoint` in it: a variant could recompute less
+    than the original, so the original's FLOPs are no floor). Never below `lower_bound`'s floor."""
+    from jaxmem.compiler.costs import eqn_cost, jaxpr_flops
+
+    traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
+    if _has_remat(traced.closed_jaxpr.jaxpr):
+        return None
+    p = drop_dead(ja.inline(traced.closed_jaxpr))
+    heroes = [_is_hero(op) for op in p.ops]
+    is_out = _is_output(p)
+    aliases, donors = _aliases(fn, args, tuple(donate_argnums), len(p.invars))
+    if floor_bytes is None:
+        used = sum(p.nbytes[v] for v in p.invars if p.users[v] or is_out[v])
+        table = 8 * len(p.outvars) if len(p.outvars) > 1 else 0
+        floor_bytes = used + sum(p.outvar_bytes) + table - sum(p.outvar_bytes[o] for o in aliases)
+    # Every op of the step runs at least once in any variant; the FLOPs left for running some
+    # again are the cap over the original's count less what the ops cost once.
+    original = jaxpr_flops(traced.closed_jaxpr.jaxpr)
+    once = sum(eqn_cost(op.eqn).flops for op in p.ops)
+    allowance = (1 + cap) * original - once
+    free_always, pinned = _allocations(p, heroes, aliases, donors)
+    return _flop_bound(p, heroes, is_out, free_always, pinned, floor_bytes, allowance, cap)
+
+
 def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
-    """The verdict's line when the bound proves the budget infeasible."""
+    """The verdict's line when the bound proves the budget infeasible (within the bound's FLOP
+    cap, where it has one)."""
     if bound.bytes <= budget:
         return None
     from jaxmem.units import format_size
 
+    which = "any checkpoint policy or order"
+    if bound.flop_cap:
+        which += f" with at most +{bound.flop_cap:.0%} FLOPs"
     return (f"infeasible: lower bound {format_size(bound.bytes)} > budget {format_size(budget)} "
-            f"({judge}, any checkpoint policy or order: {bound.describe()})")
+            f"({judge}, {which}: {bound.describe()})")
 
 
 def verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int], budget: int,
@@ -476,4 +872,15 @@ def verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequenc
     return infeasible_line(budget, bound, judge)
 
 
-__all__ = ["LowerBound", "lower_bound", "infeasible_line", "verdict"]
+def capped_verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int], budget: int,
+                   floor_bytes: int, judge: str, cap: float = FLOP_CAP) -> str | None:
+    """fit's second hook: the line proving the budget infeasible for every policy and order within
+    `cap` extra FLOPs (the issue's criterion), or None. A variant above the cap may still meet it."""
+    try:
+        bound = flop_lower_bound(fn, args, donate_argnums, floor_bytes, cap)
+    except Exception:  # noqa: BLE001 - as in `verdict`
+        return None
+    return None if bound is None else infeasible_line(budget, bound, judge)
+
+
+__all__ = ["LowerBound", "lower_bound", "flop_lower_bound", "infeasible_line", "verdict", "capped_verdict"]

@@ -86,6 +86,7 @@ def run(name: str, device: str | None, rounds: int, policy_only: bool = False) -
         "rewrite_flops": None if policy_only else result.recompute_flops_ratio,
         "rewrite_fits": None if policy_only else result.fits,
         "rewrite_equal": None if policy_only else values_equal(expected, jax.jit(result.fn)(*args), narrow),
+        "infeasible": result.infeasible,   # the lower bound's proof, where it proves the budget infeasible
         "seconds": round(time.perf_counter() - started, 1),
     }
     return row
@@ -118,7 +119,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {_mib(r['policy_total'])} {'fits' if r['policy_total'] <= r['budget'] else 'over'}: {r['policy']} (+{_pct(r['policy_flops'])}) "
             f"| {_rewrite(r)} "
             f"| {r['policy_equal']} / {'-' if r['rewrite_equal'] is None else r['rewrite_equal']} | {r['seconds']} |")
-    return "\n".join(out)
+    proofs = [f"- {r['program']} ({r['judge']}): {r['infeasible']}" for r in rows if r.get("infeasible")]
+    return "\n".join(out + ([""] + proofs if proofs else []))
 
 
 def main(argv: list[str] | None = None) -> int:

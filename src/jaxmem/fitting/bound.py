@@ -461,12 +461,14 @@ def _has_remat(jaxpr: Any) -> bool:
     return False
 
 
-def _buffer_classes(p: Program) -> list[int]:
+def _buffer_classes(p: Program) -> tuple[list[int], set[int]]:
     """Per value, a representative of the values XLA may hold in one buffer: views of each other
     (`VIEWS`), an elementwise op with a literal operand and its same-size operand (XLA's
     simplifier turns `x * 1`, `x + 0`, `max(x, -inf)` into `x`), and equations that compute the
-    same thing from the same buffers (XLA's CSE merges them)."""
+    same thing from the same buffers (XLA's CSE merges them). Also the ops that are such a
+    repeat of an earlier op."""
     parent = list(range(p.num_values))
+    twins: set[int] = set()
 
     def find(v: int) -> int:
         while parent[v] != v:
@@ -495,10 +497,12 @@ def _buffer_classes(p: Program) -> list[int]:
         except Exception:  # noqa: BLE001 - an unprintable parameter: no CSE key, the op stands alone
             continue
         twin = seen.setdefault(key, op.outputs)
+        if twin is not op.outputs:
+            twins.add(op.index)
         for a, b in zip(op.outputs, twin):
             if a is not None and b is not None:
                 join(a, b)
-    return [find(v) for v in range(p.num_values)]
+    return [find(v) for v in range(p.num_values)], twins
 
 
 def _const_key(c: Const) -> tuple[Any, ...]:
@@ -552,7 +556,7 @@ def _fractional_knapsack(items: Sequence[tuple[int, int]], capacity: float) -> f
 
 
 # Above this many choices of what to recompute, `_least_held` takes the fractional knapsack.
-EXACT_CHOICES = 4000
+EXACT_CHOICES = 1000
 
 
 def _least_held(items: Sequence[tuple[int, float]], allowance: float, free: Sequence[int]) -> int:
@@ -642,10 +646,10 @@ class _Widest:
         return bits
 
 
-def _crossings(p: Program, z: Any, heroes: list[bool], anc: list[int], desc: list[int],
+def _crossings(p: Program, z: Any, region: set[int], anc: list[int], desc: list[int],
                hero_flops: dict[int, int], widest: _Widest) -> list[_Crossing]:
-    """The crossings at pivot `z` (see `_flop_bound`), the widest per `d`."""
-    region = _region(p, z, heroes)
+    """The crossings at pivot `z` (see `_flop_bound`; `region`: the ops its kernel may hold
+    besides it), the widest per `d`."""
     z_desc = 0
     for w in z.outputs:
         if w is not None:
@@ -695,7 +699,7 @@ def _family(crossings: Sequence[_Crossing], classes_of: Callable[[int], frozense
 
 def _flop_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always: list[int],
                 pinned: list[tuple[int, set[int]]], floor: int, allowance: float,
-                cap: float) -> "LowerBound | None":
+                cap: float, target: int = 0) -> "LowerBound | None":
     """A bound over the variants that recompute at most `allowance` FLOPs beyond the original's.
 
     Pick a GEMM/convolution/scatter z (the pivot) and the moment its first instance's kernel
@@ -717,7 +721,7 @@ def _flop_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always:
     own = [0 if is_out[v] else p.nbytes[v] for v in range(p.num_values)]
     anc, desc = _ancestor_bits(p), _descendant_bits(p)
     widest = _Widest(p, list(hero_flops), own)
-    cls = _buffer_classes(p)
+    cls, _ = _buffer_classes(p)
 
     def classes_of(bits: int) -> frozenset[int]:
         return frozenset(cls[v] for v in _bits(bits))
@@ -726,10 +730,12 @@ def _flop_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always:
     for z in p.ops:
         if z.index not in hero_flops:
             continue
-        crossings = _crossings(p, z, heroes, anc, desc, hero_flops, widest)
+        region = _region(p, z, heroes)
+        crossings = _crossings(p, z, region, anc, desc, hero_flops, widest)
         for during in (False, True):
+            need = max(best.bytes if best is not None else floor, target) - floor
             found = _at_pivot(p, z, heroes, is_out, crossings, during, classes_of, cls, free_always, pinned,
-                              allowance)
+                              allowance, region, need)
             if found is not None and (best is None or floor + found[0] > best.bytes):
                 best = LowerBound(floor + found[0], floor, z.primitive, z.source, found[1], found[2],
                                   flop_cap=cap, crossings=found[3], during=during)
@@ -748,8 +754,10 @@ def _bits(bits: int) -> set[int]:
 
 def _at_pivot(p: Program, z: Any, heroes: list[bool], is_out: list[bool], crossings: Sequence[_Crossing],
               during: bool, classes_of: Callable[[int], frozenset[int]], cls: list[int], free_always: list[int],
-              pinned: list[tuple[int, set[int]]], allowance: float) -> tuple[int, int, int, int] | None:
-    """(bytes held beyond the floor, bytes counted, free bytes, buffers counted) at pivot `z`: just
+              pinned: list[tuple[int, set[int]]], allowance: float, region: set[int],
+              need: int) -> tuple[int, int, int, int] | None:
+    """(bytes held beyond the floor, bytes counted, free bytes, buffers counted) at pivot `z`
+    (None where the buffers counted are `need` bytes or fewer, or there are none): just
     after its first kernel ends, or (`during`) while it runs. While it runs, its kernel writes its
     result (at least `_result_cost`; no recompute removes it: this is z's first instance), so that
     buffer counts too, and the crossings of z itself are left out (they may be that buffer), as
@@ -758,7 +766,7 @@ def _at_pivot(p: Program, z: Any, heroes: list[bool], is_out: list[bool], crossi
     kernel: set[int] = set()
     if during:
         kernel = {w for w in z.outputs if w is not None}
-        for k in _region(p, z, heroes):
+        for k in region:
             kernel.update(w for w in p.ops[k].outputs if w is not None)
         mine = {cls[w] for w in kernel}
         crossings = [c for c in crossings if c.d != z.index and not (classes_of(c.path) & mine)]
@@ -773,6 +781,8 @@ def _at_pivot(p: Program, z: Any, heroes: list[bool], is_out: list[bool], crossi
         touched |= _bits(c.path)
     free = free_always + [size for size, chain in pinned if chain & touched]
     items = [(c.bytes, float(c.flops)) for c in family] + [(b, float("inf")) for b in fixed]
+    if sum(b for b, _ in items) <= need:   # cannot beat what is known already: spare the knapsack
+        return None
     return _least_held(items, allowance, free), sum(b for b, _ in items), sum(free), len(items)
 
 
@@ -820,11 +830,14 @@ def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Seq
 
 
 def flop_lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
-                     floor_bytes: int | None = None, cap: float = FLOP_CAP) -> LowerBound | None:
+                     floor_bytes: int | None = None, cap: float = FLOP_CAP,
+                     target: int = 0) -> LowerBound | None:
     """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization that adds at
     most `cap` of the original's FLOPs (as fit counts them, on the jaxpr), and any order; None
     where the step already recomputes (a `jax.checkpoint` in it: a variant could recompute less
-    than the original, so the original's FLOPs are no floor). Never below `lower_bound`'s floor."""
+    than the original, so the original's FLOPs are no floor). Never below `lower_bound`'s floor.
+    `target`: moments that cannot bound above it are skipped (fit asks only whether the budget is
+    exceeded), so a lower figure may come back; it is a bound all the same."""
     from jaxmem.compiler.costs import eqn_cost, jaxpr_flops
 
     traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
@@ -838,13 +851,15 @@ def flop_lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums
         used = sum(p.nbytes[v] for v in p.invars if p.users[v] or is_out[v])
         table = 8 * len(p.outvars) if len(p.outvars) > 1 else 0
         floor_bytes = used + sum(p.outvar_bytes) + table - sum(p.outvar_bytes[o] for o in aliases)
-    # Every op of the step runs at least once in any variant; the FLOPs left for running some
-    # again are the cap over the original's count less what the ops cost once.
+    # Every op of the step runs at least once in any variant (dead code and repeats of one
+    # computation aside: a rebuilt variant may drop them); the FLOPs left for running some again
+    # are the cap over the original's count less what the ops cost once.
     original = jaxpr_flops(traced.closed_jaxpr.jaxpr)
-    once = sum(eqn_cost(op.eqn).flops for op in p.ops)
+    _, repeats = _buffer_classes(p)
+    once = sum(eqn_cost(op.eqn).flops for op in p.ops if op.index not in repeats)
     allowance = (1 + cap) * original - once
     free_always, pinned = _allocations(p, heroes, aliases, donors)
-    return _flop_bound(p, heroes, is_out, free_always, pinned, floor_bytes, allowance, cap)
+    return _flop_bound(p, heroes, is_out, free_always, pinned, floor_bytes, allowance, cap, target)
 
 
 def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
@@ -877,7 +892,7 @@ def capped_verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: 
     """fit's second hook: the line proving the budget infeasible for every policy and order within
     `cap` extra FLOPs (the issue's criterion), or None. A variant above the cap may still meet it."""
     try:
-        bound = flop_lower_bound(fn, args, donate_argnums, floor_bytes, cap)
+        bound = flop_lower_bound(fn, args, donate_argnums, floor_bytes, cap, target=budget)
     except Exception:  # noqa: BLE001 - as in `verdict`
         return None
     return None if bound is None else infeasible_line(budget, bound, judge)

@@ -55,8 +55,11 @@ recompute is taken off exactly (`_least_held`). It rests on: XLA runs a dot, con
 scatter no more often than the jaxpr has it (no duplication into fusions; its rematerialization
 pass runs only under a memory limit, and a deviceless compile has 80 GB), every op of a step
 with no `jax.checkpoint` in it runs at least once in any variant, and a GEMM kernel takes no
-other GEMM, reduction or scatter (its epilogue is `_region`). Checked against XLA:GPU's totals of
-variants within the cap in `tests/fit/test_fit_bound_flops.py`.
+other GEMM, reduction or scatter (its epilogue is `_region`). A value held across the moment is
+taken to be on the device: an offload policy could keep it in host memory instead, so this
+term (and the pair term, which holds a value across a GEMM too) claims policies without host
+offload, and fit's line says so. Checked against XLA:GPU's totals of variants within the cap in
+`tests/fit/test_fit_bound_flops.py`.
 """
 
 from __future__ import annotations
@@ -870,8 +873,13 @@ def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
     from jaxmem.units import format_size
 
     which = "any checkpoint policy or order"
+    if bound.flop_cap or bound.other:
+        # Values held across a moment may instead sit in host memory under an offload policy
+        # (`save_and_offload_only_these_names`): these terms do not count that case. The
+        # one-op term does: an offloaded operand is back on the device when the op reads it.
+        which = "any checkpoint policy without host offload, or order"
     if bound.flop_cap:
-        which += f" with at most +{bound.flop_cap:.0%} FLOPs"
+        which += f", with at most +{bound.flop_cap:.0%} FLOPs"
     return (f"infeasible: lower bound {format_size(bound.bytes)} > budget {format_size(budget)} "
             f"({judge}, {which}: {bound.describe()})")
 

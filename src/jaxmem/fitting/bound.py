@@ -619,7 +619,7 @@ class _Widest:
     and the operand each path comes through, so the path can be read back. One pass over the ops
     in topological order, every d at once."""
 
-    def __init__(self, p: Program, ds: Sequence[int], own: list[int]):
+    def __init__(self, p: Program, ds: Sequence[int], own: list[int]) -> None:
         self.p, self.ds = p, list(ds)
         self.column = {d: k for k, d in enumerate(self.ds)}
         self.width = np.full((p.num_values, len(self.ds)), -1, dtype=np.int64)

@@ -35,6 +35,8 @@ judge = Judge("h100-80gb")
 mlp = ALL_PROGRAMS["mlp_train_donated"]
 programs = {{"mlp_train_donated": (mlp.factory(), mlp.donate_argnums), "deep_mlp donated": (deep_mlp(), (0, 1)),
             "attention_lm donated": (attention_lm(), (0, 1))}}
+programs = {{k: v for k, v in programs.items() if k in {names!r}}}
+FULL = {full!r}
 
 def flops(f, args):
     return jaxpr_flops(trace(f, tuple(args), {{}}, ()).closed_jaxpr.jaxpr)
@@ -46,12 +48,13 @@ for name, ((fn, args), donate) in programs.items():
     plain = lower_bound(fn, args, donate, figures.floor)
     base = flops(fn, args)
     variants = {{"original": fn}}
-    for policy in ("nothing_saveable", "dots_with_no_batch_dims_saveable"):
+    for policy in ("nothing_saveable", "dots_with_no_batch_dims_saveable")[:2 if FULL else 0]:
         variants[policy + " on loop"] = with_policy(fn, policy, ("loop",))
-    for k in (1, 2):   # part of the layers recomputed: within the cap or just above it
+    for k in (1, 2)[:2 if FULL else 1]:   # part of the layers recomputed: within the cap or just above it
         variants[f"nothing_saveable on the first {{k}}"] = with_policy(fn, "nothing_saveable", ("loop",), first=k)
-    variants["nothing_saveable on loop but the last"] = with_policy(fn, "nothing_saveable", ("loop",), but_last=True)
-    for order in ORDERS[:2]:
+    if FULL:
+        variants["nothing_saveable on loop but the last"] = with_policy(fn, "nothing_saveable", ("loop",), but_last=True)
+    for order in ORDERS[:2] if FULL else ["cpu plan order"]:
         try:
             variants[order] = reordered(fn, *args, order=order, donate_argnums=donate, device="h100-80gb")
         except ConfigError:  # an order this step's plans do not give
@@ -71,8 +74,13 @@ print(json.dumps(out))
 """
 
 
-def test_the_capped_bound_never_exceeds_xla_gpu_totals_within_the_cap(run_gpu_script):
-    got = run_gpu_script(CHILD)
+def _child(names: list[str], full: bool) -> str:
+    """The child script over `names`, each in every variant (`full`) or in the three closest to
+    its budget."""
+    return CHILD.replace("{names!r}", repr(names)).replace("{full!r}", repr(full))
+
+
+def _check(got: dict, least_within: int) -> None:
     verdict = got.pop("fit")
     within = 0
     for name, r in got.items():
@@ -83,7 +91,7 @@ def test_the_capped_bound_never_exceeds_xla_gpu_totals_within_the_cap(run_gpu_sc
         # It counts more than the floor on each: GEMM results held across the pivot.
         assert r["capped"] > r["floor"], (name, r["line"])
     # Each step has, besides the original, a policy recomputing part of it within the cap.
-    assert within >= 3 * 3
+    assert within >= least_within
     mlp = got["mlp_train_donated"]
     # The FLOP term is what proves mlp_train_donated: the bound over every policy stays below
     # its budget, the capped one goes above; and no variant XLA measured within the cap meets it.
@@ -91,6 +99,19 @@ def test_the_capped_bound_never_exceeds_xla_gpu_totals_within_the_cap(run_gpu_sc
     assert all(total > mlp["budget"] for total, extra in mlp["rows"].values() if extra <= CAP)
     assert "without host offload, or order, with at most +15% FLOPs" in mlp["infeasible"]
     assert verdict["budget"] == mlp["budget"] and verdict["infeasible"] == mlp["infeasible"]
+
+
+@pytest.mark.slow
+def test_the_capped_bound_proves_mlp_train_donated_below_what_xla_gpu_gives_within_the_cap(run_gpu_script):
+    """The proof itself, against the variants closest to the budget: the original, a policy on the
+    first layer (+7%), and jaxmem's CPU plan order (the least measured within the cap)."""
+    _check(run_gpu_script(_child(["mlp_train_donated"], full=False)), 3)
+
+
+@pytest.mark.exhaustive
+def test_the_capped_bound_never_exceeds_xla_gpu_totals_within_the_cap(run_gpu_script):
+    """Three steps, each in up to eight variants (about 5 minutes of XLA:GPU compiles)."""
+    _check(run_gpu_script(_child(["mlp_train_donated", "deep_mlp donated", "attention_lm donated"], full=True)), 3 * 3)
 
 
 def _recorded() -> dict[str, dict[str, object]]:

@@ -324,8 +324,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         judge: XLA:GPU or XLA:CPU.
         budget: bytes.
         original_total: the judge's total for `fn` itself, when already known.
-        offload: also try offloading a scan body's dot outputs to `pinned_host` (default: on
-            XLA:GPU; only on scan sites, where XLA:GPU keeps them off the device).
+        offload: also try, on scan bodies, offloading the dot outputs to `pinned_host`
+            (`offload_dot_with_no_batch_dims`) and offloading the carry and the dots fit names
+            (`save_and_offload_only_these_names`, nothing saved on the device); default: on
+            XLA:GPU. Only on scan sites: there XLA:GPU keeps them off the device.
         progress: called with a short label before each compile.
         exhaustive: compile every alternative; otherwise stop at the first (least extra FLOPs,
             in the planner's ranking) that XLA confirms within the budget.

@@ -27,8 +27,8 @@ from jaxmem.compiler.jaxpr_adapter import checkpoint_names
 from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.errors import JaxmemError
 from jaxmem.fitting.judge import Judge
-from jaxmem.fitting.sites import (NAMED_DOTS, CheckpointSite, body_sites, checkpoint_policy, checkpoint_sites,
-                                  dot_tag, tag_dots, trace_body)
+from jaxmem.fitting.sites import (CARRY_TAG, NAMED_DOTS, OFFLOAD_NAMES, CheckpointSite, body_sites, checkpoint_policy,
+                                  checkpoint_sites, dot_tag, tag_carry, tag_dots, trace_body)
 
 # Policies tried, least recompute first (the order ties are broken in).
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
@@ -38,6 +38,11 @@ MAX_REORDERED = 3  # policy candidates also run in jaxmem's order, when no polic
 MAX_NAMED_DOTS = 4   # a scan body with up to this many dot lines: each left out of what is saved in turn
 MAX_MIX_COMPILES = 3  # compiles to confirm a per-iteration mix's k
 SLACK = 1.25   # a candidate the planner predicts within SLACK x budget is compiled first
+
+
+def is_offload(policy: str) -> bool:
+    """Whether a policy name moves residuals to pinned host memory (host copies FLOPs omit)."""
+    return policy.startswith((OFFLOAD, OFFLOAD_NAMES))
 
 
 @dataclass
@@ -114,11 +119,17 @@ class PolicyCandidate:
                 lines.append(f"{s}: jax.value_and_grad(jax.checkpoint({s.function}, policy={pol}))  "
                              f"# (or jax.grad / jax.vjp as written there; non-array keyword arguments "
                              f"bound first with functools.partial); {s.function} defined at {s.defined}")
+        offloaded = self.policy.startswith(OFFLOAD_NAMES)
+        if offloaded and CARRY_TAG in self.policy.split(":", 1)[1].split(","):
+            lines.append(f"the scan body's first line: name its carry, `carry = jax.tree.map(lambda v: "
+                         f"jax.ad_checkpoint.checkpoint_name(v, {CARRY_TAG!r}), carry)`, so the policy offloads "
+                         f"the value each iteration keeps for the backward pass")
         for line in self.dots:
             text = linecache.getline(line.file, line.line).strip()
             lines.append(f"{line.file}:{line.line} ({line.function}): name each matrix product on this line "
                          f"(`{text}`) with `jax.ad_checkpoint.checkpoint_name(<the product>, {dot_tag(line)!r})`, "
-                         f"so the policy saves it (the other dots are recomputed)")
+                         + ("so the policy offloads it to pinned host memory" if offloaded else
+                            "so the policy saves it (the other dots are recomputed)"))
         if self.but_last:
             lines.append("on every call (loop iteration) but the last: the backward pass uses the last one's "
                          "values at once, so checkpointing it would recompute them and save nothing")
@@ -165,6 +176,10 @@ def policy_expression(name: str) -> str:
     if name.startswith(("save_only_these_names:", NAMED_DOTS)):
         names = ", ".join(repr(n) for n in name.split(":", 1)[1].split(","))
         return f"jax.checkpoint_policies.save_only_these_names({names})"
+    if name.startswith(OFFLOAD_NAMES):
+        names = ", ".join(repr(n) for n in name.split(":", 1)[1].split(","))
+        return (f"jax.checkpoint_policies.save_and_offload_only_these_names(names_which_can_be_saved=[], "
+                f"names_which_can_be_offloaded=[{names}], offload_src='device', offload_dst='pinned_host')")
     return f"jax.checkpoint_policies.{name}"
 
 
@@ -219,7 +234,8 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
     """
     pol = checkpoint_policy(policy)
     rest_pol = None if rest == "none" else checkpoint_policy(rest)
-    tags = policy.split(":", 1)[1].split(",") if policy.startswith(NAMED_DOTS) else []
+    tags = policy.split(":", 1)[1].split(",") if policy.startswith((NAMED_DOTS, OFFLOAD_NAMES)) else []
+    carry = policy.startswith(OFFLOAD_NAMES) and CARRY_TAG in tags   # a scan body's carry, named on entry
 
     inner = [k for k in kinds if k in ("scan", "layer", "loop")]
 
@@ -233,7 +249,8 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
 
                 def checkpoint(f: Callable[..., Any]) -> Callable[..., Any]:
                     if not first or next(calls) < first:
-                        return jax.checkpoint(tag_dots(f, tags) if tags else f, policy=pol)
+                        named = tag_dots(f, tags) if tags else f
+                        return jax.checkpoint(tag_carry(named) if carry else named, policy=pol)
                     return f if rest == "none" else jax.checkpoint(f, policy=rest_pol)
 
                 return trace_body(body, a, k).run(inner, keys, checkpoint, but_last)
@@ -307,7 +324,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         judge: XLA:GPU or XLA:CPU.
         budget: bytes.
         original_total: the judge's total for `fn` itself, when already known.
-        offload: also try offloading dot outputs to `pinned_host` (default: on XLA:GPU).
+        offload: also try, on scan bodies, offloading the dot outputs to `pinned_host`
+            (`offload_dot_with_no_batch_dims`) and offloading the carry and the dots fit names
+            (`save_and_offload_only_these_names`, nothing saved on the device); default: on
+            XLA:GPU. Only on scan sites: there XLA:GPU keeps them off the device.
         progress: called with a short label before each compile.
         exhaustive: compile every alternative; otherwise stop at the first (least extra FLOPs,
             in the planner's ranking) that XLA confirms within the budget.
@@ -335,13 +355,20 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     policies = list(POLICIES)
     if names:  # the user's checkpoint_name tags: keep exactly those
         policies.insert(0, "save_only_these_names:" + ",".join(names))
-    if offload if offload is not None else judge.device is not None:
+    offloading = offload if offload is not None else judge.device is not None
+    if offloading:
         policies.append(OFFLOAD)
     # Per kind, the dot lines a named-dots policy may keep: a scan body's, or (on the
     # differentiated function) every line's, each left out in turn.
     dot_lines = {"scan": scan_dot_lines(original.closed_jaxpr), "grad": dot_lines_in(original.closed_jaxpr)}
     named = {kind: [NAMED_DOTS + ",".join(dot_tag(x) for x in lines if x != left) for left in lines]
              if 2 <= len(lines) <= MAX_NAMED_DOTS else [] for kind, lines in dot_lines.items()}
+    if offloading:
+        # A scan body's residuals all in host memory: its carry (the layer's input, which each
+        # iteration stacks for the backward pass, as MaxText offloads its decoder layer inputs)
+        # and its dots, nothing saved on the device (scanned_checkpoint_train by hand: 166.1 MiB
+        # -> 155.9, where offloading the dots alone gives 163.9).
+        named["scan"] = named["scan"] + [OFFLOAD_NAMES + ",".join([CARRY_TAG] + [dot_tag(x) for x in dot_lines["scan"]])]
     kinds = [k for k in ("scan", "loop", "layer", "grad") if any(s.kind == k for s in sites)]
     planned_before = _planned_peak(original)
     scale = original_total / max(planned_before or 1, 1)
@@ -364,12 +391,20 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         choices += [("layer", [s.key], False, 0) for s in layers]
     for kind, keys, but_last, first in choices:
         for name in policies + named.get(kind, []):
-            if first and name.startswith(OFFLOAD):
+            if is_offload(name) and (first or kind != "scan"):
+                # XLA:GPU moves a residual off the device only where a scan stacks it: each
+                # iteration's value is written into a pinned-host buffer (S(5)
+                # dynamic-update-slice). A value saved once (a loop's, a layer's, the
+                # differentiated function's) keeps its device buffer until the backward pass:
+                # XLA schedules its device-to-host copy just before the copy back (the
+                # scheduled HLO of mlp_deep_train: a dot made at position 2 is copied out at
+                # 232 and back at 242), so offloading it only adds a buffer (mlp_train_donated
+                # 72.4 -> 88.8 MiB, long_seq_train 216.8 -> 355.6).
                 continue
             cand = with_policy(fn, name, (kind,), keys, but_last, first)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
                                     None, 0, 0, keys=keys, but_last=but_last, first=first,
-                                    dots=tuple(x for x in dot_lines.get(kind, []) if name.startswith(NAMED_DOTS)
+                                    dots=tuple(x for x in dot_lines.get(kind, []) if name.startswith((NAMED_DOTS, OFFLOAD_NAMES))
                                                and dot_tag(x) in name.split(":", 1)[1].split(",")))
             if deadline is not None and time.perf_counter() > deadline and pending:
                 entry.error = "not tried: the policy search's time ran out"
@@ -391,13 +426,18 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
 
     # The planner ranks, XLA confirms: least extra FLOPs first; a candidate the planner puts
     # well over the budget is compiled only when everything cheaper failed to fit.
-    pending.sort(key=lambda ec: (ec[0].extra_flops, ec[0].policy.startswith(OFFLOAD), predicted(ec[0])))
+    pending.sort(key=lambda ec: (ec[0].extra_flops, is_offload(ec[0].policy), predicted(ec[0])))
     traced_all = [(result.candidates[0], fn)] + list(pending)
     if not exhaustive:
         # Only what the planner says may fit; when nothing may, the one it puts lowest (so the
         # table has one confirmed figure), and the rewriting search gets the time.
         likely = [ec for ec in pending if predicted(ec[0]) <= SLACK * budget]
         pending = likely or sorted(pending, key=lambda ec: (predicted(ec[0]), ec[0].extra_flops))[:1]
+        # jaxmem's plan holds an offloaded scan's stacked residuals on the device, where XLA:GPU
+        # holds them in host memory, so it cannot rank offload: compile it anyway
+        # (scanned_checkpoint_train: planned as saving the dots, 228.9 MiB; XLA:GPU 163.9).
+        pending += [ec for ec in traced_all[1:] if is_offload(ec[0].policy) and ec not in pending]
+        pending.sort(key=lambda ec: (ec[0].extra_flops, is_offload(ec[0].policy), predicted(ec[0])))
     for k, (entry, cand) in enumerate(pending):
         if k and deadline is not None and time.perf_counter() > deadline:
             break  # out of time: the ones compiled so far are the answer
@@ -427,7 +467,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if fitting:
         # Equal FLOPs: keep activations on the device (offload costs host transfers FLOPs omit).
-        result.best = min(fitting, key=lambda c: (c.extra_flops, c.policy.startswith(OFFLOAD), c.xla_total_bytes))
+        result.best = min(fitting, key=lambda c: (c.extra_flops, is_offload(c.policy), c.xla_total_bytes))
     else:
         result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
     return result
@@ -472,7 +512,7 @@ def _mixes(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], j
 
     kind = site.kind
     done = [c for c in judged if not c.error and c.xla_total_bytes is not None and not c.order
-            and c.keys is None and c.first == 0 and not c.policy.startswith(OFFLOAD)]
+            and c.keys is None and c.first == 0 and not is_offload(c.policy)]
     n = site.calls or 0
     if n < 2:
         return []
@@ -485,7 +525,7 @@ def _mixes(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], j
     # The planner may have ranked every cheaper policy on the site out of the compiles; then
     # one, the lowest it plans, is compiled as the cheap end (else only the original is).
     unjudged = [c for c in judged if c.kind == kind and c.xla_total_bytes is None and not c.error and c.keys is None
-                and c.first == 0 and not c.but_last and not c.policy.startswith(OFFLOAD)
+                and c.first == 0 and not c.but_last and not is_offload(c.policy)
                 and c.planned_peak_bytes is not None and c.extra_flops < best_flops]
     if strong and unjudged and not any(c.kind == kind and not c.but_last and c.extra_flops < best_flops for c in done):
         end = min(unjudged, key=lambda c: (c.planned_peak_bytes, c.extra_flops))
@@ -543,7 +583,7 @@ def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int
     from jaxmem.fitting.reorder import reorder, reordered_line
 
     picked: list[tuple[PolicyCandidate, Callable[..., Any]]] = []
-    usable = [ec for ec in traced if not ec[0].error and not ec[0].policy.startswith(OFFLOAD)
+    usable = [ec for ec in traced if not ec[0].error and not is_offload(ec[0].policy)
               and ec[0].planned_peak_bytes is not None]
     for entry, cand in sorted(usable, key=lambda ec: (ec[0].planned_peak_bytes, ec[0].extra_flops)):
         # One planned no lower than a candidate taken at no more FLOPs can only cost more.

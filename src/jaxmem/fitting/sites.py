@@ -83,11 +83,29 @@ def _calling_site(kind: str, fun: Callable[..., Any], depth: int = 2) -> Checkpo
 # tagged with jax.ad_checkpoint.checkpoint_name while the scan body is traced (`tag_dots`), and
 # the policy is save_only_these_names over the tags kept.
 NAMED_DOTS = "save_only_these_dots:"
+# A scan body's residuals fit names (its carry on entry, CARRY_TAG, and the dots by line) and
+# offloads to pinned host memory, saving nothing on the device:
+# save_and_offload_only_these_names(names_which_can_be_saved=[], names_which_can_be_offloaded=...).
+OFFLOAD_NAMES = "offload_these_names:"
+CARRY_TAG = "scan_carry"
 
 
 def dot_tag(line: SourceLine) -> str:
     """The name fit gives a dot made on `line`: the file's name and the line ("rnn.py:38")."""
     return f"{line.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line.line}"
+
+
+def tag_carry(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A scan body `step(carry, x)` with every leaf of its carry passed through
+    `checkpoint_name(leaf, CARRY_TAG)` on entry: what a user writes as the body's first line, so a
+    names policy can offload the carry each iteration stacks for the backward pass."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    @functools.wraps(step)
+    def tagged(carry: Any, x: Any) -> Any:
+        return step(jax.tree.map(lambda v: checkpoint_name(v, CARRY_TAG), carry), x)
+
+    return tagged
 
 
 def tag_dots(f: Callable[..., Any], tags: Sequence[str]) -> Callable[..., Any]:
@@ -131,6 +149,10 @@ def checkpoint_policy(name: str) -> Any:
         return None  # jax.checkpoint(f): saves only the inputs
     if name.startswith(("save_only_these_names:", NAMED_DOTS)):
         return policies.save_only_these_names(*name.split(":", 1)[1].split(","))
+    if name.startswith(OFFLOAD_NAMES):
+        return policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=name.split(":", 1)[1].split(","),
+            offload_src="device", offload_dst="pinned_host")
     if name.startswith("offload_dot_with_no_batch_dims"):
         return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
     if not hasattr(policies, name):

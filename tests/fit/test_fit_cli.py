@@ -24,6 +24,10 @@ def test_fit_infeasible_budget_names_the_bound(capsys):
     data = json.loads(captured.out)
     assert data["infeasible"] and "no recomputation can lower" in data["infeasible"]
     assert "no recomputation can lower" in captured.err and len(captured.err.strip().splitlines()) == 1
+    # The text report says it once, in its place (not again on stderr).
+    assert cli_main(["fit", TARGET, "--budget", "1MiB", "--no-schedulers", "--no-time"]) == 1
+    captured = capsys.readouterr()
+    assert " ".join((captured.out + captured.err).split()).count("no recomputation can lower") == 1
 
 
 def test_fit_policy_only_json_lists_the_alternatives(capsys):

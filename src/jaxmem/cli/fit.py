@@ -300,6 +300,6 @@ def main(argv: list[str]) -> int:
         sys.stdout.write("\n")
     else:
         _render(result, args.target, advice)
-    if result.infeasible:
+    if result.infeasible and args.json:  # the text report already says it, in its place
         print(f"jaxmem fit: {result.infeasible}", file=sys.stderr)
     return 0 if (result.fits or result.policy_fits) else 1

@@ -80,11 +80,15 @@ def row(fn, args, step, a):
     return {{"device": device, "host": host, "flops": flops(step, a),
              "equal": bool(values_equal(jax.jit(fn)(*args), jax.jit(step)(*a)))}}
 
+FULL = {full!r}
 out = {{}}
 for name, example, layers in (("scan", _scanned, scan_layers), ("loop", _loop, loop_layers)):
     fn, args = example()
     out[name] = {{p: row(fn, args, *_lm_by_hand(example, p, layers))
-                  for p in (OFFLOAD, "dots_with_no_batch_dims_saveable", "nothing_saveable")}}
+                  for p in (OFFLOAD, "dots_with_no_batch_dims_saveable", "nothing_saveable")[:3 if FULL else 2]}}
+if not FULL:
+    print(json.dumps(out))
+    sys.exit(0)
 # fit on the scanned step, a budget nothing meets: offload is compiled however jaxmem plans it.
 fn, args = _scanned()
 found = search_policies(fn, args, donate=(0, 1), judge=Judge("h100-80gb"), budget=1, reorder=False)
@@ -105,9 +109,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.slow
-def test_offload_leaves_the_device_on_a_scan_body_only(run_gpu_script):
-    data = run_gpu_script(GPU_SCRIPT)
+def _check_hand_written(data: dict) -> tuple[dict, dict]:
     scan, loop = data["scan"], data["loop"]
     off, dots = scan["offload_dot_with_no_batch_dims"], scan["dots_with_no_batch_dims_saveable"]
     # On a scan body the same dots are kept, at no more FLOPs, but in host memory.
@@ -120,6 +122,22 @@ def test_offload_leaves_the_device_on_a_scan_body_only(run_gpu_script):
     off, dots = loop["offload_dot_with_no_batch_dims"], loop["dots_with_no_batch_dims_saveable"]
     assert off["device"] >= dots["device"]
     assert off["equal"]
+    return scan, loop
+
+
+@pytest.mark.slow
+def test_offload_leaves_the_device_on_a_scan_body_only(run_gpu_script):
+    """Written by hand: offload against the same dots saved on the device, on a scan body and on
+    a Python loop (four XLA:GPU compiles)."""
+    _check_hand_written(run_gpu_script(GPU_SCRIPT.replace("{full!r}", "False")))
+
+
+@pytest.mark.exhaustive
+def test_fits_offload_candidates_are_the_hand_written_steps(run_gpu_script):
+    """fit's two offload candidates on the scan body, each compiled, against the step written by
+    hand as fit prints it (every policy candidate is compiled: several minutes)."""
+    data = run_gpu_script(GPU_SCRIPT.replace("{full!r}", "True"))
+    scan, _ = _check_hand_written(data)
     # fit tries offload on the scan body only; each figure is the hand-written step's.
     fit = {c["policy"].split(":", 1)[0]: c for c in data["fit"]}
     assert sorted(c["kind"] for c in data["fit"]) == ["scan", "scan"]
@@ -137,3 +155,37 @@ def test_offload_leaves_the_device_on_a_scan_body_only(run_gpu_script):
     assert by_hand["device"] == named["total"]
     assert by_hand["equal"] and by_hand["host"] > 0
     assert by_hand["flops"] <= scan["nothing_saveable"]["flops"]
+
+
+def test_named_policies_keep_only_the_tags_the_candidate_binds():
+    """A dot inside the user's own jax.checkpoint in a scan body stays under that checkpoint's
+    policy: fit's tagging does not reach it, so its tag is dropped from the policy (and from the
+    `checkpoint_name` lines fit prints); the carry and a dot outside it keep theirs."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxmem.fitting.policy import _applied, _trace, scan_dot_lines
+    from jaxmem.fitting.sites import CARRY_TAG, NAMED_DOTS, OFFLOAD_NAMES, dot_tag
+
+    def inner(x, w):
+        return jnp.tanh(x @ w)
+
+    def body(x, w):
+        x = jax.checkpoint(inner)(x, w)   # the user's own checkpoint
+        return jnp.sin(x @ w), None       # a dot fit can name
+
+    def loss(w, x):
+        y, _ = jax.lax.scan(body, x, jnp.stack([w, w]))
+        return jnp.sum(y)
+
+    def step(w, x):
+        return jax.grad(loss)(w, x)
+
+    args = (jnp.ones((8, 8)), jnp.ones((4, 8)))
+    lines = scan_dot_lines(_trace(step, args, ()).closed_jaxpr)
+    by_text = {("sin" if "sin" in open(x.file).read().splitlines()[x.line - 1] else "tanh"): dot_tag(x) for x in lines}
+    assert sorted(by_text) == ["sin", "tanh"]   # both dot lines are seen in the differentiated step
+    name = OFFLOAD_NAMES + ",".join([CARRY_TAG, by_text["tanh"], by_text["sin"]])
+    assert _applied(step, args, name, "scan", None, False, 0) == OFFLOAD_NAMES + f"{CARRY_TAG},{by_text['sin']}"
+    # Nothing left to name: the candidate is not tried at all.
+    assert _applied(step, args, NAMED_DOTS + by_text["tanh"], "scan", None, False, 0) is None

@@ -401,6 +401,15 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
                 # 232 and back at 242), so offloading it only adds a buffer (mlp_train_donated
                 # 72.4 -> 88.8 MiB, long_seq_train 216.8 -> 355.6).
                 continue
+            if name.startswith((NAMED_DOTS, OFFLOAD_NAMES)):
+                # Keep only the tags the candidate really binds: a dot inside the user's own
+                # jax.checkpoint in the body stays under that checkpoint's policy, and fit's
+                # tagging does not reach it (scanned_checkpoint_train's three dot lines), so
+                # printing a `checkpoint_name` line for it would tell the user to add a no-op.
+                name = _applied(fn, args, name, kind, keys, but_last, first)
+                if name is None or any(c.policy == name and c.kind == kind and c.keys == keys
+                                       and c.but_last == but_last and c.first == first for c in result.candidates):
+                    continue
             cand = with_policy(fn, name, (kind,), keys, but_last, first)
             entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
                                     None, 0, 0, keys=keys, but_last=but_last, first=first,
@@ -617,6 +626,26 @@ def _reordered(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int
         if not exhaustive and found.xla_total_bytes_after <= budget:
             break
     return out
+
+
+def _applied(fn: Callable[..., Any], args: Sequence[Any], name: str, kind: str, keys: Sequence[str] | None,
+             but_last: bool, first: int) -> str | None:
+    """The named policy `name` cut to the tags its candidate binds (`checkpoint_name` equations
+    in its trace); None where none of them is bound."""
+    prefix, _, listed = name.partition(":")
+    closed = jax.make_jaxpr(with_policy(fn, name, (kind,), keys, but_last, first))(*args)
+    bound: set[str] = set()
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in ja.jaxpr_eqns(jaxpr):
+            if eqn.primitive.name == "name":
+                bound.add(str(eqn.params["name"]))
+            for sub in ja.nested_jaxprs(eqn):
+                walk(sub)
+
+    walk(closed)
+    kept = [t for t in listed.split(",") if t in bound]
+    return f"{prefix}:{','.join(kept)}" if kept else None
 
 
 def scan_dot_lines(closed: Any) -> list[SourceLine]:

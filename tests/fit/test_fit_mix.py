@@ -19,7 +19,7 @@ from jaxmem.fitting.judge import compute_dtype, values_equal
 from jaxmem.fitting.policy import PolicyCandidate, _trace, find_sites, policy_expression, scan_dot_lines, with_policy
 from jaxmem.fitting.sites import NAMED_DOTS, dot_tag
 from jaxmem.xla.cpu import xla_reference
-from test_fit_policy import SMALL, _close, _lm_by_hand, _loop
+from test_fit_policy import SMALL, _close, _donated, _lm_by_hand, _loop
 
 STRONG, CHEAP = "nothing_saveable", "dots_with_no_batch_dims_saveable"
 
@@ -62,8 +62,8 @@ def test_per_iteration_mix_is_the_checkpoint_written_by_hand(k, cheap):
     assert _flops(rest, args) < _flops(mixed, args) == _flops(step, a) < _flops(every, args)
     assert xla_reference(mixed, args, donate_argnums=donate).total_bytes == \
         xla_reference(step, a, donate_argnums=donate).total_bytes
-    _close(jax.jit(fn)(*args), jax.jit(mixed)(*args))
-    _close(jax.jit(fn)(*args), jax.jit(step)(*a))
+    _close(_donated(fn, args), _donated(mixed, args))
+    _close(_donated(fn, args), _donated(step, a))
 
 
 def gru_by_hand(kept: tuple[str, ...], **sizes):

@@ -14,8 +14,8 @@ through the one front end `compiler.jaxpr_adapter`) and reuses the planner's sch
 liveness, so no second front end or liveness model appears:
 
     >>> import jax, jax.numpy as jnp
-    >>> def f(w, idx):   # gathered rows, scaled, squashed, summed: one reduction fusion on XLA:GPU
-    ...     return jnp.tanh(w[idx] * 2.0).sum(axis=1)
+    >>> def f(w, idx):   # gathered rows, scaled, exponentiated, summed: one reduction fusion on XLA:GPU
+    ...     return jnp.exp(w[idx] * 2.0).sum(axis=1)
     >>> pred = predict(jax.make_jaxpr(f)(jnp.ones((8, 1024)), jnp.arange(256) % 8), device="h100-80gb")
     >>> pred.total_bytes, pred.temp_bytes   # argument + output + temp - alias; w[idx] never stored
     (34816, 0)

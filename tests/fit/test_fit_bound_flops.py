@@ -108,6 +108,7 @@ def test_the_capped_bound_proves_mlp_train_donated_below_what_xla_gpu_gives_with
     _check(run_gpu_script(_child(["mlp_train_donated"], full=False)), 3)
 
 
+@pytest.mark.slow
 @pytest.mark.exhaustive
 def test_the_capped_bound_never_exceeds_xla_gpu_totals_within_the_cap(run_gpu_script):
     """Three steps, each in up to eight variants (about 5 minutes of XLA:GPU compiles)."""

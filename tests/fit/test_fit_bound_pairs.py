@@ -55,6 +55,7 @@ def test_the_tighter_bound_never_exceeds_xla_gpu_totals_of_the_original_and_noth
     _check(run_gpu_script(CHILD.replace("{full!r}", "False")))
 
 
+@pytest.mark.slow
 @pytest.mark.exhaustive
 def test_the_tighter_bound_never_exceeds_xla_gpu_totals_of_policies_and_orders(run_gpu_script):
     """Each step in up to six variants: policies and jaxmem's plan orders (about 17 compiles)."""

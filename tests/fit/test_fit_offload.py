@@ -132,6 +132,7 @@ def test_offload_leaves_the_device_on_a_scan_body_only(run_gpu_script):
     _check_hand_written(run_gpu_script(GPU_SCRIPT.replace("{full!r}", "False")))
 
 
+@pytest.mark.slow
 @pytest.mark.exhaustive
 def test_fits_offload_candidates_are_the_hand_written_steps(run_gpu_script):
     """fit's two offload candidates on the scan body, each compiled, against the step written by

@@ -119,6 +119,9 @@ def test_scan_imported_by_name_and_static_fori_loop_are_scan_sites():
         scans = [s for s in find_sites(step, (WS, X)) if s.kind == "scan"]
         assert len(scans) == 1 and scans[0].traced_for == traced_for, loss.__name__
         assert scans[0].call.function == loss.__name__
+        # Where the body is defined, as fit prints it ("# the scan body defined at file:line").
+        body_line = scan_loss.__code__.co_firstlineno + 1 if loss is scan_loss else fori_loss.__code__.co_firstlineno + 1
+        assert scans[0].defined == f"{__file__}:{body_line}", scans[0].defined
         fitted = with_policy(step, "nothing_saveable", ("scan",))
         assert _remats(fitted) >= 1 and _remats(step) == 0
         _close(jax.jit(step)(WS, X), jax.jit(fitted)(WS, X))

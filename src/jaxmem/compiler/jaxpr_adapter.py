@@ -692,12 +692,14 @@ def scope_runs(closed_jaxpr: Any, prefix: str) -> dict[int, tuple[int, int]]:
 @dataclass(frozen=True)
 class ScanEqn:
     """A top-level `scan` equation: where, what it iterates (`traced_for`: "scan" or
-    "fori_loop") and the name of the body the user handed it."""
+    "fori_loop"), the name of the body the user handed it and where that body is defined
+    ("file:line", "?" where JAX does not say)."""
 
     index: int
     source: SourceLine | None
     traced_for: str
     body: str
+    defined: str = "?"
 
 
 def scan_eqns(closed_jaxpr: Any) -> list[ScanEqn]:
@@ -709,8 +711,9 @@ def scan_eqns(closed_jaxpr: Any) -> list[ScanEqn]:
             continue
         info = getattr(eqn.params["jaxpr"].jaxpr, "debug_info", None)
         src = str(getattr(info, "func_src_info", "") or "")
+        name, _, where = src.partition(" at ")
         found.append(ScanEqn(i, source_line(eqn), str(getattr(info, "traced_for", "scan") or "scan"),
-                             src.split(" at ")[0] or "body"))
+                             name or "body", where or "?"))
     return found
 
 

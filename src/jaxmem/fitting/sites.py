@@ -544,10 +544,9 @@ def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, 
             scopes.stack.pop()[1].__exit__(None, None, None)
     traced = TracedBody(closed, jax.tree.structure(shape), dynamic)
     for scan in ja.scan_eqns(closed):
-        name, _, where = scan.body.partition(" at ")
         call = scan.source or SourceLine("<unknown>", 0, "<unknown>")
-        traced.scans.append((CheckpointSite("scan", call, name or "body", where or "?",
-                                            traced_for=scan.traced_for), scan.index))
+        traced.scans.append((CheckpointSite("scan", call, scan.body, scan.defined, traced_for=scan.traced_for),
+                             scan.index))
     runs = ja.scope_runs(closed, SCOPE)
     groups: dict[tuple[str, int, str, str], list[int]] = {}
     for n, c in scopes.calls.items():

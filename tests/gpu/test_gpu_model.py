@@ -15,22 +15,10 @@ from pathlib import Path
 import pytest
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.xla.gpu import unavailable_reason, xla_gpu_reference
+from jaxmem.xla.gpu import xla_gpu_reference
 from jaxmem.xla.gpu_model import gpu_fusion, plan_on_gpu, predict
 
-HERE = Path(__file__).resolve().parent
-FUSION = str(HERE / "fusion_programs.py")
-needs_gpu_compiler = pytest.mark.skipif(unavailable_reason() is not None,
-                                        reason=f"deviceless XLA:GPU unavailable: {unavailable_reason()}")
-
-
-def _load(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fusion_programs", FUSION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, getattr(module, name)
+from gpu_test_support import needs_gpu_compiler, FUSION, load_fusion_program as _load
 
 
 def _predict(fn, args, donate=(), device="h100-80gb"):

@@ -10,16 +10,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.planner import plan, plan_jaxpr
 from jaxmem.execution.verify import compare_with_jit
-from jaxmem.xla.gpu import unavailable_reason, xla_gpu_reference
+from jaxmem.xla.gpu import xla_gpu_reference
 from jaxmem.xla.gpu_model import gpu_plan_fusion, plan_on_gpu
 
-needs_gpu_compiler = pytest.mark.skipif(unavailable_reason() is not None,
-                                        reason=f"deviceless XLA:GPU unavailable: {unavailable_reason()}")
+from gpu_test_support import needs_gpu_compiler
 
 
 def accumulate_scan():

@@ -20,10 +20,10 @@ from jaxmem.xla import gpu as xla_gpu
 from jaxmem.xla.gpu import GPU_TARGETS, cache_read, unavailable_reason, xla_gpu_reference
 from jaxmem.xla.start import filter_noise
 
+from gpu_test_support import needs_gpu_compiler
+
 HERE = Path(__file__).resolve().parent
 PROGRAMS = str(HERE / "gpu_programs.py")
-needs_gpu_compiler = pytest.mark.skipif(unavailable_reason() is not None,
-                                        reason=f"deviceless XLA:GPU unavailable: {unavailable_reason()}")
 
 # An independent deviceless compile, through JAX's APIs directly, in a fresh process.
 INDEPENDENT = textwrap.dedent("""

@@ -21,22 +21,11 @@ import pytest
 
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.xla import gpu_model
-from jaxmem.xla.gpu import _dump_files, child_env, spec_for, unavailable_reason, xla_gpu_reference
+from jaxmem.xla.gpu import _dump_files, child_env, spec_for, xla_gpu_reference
 
-HERE = Path(__file__).resolve().parent
-FUSION = str(HERE / "fusion_programs.py")
+from gpu_test_support import needs_gpu_compiler, FUSION, load_fusion_program as _load
+
 DEVICES = ["h100-80gb", "a100-40gb"]
-needs_gpu_compiler = pytest.mark.skipif(unavailable_reason() is not None,
-                                        reason=f"deviceless XLA:GPU unavailable: {unavailable_reason()}")
-
-
-def _load(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fusion_programs", FUSION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, getattr(module, name)
 
 
 @pytest.fixture

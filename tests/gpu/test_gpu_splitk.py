@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.xla.gpu import GPU_TARGETS, unavailable_reason, xla_gpu_reference
+from jaxmem.xla.gpu import GPU_TARGETS, xla_gpu_reference
 from jaxmem.xla.gpu_model import predict
 from jaxmem.xla.gpu_splitk import dot_split, split_k
 
+from gpu_test_support import needs_gpu_compiler, FUSION, load_fusion_program
+
 HERE = Path(__file__).resolve().parent
-FUSION = str(HERE / "fusion_programs.py")
-needs_gpu_compiler = pytest.mark.skipif(unavailable_reason() is not None,
-                                        reason=f"deviceless XLA:GPU unavailable: {unavailable_reason()}")
 DEVICES = ("h100-80gb", "a100-40gb")
 
 # (batch or 0, m, n, k, dtype, cast): `cast` feeds a float32 lhs through a bfloat16 cast.
@@ -130,12 +129,8 @@ SPLITK_RULES = {"splitk_partials_held": 2, "splitk_reduced_for_gemm": 1, "splitk
 def test_splitk_partials_match_xla_gpu_temp(name, device):
     """The rule programs' temp is XLA:GPU's (within 2%), and more than the unsplit results'
     (what the model predicted before the rule): the partials are in it."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fusion_programs", FUSION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fn, args = getattr(module, name)()
+    _, factory = load_fusion_program(name)
+    fn, args = factory()
     traced = ja.trace(fn, args, {}, ())
     pred = predict(traced.closed_jaxpr, donated=[False] * len(traced.in_avals), device=device)
     ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, top=0)

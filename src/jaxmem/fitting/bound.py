@@ -789,6 +789,22 @@ def _at_pivot(p: Program, z: Any, heroes: list[bool], is_out: list[bool], crossi
     return _least_held(items, allowance, free), sum(b for b, _ in items), sum(free), len(items)
 
 
+def _step_program(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int], traced: Any,
+                  floor_bytes: int | None) -> tuple[Program, list[bool], list[bool], dict[int, int], set[int], int]:
+    """What both bounds start from: the traced step as one program, its heroes and outputs, its
+    aliased outputs and donors, and XLA's floor (counted from the jaxpr where not measured)."""
+    p = drop_dead(ja.inline(traced.closed_jaxpr))
+    heroes = [_is_hero(op) for op in p.ops]
+    is_out = _is_output(p)
+    aliases, donors = _aliases(fn, args, tuple(donate_argnums), len(p.invars))
+    if floor_bytes is None:
+        used = sum(p.nbytes[v] for v in p.invars if p.users[v] or is_out[v])
+        # Several outputs: XLA's output also holds the tuple's table of pointers (8 bytes each).
+        table = 8 * len(p.outvars) if len(p.outvars) > 1 else 0
+        floor_bytes = used + sum(p.outvar_bytes) + table - sum(p.outvar_bytes[o] for o in aliases)
+    return p, heroes, is_out, aliases, donors, floor_bytes
+
+
 def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
                 floor_bytes: int | None = None) -> LowerBound:
     """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization or order.
@@ -801,15 +817,7 @@ def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Seq
             the jaxpr and JAX's lowering).
     """
     traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
-    p = drop_dead(ja.inline(traced.closed_jaxpr))
-    heroes = [_is_hero(op) for op in p.ops]
-    is_out = _is_output(p)
-    aliases, donors = _aliases(fn, args, tuple(donate_argnums), len(p.invars))
-    if floor_bytes is None:
-        used = sum(p.nbytes[v] for v in p.invars if p.users[v] or is_out[v])
-        # Several outputs: XLA's output also holds the tuple's table of pointers (8 bytes each).
-        table = 8 * len(p.outvars) if len(p.outvars) > 1 else 0
-        floor_bytes = used + sum(p.outvar_bytes) + table - sum(p.outvar_bytes[o] for o in aliases)
+    p, heroes, is_out, aliases, donors, floor_bytes = _step_program(fn, args, donate_argnums, traced, floor_bytes)
     free_always, pinned = _allocations(p, heroes, aliases, donors)
     cost = _cut_costs(p, heroes, is_out)
     best = LowerBound(floor_bytes, floor_bytes)
@@ -846,14 +854,7 @@ def flop_lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums
     traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
     if _has_remat(traced.closed_jaxpr.jaxpr):
         return None
-    p = drop_dead(ja.inline(traced.closed_jaxpr))
-    heroes = [_is_hero(op) for op in p.ops]
-    is_out = _is_output(p)
-    aliases, donors = _aliases(fn, args, tuple(donate_argnums), len(p.invars))
-    if floor_bytes is None:
-        used = sum(p.nbytes[v] for v in p.invars if p.users[v] or is_out[v])
-        table = 8 * len(p.outvars) if len(p.outvars) > 1 else 0
-        floor_bytes = used + sum(p.outvar_bytes) + table - sum(p.outvar_bytes[o] for o in aliases)
+    p, heroes, is_out, aliases, donors, floor_bytes = _step_program(fn, args, donate_argnums, traced, floor_bytes)
     # Every op of the step runs at least once in any variant (dead code and repeats of one
     # computation aside: a rebuilt variant may drop them); the FLOPs left for running some again
     # are the cap over the original's count less what the ops cost once.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import glob
+import json
+import os
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -61,3 +64,15 @@ def attention_lm(layers: int = 2, seq: int = 512) -> tuple[Any, tuple[Any, ...]]
     from jaxmem.examples import zoo
 
     return zoo._lm(layers, 64, 2, seq=seq, batch=1, vocab=512)
+
+
+def recorded_xla_gpu_rows() -> Iterator[dict[str, Any]]:
+    """Every XLA:GPU row of `benchmarks/results/*.jsonl` (fit's bench rows), file by file: what the
+    bounds are checked against besides the compiles of each test."""
+    here = os.path.dirname(__file__)
+    for path in sorted(glob.glob(os.path.join(here, "..", "..", "benchmarks", "results", "*.jsonl"))):
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("judge", "").startswith("XLA:GPU"):
+                    yield row

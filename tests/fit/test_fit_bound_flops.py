@@ -8,10 +8,7 @@ and fit prints that line."""
 
 from __future__ import annotations
 
-import glob
 import itertools
-import json
-import os
 import random
 
 import pytest
@@ -117,23 +114,19 @@ def test_the_capped_bound_never_exceeds_xla_gpu_totals_within_the_cap(run_gpu_sc
 
 def _recorded() -> dict[str, dict[str, object]]:
     """Per suite program: every recorded XLA:GPU total with its extra FLOPs, its floor and budget."""
+    from bound_programs import recorded_xla_gpu_rows
+
     rows: dict[str, dict[str, object]] = {}
-    here = os.path.dirname(__file__)
-    for path in sorted(glob.glob(os.path.join(here, "..", "..", "benchmarks", "results", "*.jsonl"))):
-        with open(path) as f:
-            for line in f:
-                r = json.loads(line)
-                if not r.get("judge", "").startswith("XLA:GPU"):
-                    continue
-                totals = [(r["original"], 0.0)]
-                for key in ("checkpoint", "dots_no_batch", "nothing", "policy", "rewrite"):
-                    total = r.get(key if key in ("checkpoint", "dots_no_batch", "nothing") else f"{key}_total")
-                    extra = r.get(f"{key}_flops")
-                    if isinstance(total, int) and isinstance(extra, float):
-                        totals.append((total, extra))
-                e = rows.setdefault(r["program"], {"totals": [], "floor": None, "budget": r["budget"]})
-                e["totals"] += totals
-                e["floor"] = e["floor"] or r.get("floor")
+    for r in recorded_xla_gpu_rows():
+        totals = [(r["original"], 0.0)]
+        for key in ("checkpoint", "dots_no_batch", "nothing", "policy", "rewrite"):
+            total = r.get(key if key in ("checkpoint", "dots_no_batch", "nothing") else f"{key}_total")
+            extra = r.get(f"{key}_flops")
+            if isinstance(total, int) and isinstance(extra, float):
+                totals.append((total, extra))
+        e = rows.setdefault(r["program"], {"totals": [], "floor": None, "budget": r["budget"]})
+        e["totals"] += totals
+        e["floor"] = e["floor"] or r.get("floor")
     return rows
 
 

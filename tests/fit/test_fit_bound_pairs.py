@@ -6,10 +6,6 @@ above any XLA:GPU total recorded in `benchmarks/results/*.jsonl`."""
 
 from __future__ import annotations
 
-import glob
-import json
-import os
-
 import pytest
 
 CHILD = r"""
@@ -78,19 +74,15 @@ def _check(got: dict) -> None:
 
 def _recorded() -> dict[str, dict[str, int]]:
     """Per suite program: its smallest XLA:GPU total over every recorded candidate, and its floor."""
+    from bound_programs import recorded_xla_gpu_rows
+
     rows: dict[str, dict[str, int]] = {}
-    here = os.path.dirname(__file__)
     keys = ("original", "checkpoint", "dots_no_batch", "nothing", "policy_total", "rewrite_total")
-    for path in sorted(glob.glob(os.path.join(here, "..", "..", "benchmarks", "results", "*.jsonl"))):
-        with open(path) as f:
-            for line in f:
-                r = json.loads(line)
-                if not r.get("judge", "").startswith("XLA:GPU"):
-                    continue
-                totals = [r[k] for k in keys if isinstance(r.get(k), int)]
-                e = rows.setdefault(r["program"], {"min": min(totals), "floor": r.get("floor")})
-                e["min"] = min(e["min"], *totals)
-                e["floor"] = e["floor"] or r.get("floor")
+    for r in recorded_xla_gpu_rows():
+        totals = [r[k] for k in keys if isinstance(r.get(k), int)]
+        e = rows.setdefault(r["program"], {"min": min(totals), "floor": r.get("floor")})
+        e["min"] = min(e["min"], *totals)
+        e["floor"] = e["floor"] or r.get("floor")
     return rows
 
 

@@ -148,7 +148,7 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
     if found is None:
         return None
     return [{"kind": c.kind, "policy": c.policy, "sites": [str(s) for s in c.sites], "keys": c.keys,
-             "but_last": c.but_last, "first": c.first or None,
+             "but_last": c.but_last, "first": c.first or None, "grouped": c.grouped,
              "rest": c.rest if c.first and c.rest != "none" else None,
              "tagged_dots": [f"{d.file}:{d.line}" for d in c.dots] or None, "order": c.order or None,
              "xla_total_bytes": c.xla_total_bytes if not c.error else None,

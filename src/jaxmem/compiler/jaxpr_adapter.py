@@ -718,14 +718,18 @@ def scan_eqns(closed_jaxpr: Any) -> list[ScanEqn]:
 
 
 def run_checkpointed(closed_jaxpr: Any, runs: Sequence[tuple[int, int]], scans: Sequence[int],
-                     checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[..., list[Any]]:
+                     checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]],
+                     run_checkpoints: dict[int, Callable[[Callable[..., Any]], Callable[..., Any]]] | None = None,
+                     ) -> Callable[..., list[Any]]:
     """A function of the flat arguments that runs a ClosedJaxpr with each range of top-level
     equations in `runs` evaluated as one function under `checkpoint(fn)` (a user's call wrapped
-    in `jax.checkpoint`), and each scan equation in `scans` run again through `lax.scan` with
+    in `jax.checkpoint`; `run_checkpoints[start]`, where given, in place of `checkpoint` for the
+    range beginning there), and each scan equation in `scans` run again through `lax.scan` with
     `checkpoint(body)`. Ranges must not overlap; everything else is bound as traced."""
     jaxpr, consts = split_closed(closed_jaxpr)
     eqns = list(jaxpr.eqns)
     starts = {s: e for s, e in runs}
+    per_run = run_checkpoints or {}
     scan_set = set(scans)
 
     def read_from(env: dict[Any, Any], atom: Any) -> Any:
@@ -753,7 +757,7 @@ def run_checkpointed(closed_jaxpr: Any, runs: Sequence[tuple[int, int]], scans: 
                 write(local, e, bind(e, [read_from(local, a) for a in e.invars], subfuns_ok=True))
             return [local[v] for v in outs]
 
-        for var, value in zip(outs, checkpoint(call)(*[env[a] for a in ins])):
+        for var, value in zip(outs, per_run.get(start, checkpoint)(call)(*[env[a] for a in ins])):
             env[var] = value
 
     def run_scan(env: dict[Any, Any], eqn: Any) -> None:

@@ -13,9 +13,12 @@ total reported.
 
 from __future__ import annotations
 
+import ast
 import functools
 import itertools
 import linecache
+import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -37,6 +40,7 @@ MAX_SINGLE_LAYER_SITES = 6  # up to this many layer sites, each is also tried al
 MAX_REORDERED = 3  # policy candidates also run in jaxmem's order, when no policy alone fits
 MAX_NAMED_DOTS = 4   # a scan body with up to this many dot lines: each left out of what is saved in turn
 MAX_MIX_COMPILES = 3  # compiles to confirm a per-iteration mix's k
+MAX_GROUP_COMPILES = 5   # compiles to find how many first iterations one recomputed group takes
 SLACK = 1.25   # a candidate the planner predicts within SLACK x budget is compiled first
 
 
@@ -63,6 +67,8 @@ class PolicyCandidate:
     but_last: bool = False         # every call (iteration) of a layer or loop site but the last
     first: int = 0                 # only the first `first` calls (iterations), in program order (0: all)
     rest: str = "none"             # with `first`: the policy on the other calls ("none": as written)
+    grouped: bool = False          # a loop site's iterations under one checkpoint (with `first`: the
+                                   # first `first` under one, the others under another with `rest`)
     dots: tuple[SourceLine, ...] = ()  # for a policy over fit's dot names: the lines to tag
     order: str = ""                # "": as XLA orders it; else the order `reorder` kept for the
                                    # function with this policy ("cpu plan order", ...)
@@ -75,11 +81,15 @@ class PolicyCandidate:
         if self.reordered_fn is not None:
             return self.reordered_fn
         return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last,
-                                                            self.first, self.rest)
+                                                            self.first, self.rest, self.grouped)
 
     @property
     def where(self) -> str:
         """Which calls of the sites: "" (every one), " but the last", " (the first k)"."""
+        if self.grouped and self.first:
+            return f" in two groups (the first {self.first} iterations as one checkpoint; the others as one under {self.rest})"
+        if self.grouped:
+            return " as one group (every iteration under one checkpoint)"
         if self.first and self.rest != "none":
             return f" (the first {self.first}; {self.rest} on the others)"
         if self.first:
@@ -99,6 +109,9 @@ class PolicyCandidate:
         if self.policy == "none":
             return [] if self.order else ["no jax.checkpoint needed"]
         pol = policy_expression(self.policy)
+        if self.grouped:
+            rest = policy_expression(self.rest) if self.first and self.rest != "none" else None
+            return [f"{s}: {group_lines(s, pol, self.first, rest)}" for s in self.sites]
         if self.first and self.rest != "none":
             # A per-iteration mix: one checkpoint per iteration, its policy chosen by the index.
             pol = f"{pol} if i < {self.first} else {policy_expression(self.rest)}"
@@ -221,14 +234,56 @@ def loop_lines(site: CheckpointSite, pol: str) -> str:
             f"({site.calls} iterations)")
 
 
+def group_lines(site: CheckpointSite, pol: str, first: int = 0, rest: str | None = None) -> str:
+    """A `for` loop's iterations under one `jax.checkpoint` (or, with `first` and `rest`, the
+    first `first` under one with `pol` and the others under one with `rest`): the loop moves
+    into a function over a run of the iterated items, called once per run.
+
+    >>> site = CheckpointSite("loop", SourceLine("m.py", 3, "forward"), "forward", "m.py:3",
+    ...                       "for layer in params[:-1]:", None, "layer", "x", calls=4)
+    >>> print(group_lines(site, "P", 1, "Q"))
+    in place of the loop `for layer in params[:-1]:` (4 iterations), write:
+        def layers(x, items):
+            for layer in items:
+                ...  # the loop's body, as written
+            return x
+        items = list(params[:-1])
+        x = jax.checkpoint(lambda x: layers(x, items[:1]), policy=P)(x)
+        x = jax.checkpoint(lambda x: layers(x, items[1:]), policy=Q)(x)
+    """
+    carried = site.args or "x"
+    ret = carried if "," not in carried else f"({carried})"
+    text = (site.text or "").strip()
+    try:
+        loop = ast.parse(text + "\n    pass").body[0]
+        iterable = ast.unparse(loop.iter) if isinstance(loop, ast.For) else "..."
+    except SyntaxError:
+        iterable = "..."
+    taken = {n.strip("() ") for n in f"{carried}, {site.callee}".split(",")}
+    fn_name = next(n for n in ("layers", "run_layers", "jaxmem_layers") if n not in taken)
+    items = next(n for n in ("items", "layer_items", "jaxmem_items") if n not in taken)
+    call = lambda part, p: (f"    {ret} = jax.checkpoint(lambda {carried}: {fn_name}({carried}, {items}{part}), "  # noqa: E731
+                            f"policy={p})({carried})")
+    runs = [call(f"[:{first}]", pol), call(f"[{first}:]", rest)] if first and rest else \
+        [call(f"[:{first}]", pol), f"    for {site.callee} in {items}[{first}:]:",
+         "        ...  # the loop's body, as written"] if first else [call("", pol)]
+    return "\n".join([f"in place of the loop `{text}` ({site.calls} iterations), write:",
+                      f"    def {fn_name}({carried}, {items}):",
+                      f"        for {site.callee} in {items}:",
+                      "            ...  # the loop's body, as written",
+                      f"        return {ret}",
+                      f"    {items} = list({iterable})", *runs])
+
+
 def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("scan",),
                 keys: Sequence[str] | None = None, but_last: bool = False, first: int = 0,
-                rest: str = "none") -> Callable[..., Any]:
+                rest: str = "none", grouped: bool = False) -> Callable[..., Any]:
     """`fn`, traced with `jax.checkpoint(body, policy=...)` around every site of `kinds` (or only
     the sites whose `key` is in `keys`; on layer and loop sites, `but_last`: every call but the
     last, `first`: only the first `first` calls in program order, the others under `rest`, "none"
-    leaving them as written). A fresh function object each call, so no trace cache hands back
-    the unwrapped trace.
+    leaving them as written; `grouped`: the calls under one checkpoint, or with `first` the first
+    `first` under one and the others under one with `rest`). A fresh function object each call,
+    so no trace cache hands back the unwrapped trace.
 
     >>> jax.jit(with_policy(step, "nothing_saveable"))(*args)   # doctest: +SKIP
     """
@@ -245,6 +300,10 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
             # with those equations under jax.checkpoint.
             @functools.wraps(body)
             def rebuilt(*a: Any, **k: Any) -> Any:
+                if grouped:
+                    later = None if rest == "none" else (lambda f: jax.checkpoint(f, policy=rest_pol))
+                    return trace_body(body, a, k).run(inner, keys, lambda f: jax.checkpoint(f, policy=pol),
+                                                      group=first or sys.maxsize, rest=later)
                 calls = itertools.count()   # run() wraps each call once, in program order
 
                 def checkpoint(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -461,6 +520,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         if not exhaustive and entry.xla_total_bytes is not None and entry.xla_total_bytes <= budget \
                 and entry.policy != "none":
             break
+    if per_layer == "loop" and len([s for s in sites if s.kind == "loop"]) == 1:
+        (site,) = [s for s in sites if s.kind == "loop"]
+        result.candidates += _groups(fn, args, donate, judge, budget, result.candidates, site, base_flops,
+                                     progress, deadline)
     if per_layer is not None and len([s for s in sites if s.kind == per_layer]) == 1:
         (site,) = [s for s in sites if s.kind == per_layer]
         result.candidates += _mixes(fn, args, donate, judge, budget, result.candidates, site, base_flops,
@@ -521,14 +584,16 @@ def _mixes(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], j
 
     kind = site.kind
     done = [c for c in judged if not c.error and c.xla_total_bytes is not None and not c.order
-            and c.keys is None and c.first == 0 and not is_offload(c.policy)]
+            and c.keys is None and c.first == 0 and not is_offload(c.policy) and not c.grouped]
     n = site.calls or 0
     if n < 2:
         return []
     fitting = [c for c in done if c.xla_total_bytes <= budget]
     if not fitting:
         return []   # a mix lies between its two ends: nothing to gain where no end fits
-    best_flops = min(c.extra_flops for c in fitting)
+    # A group (`_groups`) within the budget at fewer FLOPs leaves a mix nothing to win.
+    best_flops = min(c.extra_flops for c in fitting + [c for c in judged if c.grouped and not c.error
+                                                       and c.xla_total_bytes is not None and c.xla_total_bytes <= budget])
     strong = [c for c in fitting if c.kind == kind and c.policy != "none"]
     out: list[PolicyCandidate] = []
     # The planner may have ranked every cheaper policy on the site out of the compiles; then
@@ -574,6 +639,87 @@ def _mixes(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], j
         if entry.error:
             break
         k = k - 1 if entry.xla_total_bytes <= budget else k + 1   # a k already tried ends the loop
+    return out
+
+
+def _groups(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], judge: Judge, budget: int,
+            judged: list[PolicyCandidate], site: CheckpointSite, base_flops: int,
+            progress: Callable[[str], None] | None, deadline: float | None) -> list[PolicyCandidate]:
+    """Runs of consecutive iterations of the one loop site under one checkpoint. A checkpoint
+    per iteration keeps every iteration's input, and inside it what its policy saves; one over
+    a run keeps the run's input only, and recomputes the values between iterations from what
+    the policy saves (a deep MLP's activations, from the saved dots' outputs: elementwise, next
+    to no FLOPs). First every iteration as one group under each policy that saves the dots;
+    then, where that is over the budget, the first k iterations as one group under
+    `nothing_saveable` (recomputing their dots too: their values are held the longest) and the
+    others as one under the best of those. From k = 1 up, each next k is read from the steepest
+    saving per iteration measured so far (each further iteration frees about as much, until
+    the first group's recomputed values outweigh what it frees), one fewer while within the
+    budget; at most MAX_GROUP_COMPILES compiles. Only what costs fewer FLOPs than a candidate
+    already within the budget is compiled."""
+    from jaxmem.compiler.costs import jaxpr_flops
+
+    n = site.calls or 0
+    if n < 3:
+        return []   # two iterations: a group holds what a checkpoint on the first holds
+    fitting = [c for c in judged if not c.error and c.xla_total_bytes is not None and c.xla_total_bytes <= budget]
+    best_flops = min((c.extra_flops for c in fitting), default=None)
+    out: list[PolicyCandidate] = []
+
+    def judge_one(policy: str, first: int, rest: str) -> PolicyCandidate | None:
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        entry = PolicyCandidate(site.kind, policy, [site], None, 0, 0, keys=[site.key], first=first, rest=rest,
+                                grouped=True)
+        cand = entry.apply(fn)
+        try:
+            entry.flops = jaxpr_flops(_trace(cand, args, donate).closed_jaxpr.jaxpr)
+            entry.extra_flops = max(0, entry.flops - base_flops)
+            if best_flops is not None and entry.extra_flops >= best_flops:
+                return None   # no cheaper than what already fits
+            if any(c.flops == entry.flops and c.grouped and c.first == first and c.rest == rest for c in out):
+                return None   # the same dots saved as a policy already judged: the same program
+            if progress is not None:
+                progress(f"{entry.policy} on {entry.kind}{entry.where}")
+            entry.xla_total_bytes = judge.total(cand, args, donate)
+        except Exception as err:  # noqa: BLE001 - a group JAX or XLA refuses stays listed with why
+            entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        out.append(entry)
+        return entry
+
+    whole = [e for p in ("dots_with_no_batch_dims_saveable", "dots_saveable")
+             if (e := judge_one(p, 0, "none")) is not None and not e.error]
+    if not whole or any(e.xla_total_bytes <= budget for e in whole):
+        return out
+    cheap = min(whole, key=lambda e: (e.xla_total_bytes, e.extra_flops))
+    tried: dict[int, PolicyCandidate] = {0: cheap}
+    k = 1
+    while len(tried) <= MAX_GROUP_COMPILES and 1 <= k < n and k not in tried:
+        got = judge_one("nothing_saveable", k, cheap.policy)
+        if got is None or got.error:
+            break
+        tried[k] = got
+        total = got.xla_total_bytes
+        if total <= budget:
+            k -= 1
+            continue
+        lower = [a for a in tried if a < k and tried[a].xla_total_bytes < total]
+        if lower:
+            # Past the least: the first group's recomputed values now outweigh what it frees.
+            # Halve the way back to the best k so far.
+            best = min(lower, key=lambda a: tried[a].xla_total_bytes)
+            k = (best + k) // 2
+            continue
+        if k == 1:
+            # The first step may free next to nothing (mlp_deep_train: 16 bytes, then 2 MiB
+            # per iteration to k = 6): take one more before reading a slope.
+            k = 2
+            continue
+        ks = sorted(tried)
+        slope = max((tried[a].xla_total_bytes - tried[b].xla_total_bytes) / (b - a) for a, b in zip(ks, ks[1:]))
+        if slope <= 0:
+            break
+        k = min(n - 1, k + max(1, math.ceil((total - budget) / slope)))
     return out
 
 

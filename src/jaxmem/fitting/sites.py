@@ -503,17 +503,34 @@ class TracedBody:
         return [s for s, _ in self.scans] + [s for s, _ in self.layers]
 
     def run(self, kinds: Sequence[str], keys: Sequence[str] | None,
-            checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]], but_last: bool = False) -> Any:
+            checkpoint: Callable[[Callable[..., Any]], Callable[..., Any]], but_last: bool = False,
+            group: int = 0, rest: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None) -> Any:
         """`but_last`: leave each site's last call (iteration) as it is: the backward pass uses
-        its values at once, so a checkpoint there recomputes them for no memory."""
+        its values at once, so a checkpoint there recomputes them for no memory. `group` > 0:
+        on each chosen layer or loop site, the first `group` calls run as one function under
+        `checkpoint` and the calls after them as one function under `rest` (as traced where
+        None): one checkpoint keeps only the group's inputs, where a checkpoint per call keeps
+        every call's."""
         chosen = lambda s: s.kind in kinds and (keys is None or s.key in keys)  # noqa: E731
-        runs = sorted(r for s, rs in self.layers if chosen(s) for r in (sorted(rs)[:-1] if but_last else rs))
+        per_run: dict[int, Callable[[Callable[..., Any]], Callable[..., Any]]] = {}
+        if group:
+            runs = []
+            for s, rs in self.layers:
+                if chosen(s):
+                    rs = sorted(rs)
+                    runs.append((rs[0][0], rs[min(group, len(rs)) - 1][1]))
+                    if group < len(rs) and rest is not None:
+                        runs.append((rs[group][0], rs[-1][1]))
+                        per_run[rs[group][0]] = rest
+            runs.sort()
+        else:
+            runs = sorted(r for s, rs in self.layers if chosen(s) for r in (sorted(rs)[:-1] if but_last else rs))
         outer: list[tuple[int, int]] = []
         for start, end in runs:  # a call inside a chosen call is already under its checkpoint
             if not outer or start >= outer[-1][1]:
                 outer.append((start, end))
         scans = [i for s, i in self.scans if chosen(s) and not any(a <= i < b for a, b in outer)]
-        flat = ja.run_checkpointed(self.closed, outer, scans, checkpoint)(*self.dynamic)
+        flat = ja.run_checkpointed(self.closed, outer, scans, checkpoint, per_run)(*self.dynamic)
         return jax.tree.unflatten(self.out_tree, flat)
 
 

@@ -238,7 +238,9 @@ def _render_policies(console: Any, result: Any) -> None:
     for c in found.candidates:
         where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function",
                  "layer": "each layer call", "loop": "each loop iteration"}[c.kind]
-        if c.kind == "layer" and c.keys is not None:
+        if c.grouped:
+            where = "the loop"
+        elif c.kind == "layer" and c.keys is not None:
             where = ", ".join(f"{s.function} at line {s.call.line}" for s in c.sites)
         where += c.where
         if c.order:
@@ -260,8 +262,8 @@ def _render_policies(console: Any, result: Any) -> None:
     what = "policy and order" if best.order else "policy"
     console.print(f"[bold]{what} to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
                   f"{100 * best.extra_flops_ratio:.1f}% extra FLOPs):")
-    for line in best.code.splitlines():  # one print per site: markup escapes a newline
-        console.print(markup(line))
+    for line in best.code.splitlines():  # one print per line: markup escapes a newline
+        console.print(markup(line), soft_wrap=True)   # unbroken, so it pastes as printed
 
 
 def main(argv: list[str]) -> int:

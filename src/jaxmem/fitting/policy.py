@@ -255,22 +255,26 @@ def group_lines(site: CheckpointSite, pol: str, first: int = 0, rest: str | None
     carried = site.args or "x"
     ret = carried if "," not in carried else f"({carried})"
     text = (site.text or "").strip()
+    source = text + "\n    pass"
+    target, iterable = site.callee, "..."
     try:
-        loop = ast.parse(text + "\n    pass").body[0]
-        iterable = ast.unparse(loop.iter) if isinstance(loop, ast.For) else "..."
+        loop = ast.parse(source).body[0]
+        if isinstance(loop, ast.For):   # as written: `for i, layer in ...`, not `(i, layer)`
+            target = ast.get_source_segment(source, loop.target) or target
+            iterable = ast.get_source_segment(source, loop.iter) or iterable
     except SyntaxError:
-        iterable = "..."
+        pass
     taken = {n.strip("() ") for n in f"{carried}, {site.callee}".split(",")}
     fn_name = next(n for n in ("layers", "run_layers", "jaxmem_layers") if n not in taken)
     items = next(n for n in ("items", "layer_items", "jaxmem_items") if n not in taken)
     call = lambda part, p: (f"    {ret} = jax.checkpoint(lambda {carried}: {fn_name}({carried}, {items}{part}), "  # noqa: E731
                             f"policy={p})({carried})")
     runs = [call(f"[:{first}]", pol), call(f"[{first}:]", rest)] if first and rest else \
-        [call(f"[:{first}]", pol), f"    for {site.callee} in {items}[{first}:]:",
+        [call(f"[:{first}]", pol), f"    for {target} in {items}[{first}:]:",
          "        ...  # the loop's body, as written"] if first else [call("", pol)]
     return "\n".join([f"in place of the loop `{text}` ({site.calls} iterations), write:",
                       f"    def {fn_name}({carried}, {items}):",
-                      f"        for {site.callee} in {items}:",
+                      f"        for {target} in {items}:",
                       "            ...  # the loop's body, as written",
                       f"        return {ret}",
                       f"    {items} = list({iterable})", *runs])

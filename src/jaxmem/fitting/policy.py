@@ -659,9 +659,9 @@ def _groups(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], 
     `nothing_saveable` (recomputing their dots too: their values are held the longest) and the
     others as one under the best of those. From k = 1 up, each next k is read from the steepest
     saving per iteration measured so far (each further iteration frees about as much, until
-    the first group's recomputed values outweigh what it frees), one fewer while within the
-    budget; at most MAX_GROUP_COMPILES compiles. Only what costs fewer FLOPs than a candidate
-    already within the budget is compiled."""
+    the first group's recomputed values outweigh what it frees; past that least it halves its
+    way back), one fewer while within the budget; at most MAX_GROUP_COMPILES compiles. Only
+    what costs fewer FLOPs than a candidate already within the budget is compiled."""
     from jaxmem.compiler.costs import jaxpr_flops
 
     n = site.calls or 0

@@ -671,7 +671,7 @@ def _groups(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], 
     what costs fewer FLOPs than a candidate already within the budget is compiled."""
     n = site.calls or 0
     if n < 3:
-        return []   # two iterations: a group holds what a checkpoint on the first holds
+        return []   # two iterations: one group frees only the second's input; a split is the mix
     fitting = [c for c in judged if not c.error and c.xla_total_bytes is not None and c.xla_total_bytes <= budget]
     best_flops = min((c.extra_flops for c in fitting), default=None)
     out: list[PolicyCandidate] = []

@@ -76,3 +76,41 @@ def recorded_xla_gpu_rows() -> Iterator[dict[str, Any]]:
                 row = json.loads(line)
                 if row.get("judge", "").startswith("XLA:GPU"):
                     yield row
+
+
+def scanned_lm(policy: str | None = "default", layers: int = 4, seq: int = 512) -> tuple[Any, tuple[Any, ...]]:
+    """The small transformer with its layers stacked and run under `lax.scan`, the body under
+    `jax.checkpoint` with `policy` (a name in `jax.checkpoint_policies`, "default" for none
+    given, "offload_carry" for the layer's input offloaded to pinned host memory as MaxText
+    does, None for no checkpoint): the variants of one scanned step a policy can make."""
+    from jaxmem.examples import zoo
+    from jax.ad_checkpoint import checkpoint_name
+
+    from jaxmem.examples.layers import layernorm
+
+    _, args = zoo._lm(layers, 64, 2, seq=seq, batch=1, vocab=512, scan=True)   # its parameters
+
+    def layer(x: jax.Array, p: Any) -> jax.Array:
+        return zoo._block(p, x, 2, jnp.float32)
+
+    if policy == "default":
+        body = jax.checkpoint(layer)
+    elif policy == "offload_carry":
+        offload = jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=["scan_carry"],
+            offload_src="device", offload_dst="pinned_host")
+        body = jax.checkpoint(lambda x, p: layer(checkpoint_name(x, "scan_carry"), p),
+                              policy=offload)
+    elif policy is not None:
+        body = jax.checkpoint(layer, policy=getattr(jax.checkpoint_policies, policy))
+    else:
+        body = layer
+
+    def loss_fn(p: Any, tokens: jax.Array) -> jax.Array:
+        x = p["embed"][tokens[:, :-1]]
+        x, _ = jax.lax.scan(lambda c, lp: (body(c, lp), None), x, p["layers"])
+        x = layernorm(x, p["ln_f"], p["ln_f_b"])
+        logp = jax.nn.log_softmax(x @ p["embed"].T, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    return _step(loss_fn), args

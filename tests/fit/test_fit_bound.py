@@ -39,7 +39,8 @@ for name, (fn, args) in programs.items():
 from jaxmem.compiler.remat import fit
 fn, args = programs["moe_train"]
 verdict = fit(fn, *args, budget="half-temp", donate_argnums=(0, 1), device="h100-80gb", policies=False, rewrite=False)
-out["fit"] = {{"infeasible": verdict.infeasible, "budget": verdict.budget_bytes}}
+out["fit"] = {{"infeasible": verdict.infeasible, "budget": verdict.budget_bytes, "ran": verdict.rewrite_ran,
+              "skipped": verdict.rewrite_skipped}}
 print(json.dumps(out))
 """
 
@@ -66,3 +67,5 @@ def test_the_bound_never_exceeds_xla_gpu_totals_and_proves_moe_train_infeasible(
     assert min(moe["totals"].values()) > moe["half_temp"]
     # fit's verdict says so, with the bound and the budget.
     assert verdict["budget"] == moe["half_temp"] and verdict["infeasible"] == moe["line"]
+    # Proven for every rewrite too, so the rewrite is skipped, and fit says why.
+    assert not verdict["ran"] and verdict["skipped"].startswith("the lower bound"), verdict

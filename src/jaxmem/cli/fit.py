@@ -134,6 +134,7 @@ def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | No
         ],
         "rounds": result.rounds,
         "rewrite_ran": result.rewrite_ran,
+        "rewrite_skipped": result.rewrite_skipped,
         "judge": result.judge,
         "device": result.device,
         "policy_fits": result.policy_fits,
@@ -186,7 +187,7 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
         console.print(f"rewrite: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
                       f"({result.extra_flops:,} over {result.original_flops:,})")
     else:
-        console.print("rewrite: not run (a policy meets the budget, or --policy-only; --rewrite runs it)")
+        console.print(f"rewrite: not run ({result.rewrite_skipped})")
     if result.step_seconds_before and result.step_seconds_after:
         console.print(f"step time (jax.jit here, warm): {1e3 * result.step_seconds_before:.1f} ms before, "
                       f"{1e3 * result.step_seconds_after:.1f} ms after "

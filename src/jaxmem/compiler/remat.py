@@ -91,6 +91,7 @@ class FitResult:
     infeasible: str | None = None  # the one line that proves the budget infeasible, if it is
     policy_fn: Callable[..., Any] | None = None  # the original with the printed policy applied
     rewrite_ran: bool = True       # False: the rewriting search was skipped (a policy fits, or asked)
+    rewrite_skipped: str = ""      # ... and why, in words
 
     def measure(self, *args: Any, repeat: int = 3) -> tuple[float, float]:
         """Time one warm `jax.jit` call of the original and of `fn` on `args` (best of `repeat`,
@@ -255,7 +256,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     # rewrite gets at least a quarter of it even where the policy search overran its half.
     deadline = None if time_limit is None else max(started + float(time_limit),
                                                     time.perf_counter() + float(time_limit) / 4)
-    if not rewrite or (infeasible and not capped):
+    rewrite_ran = bool(rewrite) and not (infeasible and not capped)
+    if not rewrite_ran:
         snaps = [Snapshot(graph, 0, 0, [])]
     else:
         snaps = search(graph, guard=guard)
@@ -370,7 +372,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         policy_fits=policy_total is not None and policy_total <= budget_bytes,
         floor_bytes=original.floor,
         infeasible=infeasible,
-        rewrite_ran=bool(rewrite) and not (infeasible and not capped),
+        rewrite_ran=rewrite_ran,
+        rewrite_skipped=("" if rewrite_ran else "the lower bound below holds for every rewrite too"
+                         if infeasible and not capped else "a policy meets the budget, or --policy-only; --rewrite runs it"),
         policy_fn=best.apply(fn) if best is not None else None,
     )
 

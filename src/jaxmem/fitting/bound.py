@@ -109,30 +109,49 @@ class LowerBound:
     flop_cap: float = 0.0                 # > 0: the bound holds for variants within this FLOP cap
     crossings: int = 0                    # that bound: buffers counted at the pivot's kernel
     during: bool = False                  # ... while it runs (its result counted), else as it ends
+    loop: str = ""                        # a loop's term: the loop, its state, its body's bound
+    loop_source: SourceLine | None = None
+    loop_state_bytes: int = 0
+    residual_bytes: int = 0               # ... and the residual stack it reads (without offload)
+    inner: "LowerBound | None" = None
 
     def describe(self) -> str:
         from jaxmem.units import format_size
 
         floor = f"arguments + outputs - aliases {format_size(self.floor_bytes)}"
-        if not self.op:
+        what = self._what()
+        if not what:
             return floor
+        return f"{what}, beside {floor}, of which at most {format_size(self.free_bytes)} may be free then"
+
+    def _what(self) -> str:
+        """What the term holds, without the floor (a loop's body term is said inside its loop's)."""
+        from jaxmem.units import format_size
+
+        if self.loop:
+            at = f" at {self.loop_source}" if self.loop_source is not None else ""
+            stack = (f" and the values its iterations saved ({format_size(self.residual_bytes)})"
+                     if self.residual_bytes else "")
+            inside = self.inner._what() if self.inner is not None else ""
+            inside = f"; in an iteration, {inside}" if inside else ""
+            return (f"while the {self.loop}{at} runs, it holds its results "
+                    f"({format_size(self.loop_state_bytes)}){stack}{inside}")
+        if not self.op:
+            return ""
         where = f" at {self.source}" if self.source is not None else ""
         if self.flop_cap:
             moment = "while" if self.during else "as"
             ends = "runs first" if self.during else "first ends"
             return (f"{moment} {self.op}{where} {ends}, {self.crossings} buffers made from distinct GEMMs, "
                     f"convolutions or scatters, {format_size(self.held_bytes)}, are live unless their GEMM "
-                    f"runs again, and +{self.flop_cap:.0%} FLOPs recompute only part of them, beside {floor}, "
-                    f"of which at most {format_size(self.free_bytes)} may be free then")
+                    f"runs again, and +{self.flop_cap:.0%} FLOPs recompute only part of them")
         if self.other:
             other = f" at {self.other_source}" if self.other_source is not None else ""
             reader = f" at {self.reader_source}" if self.reader_source is not None else ""
             return (f"{self.reader}{reader} reads both {self.op}{where} and {self.other}{other}: whichever "
                     f"runs later holds its result and a value made from the other's, "
-                    f"{format_size(self.held_bytes)}, beside {floor}, of which at most "
-                    f"{format_size(self.free_bytes)} may be free then")
-        return (f"{self.op}{where} must hold {format_size(self.held_bytes)} (its result and materialized "
-                f"operands) beside {floor}, of which at most {format_size(self.free_bytes)} may be free then")
+                    f"{format_size(self.held_bytes)}")
+        return f"{self.op}{where} must hold {format_size(self.held_bytes)} (its result and materialized operands)"
 
 
 def _is_hero(op: Any) -> bool:
@@ -243,7 +262,9 @@ def _chain(p: Program, heroes: list[bool], arg: int, out: int) -> set[int] | Non
         if v == arg:
             return True
         made_by = p.producer[v]
-        if v in seen or made_by < 0 or heroes[made_by] or p.nbytes[v] != size:
+        # A loop reads all of its inputs while it makes its results: not a step of a chain.
+        if (v in seen or made_by < 0 or heroes[made_by] or p.nbytes[v] != size
+                or p.ops[made_by].primitive in LOOP_BODIES):
             return False
         seen.add(v)
         hit = False
@@ -289,6 +310,11 @@ def _saving(buffers: Sequence[int], free: Sequence[int]) -> int:
     no other buffer assigned there is live: one buffer per allocation at a time. Largest first,
     each into the smallest allocation that takes it, is the best such matching (the allocations
     that take a buffer take every smaller one)."""
+    return _matching(buffers, free)[0]
+
+
+def _matching(buffers: Sequence[int], free: Sequence[int]) -> tuple[int, list[int]]:
+    """`_saving`'s matching: (bytes held in free allocations, the allocations left unused)."""
     sizes = sorted(free)
     saved = 0
     for b in sorted((b for b in buffers if b > 0), reverse=True):
@@ -296,7 +322,7 @@ def _saving(buffers: Sequence[int], free: Sequence[int]) -> int:
         if k < len(sizes):
             sizes.pop(k)
             saved += b
-    return saved
+    return saved, sizes
 
 
 def _region(p: Program, op: Any, heroes: list[bool]) -> set[int]:
@@ -805,20 +831,10 @@ def _step_program(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: S
     return p, heroes, is_out, aliases, donors, floor_bytes
 
 
-def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
-                floor_bytes: int | None = None) -> LowerBound:
-    """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization or order.
-
-    >>> lower_bound(step, args, donate_argnums=(0, 1)).bytes   # doctest: +SKIP
-
-    Args:
-        fn, args, donate_argnums: the step, its example arguments and donated positions.
-        floor_bytes: XLA's arguments + outputs - aliases, where measured (else counted here from
-            the jaxpr and JAX's lowering).
-    """
-    traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
-    p, heroes, is_out, aliases, donors, floor_bytes = _step_program(fn, args, donate_argnums, traced, floor_bytes)
-    free_always, pinned = _allocations(p, heroes, aliases, donors)
+def _program_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always: list[int],
+                   pinned: list[tuple[int, set[int]]], floor_bytes: int) -> LowerBound:
+    """The one-op, pair and loop terms over one program (a step, or a loop's body with `floor`
+    0: its inputs and outputs are the loop's state, counted by the loop term)."""
     cost = _cut_costs(p, heroes, is_out)
     best = LowerBound(floor_bytes, floor_bytes)
     for op in p.ops:
@@ -837,7 +853,157 @@ def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Seq
         total = floor_bytes + sum(buffers) - saved
         if total > best.bytes:
             best = LowerBound(total, floor_bytes, op.primitive, op.source, sum(buffers), sum(free))
-    return _pair_bound(p, heroes, is_out, free_always, pinned, best)
+    best = _pair_bound(p, heroes, is_out, free_always, pinned, best)
+    return _loop_bound(p, is_out, free_always, pinned, best)
+
+
+# Loops whose body the loop term reads: `lax.scan` and `lax.while_loop` (`fori_loop`).
+LOOP_BODIES = {"scan": "jaxpr", "while": "body_jaxpr"}
+
+
+def _loop_state(p: Program, op: Any, is_out: list[bool]) -> list[int]:
+    """Bytes of the loop's results that every variant's loop makes and holds while it runs: its
+    carries and stacked outputs (a while loop's state, in one buffer each from before its first
+    iteration to after its last), except those another loop reads (a residual stack, which a
+    policy changes) and the step's own outputs (in `floor`)."""
+    held = []
+    for v in op.outputs:
+        if v is None or is_out[v]:
+            continue
+        if any(p.ops[u].primitive in LOOP_BODIES for u in p.users[v]):
+            continue
+        held.append(p.nbytes[v])
+    return held
+
+
+def _body_program(op: Any) -> Program | None:
+    body = op.eqn.params.get(LOOP_BODIES[op.primitive])
+    return None if body is None else drop_dead(ja.inline(body))
+
+
+def _body_bound(bp: Program) -> LowerBound:
+    """The bound over a loop's body as a program of its own: its inputs (the state, the slices
+    of stacked inputs) and outputs cost nothing; what its heaviest kernel must hold beside them."""
+    return _program_bound(bp, [_is_hero(o) for o in bp.ops], _is_output(bp), [], [], 0)
+
+
+def _carry_stacks(p: Program, op: Any) -> list[int] | None:
+    """The body inputs of scan `op` that are slices of a stack another scan made of its carried
+    inputs (a backward scan reading the forward's per-iteration inputs, as it does under
+    `jax.checkpoint` on the body, and recomputing the rest from them). None where some other
+    temporary feeds the loop, whose per-iteration content is not known."""
+    if op.primitive != "scan":
+        return None
+    found = []
+    for k, v in enumerate(op.operands):
+        if isinstance(v, Const) or p.producer[v] < 0:
+            continue                                        # a literal, or the step's argument
+        if k < op.params["num_consts"] + op.params["num_carry"]:
+            if p.ops[p.producer[v]].primitive in LOOP_BODIES and k < op.params["num_consts"]:
+                return None                                 # a loop's result read whole
+            continue
+        made = p.ops[p.producer[v]]
+        if made.primitive != "scan":
+            return None
+        j = made.outputs.index(v)
+        body = made.params["jaxpr"].jaxpr
+        first = made.params["num_consts"]
+        carried = body.invars[first:first + made.params["num_carry"]]
+        if j < made.params["num_carry"] or not any(body.outvars[j] is c for c in carried):
+            return None
+        found.append(k)
+    return found
+
+
+def _residual_stack(p: Program, op: Any, bp: Program) -> tuple[int, int]:
+    """(iterations, bytes per iteration) of the residuals the loop holds in every variant without
+    host offload, where it reads the forward scan's carried inputs (`_carry_stacks`); else 0s.
+
+    Whatever the policy, JAX's scan hands its backward what an iteration saved as a stack (one
+    buffer, live for the whole backward loop), and the backward's own ops (those reading a
+    cotangent, which every variant runs) get the forward values they read from that iteration's
+    saved values. So the saved values meet every path from the carried input to such an op's
+    operand, and hold at least the widest path's narrowest value per iteration."""
+    found = _carry_stacks(p, op)
+    if not found:
+        return 0, 0
+    sources = {bp.invars[k] for k in found}
+    stacked_args = {bp.invars[k] for k, v in enumerate(op.operands)
+                    if not isinstance(v, Const) and p.producer[v] < 0}
+    width = [-1] * bp.num_values
+    backward = [False] * bp.num_values   # computed from a cotangent (an input neither saved nor given)
+    for v in bp.invars:
+        if v in sources:
+            width[v] = bp.nbytes[v]
+        elif v not in stacked_args:
+            backward[v] = True
+    per_iteration = 0
+    for o in bp.ops:
+        through = max((width[v] for v in o.inputs), default=-1)
+        if any(backward[v] for v in o.inputs):
+            per_iteration = max(per_iteration, through)
+        for w in o.outputs:
+            if w is None:
+                continue
+            backward[w] = any(backward[v] for v in o.inputs)
+            width[w] = min(through, bp.nbytes[w]) if through >= 0 else -1
+    return int(op.params["length"]), per_iteration
+
+
+def _loop_bound(p: Program, is_out: list[bool], free_always: list[int],
+                pinned: list[tuple[int, set[int]]], best: LowerBound) -> LowerBound:
+    """While a loop runs, its state is held (`_loop_state`: the backward scan's stacked weight
+    gradients and its carried gradient), and inside an iteration its body's heaviest kernel holds
+    what `_body_bound` finds, in buffers of the body's own (XLA's while body shares buffers with
+    the state only where a value is the state: a body input or output, counted free in the
+    body). Policies change what the body recomputes and what the loop reads from a residual
+    stack, not the state; a value the body's bound counts is, in a variant that saves it, a slot
+    of that stack instead, a buffer of at least the same size. Where the loop reads the forward
+    scan's carried inputs, its residual stack is held too (`_residual_stack`, without host
+    offload): the other iterations' slots, and the running one's or the body's buffers,
+    whichever is more (the body's may be in that slot). Free argument/output allocations may
+    hold state buffers (one each) and at most their bytes of the body's."""
+    floor = best.floor_bytes
+    for op in p.ops:
+        if op.primitive not in LOOP_BODIES:
+            continue
+        bp = _body_program(op)
+        if bp is None:
+            continue
+        state = _loop_state(p, op, is_out)
+        inner = _body_bound(bp)
+        iterations, slot = _residual_stack(p, op, bp)
+        others = max(iterations - 1, 0) * slot
+        running = max(slot, inner.bytes)
+        if floor + sum(state) + others + running <= best.bytes:
+            continue
+        touched = {v for v in op.outputs if v is not None} | set(op.inputs)
+        free = free_always + [size for size, chain in pinned if chain & touched]
+        saved, left = _matching(state + [others], free)
+        saved += min(running, sum(left))         # the body's buffers are not known one by one
+        total = floor + sum(state) + others + running - saved
+        if total > best.bytes:
+            best = LowerBound(total, floor, inner.op, inner.source, sum(state) + others + running,
+                              sum(free), loop=op.primitive, loop_source=op.source,
+                              loop_state_bytes=sum(state), residual_bytes=iterations * slot, inner=inner)
+    return best
+
+
+def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
+                floor_bytes: int | None = None) -> LowerBound:
+    """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization or order.
+
+    >>> lower_bound(step, args, donate_argnums=(0, 1)).bytes   # doctest: +SKIP
+
+    Args:
+        fn, args, donate_argnums: the step, its example arguments and donated positions.
+        floor_bytes: XLA's arguments + outputs - aliases, where measured (else counted here from
+            the jaxpr and JAX's lowering).
+    """
+    traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
+    p, heroes, is_out, aliases, donors, floor_bytes = _step_program(fn, args, donate_argnums, traced, floor_bytes)
+    free_always, pinned = _allocations(p, heroes, aliases, donors)
+    return _program_bound(p, heroes, is_out, free_always, pinned, floor_bytes)
 
 
 def flop_lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
@@ -874,7 +1040,7 @@ def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
     from jaxmem.units import format_size
 
     which = "any checkpoint policy or order"
-    if bound.flop_cap or bound.other:
+    if bound.flop_cap or bound.other or bound.residual_bytes or (bound.inner is not None and bound.inner.other):
         # Values held across a moment may instead sit in host memory under an offload policy
         # (`save_and_offload_only_these_names`): these terms do not count that case. The
         # one-op term does: an offloaded operand is back on the device when the op reads it.

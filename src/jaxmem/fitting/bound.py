@@ -927,16 +927,15 @@ def _residual_stack(p: Program, op: Any, bp: Program) -> tuple[int, int]:
     found = _carry_stacks(p, op)
     if not found:
         return 0, 0
-    sources = {bp.invars[k] for k in found}
-    stacked_args = {bp.invars[k] for k, v in enumerate(op.operands)
-                    if not isinstance(v, Const) and p.producer[v] < 0}
     width = [-1] * bp.num_values
-    backward = [False] * bp.num_values   # computed from a cotangent (an input neither saved nor given)
-    for v in bp.invars:
-        if v in sources:
-            width[v] = bp.nbytes[v]
-        elif v not in stacked_args:
-            backward[v] = True
+    for k in found:
+        width[bp.invars[k]] = bp.nbytes[bp.invars[k]]
+    # The backward's own ops: those computed from its carry (the cotangent flowing back).
+    backward = [False] * bp.num_values
+    first = op.params["num_consts"]
+    for k in range(first, first + op.params["num_carry"]):
+        if not isinstance(op.operands[k], Const):
+            backward[bp.invars[k]] = True
     per_iteration = 0
     for o in bp.ops:
         through = max((width[v] for v in o.inputs), default=-1)

@@ -41,3 +41,16 @@ def test_fit_policy_only_json_lists_the_alternatives(capsys):
     assert loop["sites"][0].split(" (")[0].endswith("mlp.py:37")
     assert "for layer in params[:-1]:" in loop["code"] and "x = jax.checkpoint(block, policy=" in loop["code"]
     assert sum(p["chosen"] for p in data["policies"]) == 1
+
+
+def test_fit_table_prints_every_policy_name_whole_at_80_columns(capsys):
+    """Piped output is 80 columns wide: the wrap column folds, the policy names stay whole."""
+    import jax
+
+    assert cli_main(["fit", TARGET, "--budget", "half-temp", "--policy-only", "--no-schedulers", "--no-time"]) in (0, 1)
+    out = capsys.readouterr().out
+    table = out[out.index("jax.checkpoint alternatives"):]
+    names = [n for n in dir(jax.checkpoint_policies) if not n.startswith("_")]
+    shown = {n for n in names if n in table}
+    assert "dots_with_no_batch_dims_saveable" in shown and "nothing_saveable" in shown, table
+    assert "…" not in table and max(len(line) for line in out.splitlines()) <= 80

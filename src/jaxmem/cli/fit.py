@@ -234,8 +234,11 @@ def _render_policies(console: Any, result: Any) -> None:
     if found is None or found.best is None:
         return
     table = Table(title=f"jax.checkpoint alternatives, judged by {result.judge} (budget {format_size(result.budget_bytes)})")
+    # A policy's name is never cut or broken (it is pasted as printed); the rest wraps.
+    widest = max(len(c.policy) for c in found.candidates)
     for name in ("wrap", "policy", "jaxmem plan", "XLA total", "extra FLOPs", "fits"):
-        table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left")
+        table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left",
+                         overflow="fold", min_width=widest if name == "policy" else None)
     for c in found.candidates:
         where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function",
                  "layer": "each layer call", "loop": "each loop iteration"}[c.kind]

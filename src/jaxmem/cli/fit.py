@@ -164,7 +164,9 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    # Piped into a file or a log, rich would lay the tables out in 80 columns and fold every
+    # policy name; 160 keeps each on one line, as it is pasted.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     if result.policy_fits and not (result.fits and result.fn is not result.original_fn):
         verdict = "[green]fits with the jax.checkpoint policy below[/green]"
     else:
@@ -234,14 +236,14 @@ def _render_policies(console: Any, result: Any) -> None:
     if found is None or found.best is None:
         return
     table = Table(title=f"jax.checkpoint alternatives, judged by {result.judge} (budget {format_size(result.budget_bytes)})")
-    # A policy's name is never cut or broken (it is pasted as printed); the rest wraps.
-    widest = max(len(c.policy) for c in found.candidates)
     for name in ("wrap", "policy", "jaxmem plan", "XLA total", "extra FLOPs", "fits"):
+        # In a narrow terminal a name wraps rather than ending in "...": cut short, it could not be pasted.
         table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left",
-                         overflow="fold", min_width=widest if name == "policy" else None)
+                         overflow="fold")
     for c in found.candidates:
         where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function",
-                 "layer": "each layer call", "loop": "each loop iteration"}[c.kind]
+                 "layer": "each layer call", "loop": "each loop iteration",
+                 "own": "your own jax.checkpoint"}[c.kind]
         if c.grouped:
             where = "the loop"
         elif c.kind == "layer" and c.keys is not None:

@@ -452,6 +452,11 @@ def is_internal_frame(filename: str) -> bool:
     return _frame_kind(filename) == _INTERNAL
 
 
+def is_library_frame(filename: str) -> bool:
+    """True for a frame of an installed library other than JAX and jaxmem (Flax, Equinox)."""
+    return _frame_kind(filename) == _LIBRARY
+
+
 @functools.lru_cache(maxsize=4096)
 def _frame_kind(filename: str) -> int:
     """Whose code a file is: JAX's or jaxmem's own (never shown), an installed library's, or

@@ -31,7 +31,8 @@ from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.errors import JaxmemError
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.sites import (CARRY_TAG, NAMED_DOTS, OFFLOAD_NAMES, CheckpointSite, body_sites, checkpoint_policy,
-                                  checkpoint_sites, dot_tag, tag_carry, tag_dots, trace_body)
+                                  checkpoint_sites, dot_tag, own_checkpoints, own_policy, tag_carry, tag_dots,
+                                  trace_body)
 
 # Policies tried, least recompute first (the order ties are broken in).
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")
@@ -55,7 +56,9 @@ class PolicyCandidate:
     XLA's total and the extra FLOPs."""
 
     kind: str                      # "scan" (each lax.scan body), "grad" (the differentiated
-                                   # function) or "layer" (a function called once per layer)
+                                   # function), "layer" (a function called once per layer), "loop"
+                                   # (a for loop's iterations) or "own" (the user's jax.checkpoint
+                                   # calls, their policy replaced)
     policy: str                    # a jax.checkpoint_policies name, or "none" (the original)
     sites: list[CheckpointSite]
     xla_total_bytes: int | None    # the judge's total; None: not compiled (the planner ranked it out)
@@ -129,6 +132,10 @@ class PolicyCandidate:
             elif s.kind == "layer":
                 lines.append(f"{s}: {layer_line(s, pol)}  # {s.function} defined at {s.defined}, "
                              f"called {s.calls} times here")
+            elif s.kind == "own":
+                lines.append(f"{s}: the jax.checkpoint of {s.function} called here, made where you wrap it: "
+                             f"jax.checkpoint({s.function}, policy={pol})  # in place of your policy; "
+                             f"{s.function} defined at {s.defined}")
             else:
                 lines.append(f"{s}: jax.value_and_grad(jax.checkpoint({s.function}, policy={pol}))  "
                              f"# (or jax.grad / jax.vjp as written there; non-array keyword arguments "
@@ -287,7 +294,8 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
     the sites whose `key` is in `keys`; on layer and loop sites, `but_last`: every call but the
     last, `first`: only the first `first` calls in program order, the others under `rest`, "none"
     leaving them as written; `grouped`: the calls under one checkpoint, or with `first` the first
-    `first` under one and the others under one with `rest`). A fresh function object each call,
+    `first` under one and the others under one with `rest`; kind "own": the user's own
+    `jax.checkpoint` calls with `policy` in place of theirs). A fresh function object each call,
     so no trace cache hands back the unwrapped trace.
 
     >>> jax.jit(with_policy(step, "nothing_saveable"))(*args)   # doctest: +SKIP
@@ -298,6 +306,14 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
     carry = policy.startswith(OFFLOAD_NAMES) and CARRY_TAG in tags   # a scan body's carry, named on entry
 
     inner = [k for k in kinds if k in ("scan", "layer", "loop")]
+    if "own" in kinds:
+        # The user's own jax.checkpoint calls, each given `policy` where it is bound.
+        def replaced(*args: Any, **kwargs: Any) -> Any:
+            with own_policy(None, pol):
+                return fn(*args, **kwargs)
+
+        replaced.__name__ = getattr(fn, "__name__", "fn")
+        return replaced
 
     def wrap(site: CheckpointSite, body: Callable[..., Any]) -> Callable[..., Any]:
         if inner:
@@ -343,6 +359,18 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
 
     candidate.__name__ = getattr(fn, "__name__", "fn")
     return candidate
+
+
+def _as_written(name: str, sites: Sequence[CheckpointSite]) -> bool:
+    """Whether every one of the user's own checkpoints already has policy `name` (the default
+    policy saves what `nothing_saveable` saves): replacing it changes nothing."""
+    own = [s for s in sites if s.kind == "own"]
+    try:
+        wanted = checkpoint_policy(name)
+    except JaxmemError:
+        return False
+    same = {id(wanted)} | ({id(None)} if name == "nothing_saveable" else set())
+    return bool(own) and all(id(s.written) in same for s in own)
 
 
 def _is_array_tree(value: Any) -> bool:
@@ -409,6 +437,9 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     from jaxmem.compiler.costs import jaxpr_flops
 
     original = _trace(fn, args, donate)
+    # The user's own jax.checkpoint calls: their policy, replaced, is a site of its own (the
+    # other sites wrap around them, and cannot change what they save).
+    sites += own_checkpoints(original.closed_jaxpr)
     base_flops = jaxpr_flops(original.closed_jaxpr.jaxpr)
     names = checkpoint_names(original.closed_jaxpr)
     if original_total is None:
@@ -433,7 +464,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         # and its dots, nothing saved on the device (scanned_checkpoint_train by hand: 166.1 MiB
         # -> 155.9, where offloading the dots alone gives 163.9).
         named["scan"] = named["scan"] + [OFFLOAD_NAMES + ",".join([CARRY_TAG] + [dot_tag(x) for x in dot_lines["scan"]])]
-    kinds = [k for k in ("scan", "loop", "layer", "grad") if any(s.kind == k for s in sites)]
+    kinds = [k for k in ("scan", "loop", "layer", "grad", "own") if any(s.kind == k for s in sites)]
     planned_before = _planned_peak(original)
     scale = original_total / max(planned_before or 1, 1)
     result.candidates[0].planned_peak_bytes = planned_before
@@ -455,7 +486,11 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         choices += [("layer", [s.key], False, 0) for s in layers]
     for kind, keys, but_last, first in choices:
         for name in policies + named.get(kind, []):
-            if is_offload(name) and (first or kind != "scan"):
+            if kind == "own" and _as_written(name, sites):
+                continue
+            # The user's own checkpoint inside a scan body offloads as a scan site does.
+            stacked = kind == "scan" or (kind == "own" and "scan" in kinds and name == OFFLOAD)
+            if is_offload(name) and (first or not stacked):
                 # XLA:GPU moves a residual off the device only where a scan stacks it: each
                 # iteration's value is written into a pinned-host buffer (S(5)
                 # dynamic-update-slice). A value saved once (a loop's, a layer's, the
@@ -487,7 +522,8 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
                 began = time.perf_counter()
                 entry.flops, entry.planned_peak_bytes = _measured(cand, args, donate)
                 costs["plan"] = max(costs["plan"], time.perf_counter() - began)
-                entry.extra_flops = max(0, entry.flops - base_flops)
+                # Replacing the user's own policy may recompute less than they do: say so.
+                entry.extra_flops = entry.flops - base_flops if kind == "own" else max(0, entry.flops - base_flops)
             except Exception as err:  # a policy JAX refuses for this function
                 entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
             result.candidates.append(entry)

@@ -4,7 +4,8 @@ standard policies fit names.
 A site is the function handed to `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`),
 a `lax.scan` (or static `fori_loop`) body inside it (`"scan"`), a user function called
 repeatedly from one line inside it, a layer called from a Python loop (`"layer"`), or each
-iteration of a `for` loop at the top of a user function, a layer written inline (`"loop"`). The
+iteration of a `for` loop at the top of a user function, a layer written inline (`"loop"`), or
+a `jax.checkpoint` the user already wrote, whose policy fit may replace (`"own"`). The
 differentiated function is met through hooks installed once on the JAX internals every
 reverse-mode entry runs through (so `from jax import grad` done earlier is seen too), which
 dispatch through a context variable: a thread (or task) outside `checkpoint_sites` runs JAX's own.
@@ -39,7 +40,8 @@ class CheckpointSite:
     `jax.grad` / `jax.value_and_grad` / `jax.vjp` (`kind="grad"`), a `lax.scan` body
     (`"scan"`), a function called once per layer from one line (`"layer"`), or the iterations
     of a `for` loop (`"loop"`: `callee` is the loop variable, `args` the names the body
-    updates). `call` is the user's line that makes the call; `function` names the wrapped function and `defined` where
+    updates), or the user's own `jax.checkpoint` of `function` (`"own"`: `written` is its
+    policy). `call` is the user's line that makes the call; `function` names the wrapped function and `defined` where
     it is defined. For a layer, `text` is the line as written and `span` the call's columns in
     it; `static` / `static_names` the non-array arguments; `calls` how many calls it makes."""
 
@@ -55,6 +57,7 @@ class CheckpointSite:
     static_names: tuple[str, ...] = ()
     calls: int = 1
     traced_for: str = "scan"
+    written: Any = field(default=None, compare=False)   # kind "own": the policy the user wrote (None: default)
 
     @property
     def key(self) -> str:
@@ -158,6 +161,101 @@ def checkpoint_policy(name: str) -> Any:
     if not hasattr(policies, name):
         raise PlanError(f"jax.checkpoint_policies has no policy {name!r}")
     return getattr(policies, name)
+
+
+# -- the user's own jax.checkpoint calls (kind "own") -------------------------------------------
+
+def own_checkpoints(closed_jaxpr: Any) -> list[CheckpointSite]:
+    """The user's own `jax.checkpoint` calls in a traced step: one site per line that calls a
+    checkpointed function (the line JAX records on its checkpoint equation), named by the
+    function and where it is defined (a MaxText-style `jax.checkpoint(layer)` on a scan body:
+    its policy is the user's, which fit's other sites cannot change)."""
+    found: dict[str, CheckpointSite] = {}
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in ja.jaxpr_eqns(jaxpr):
+            if eqn.primitive is _remat_primitive():
+                call = ja.source_line(eqn)
+                if call is not None:
+                    info = getattr(ja.as_closed(eqn.params["jaxpr"]).jaxpr, "debug_info", None)
+                    function, _, defined = (getattr(info, "func_src_info", "") or "").partition(" at ")
+                    site = CheckpointSite("own", SourceLine(call.file, call.line, call.function),
+                                          function or "?", defined or "?", written=eqn.params.get("policy"))
+                    found.setdefault(site.key, site)
+            for sub in ja.nested_jaxprs(eqn):
+                walk(sub)
+
+    walk(ja.as_closed(closed_jaxpr).jaxpr)
+    return list(found.values())
+
+
+def _remat_primitive() -> Any:
+    from jax._src import ad_checkpoint
+
+    return ad_checkpoint.remat_p
+
+
+_OWN: contextvars.ContextVar["tuple[frozenset[tuple[str, int]] | None, Any] | None"] = contextvars.ContextVar(
+    "jaxmem_own_policy", default=None)
+
+
+def _innermost_line() -> tuple[str, int] | None:
+    """The user's line on the Python stack now, as `ja.source_line` reads an equation's: the
+    innermost frame of the user's own code, else the innermost library frame."""
+    frame, library = sys._getframe(2), None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ja.is_internal_frame(name):
+            if not ja.is_library_frame(name):
+                return name, frame.f_lineno
+            library = library or (name, frame.f_lineno)
+        frame = frame.f_back
+    return library
+
+
+def _install_own() -> None:
+    """Hook, once per process, the checkpoint primitive's `bind` (what `jax.checkpoint`'s
+    wrapper calls, with the user's policy as a parameter): inside `own_policy`, a bind from
+    one of its lines gets that policy instead. Outside, JAX's own runs at once."""
+    with _INSTALL:
+        remat = _remat_primitive()
+        if getattr(remat.bind, "__jaxmem_original__", None) is not None:
+            return
+        original = remat.bind
+
+        def bind(*args: Any, **params: Any) -> Any:
+            active = _OWN.get()
+            if active is not None and "policy" in params:
+                lines, policy = active
+                if lines is None or _innermost_line() in lines:
+                    params["policy"] = policy
+            return original(*args, **params)
+
+        bind.__jaxmem_original__ = original  # type: ignore[attr-defined]
+        remat.bind = bind  # an instance attribute: `remat_p.bind(...)` finds it first
+
+
+class own_policy:
+    """A context in which the user's own `jax.checkpoint` calls made from `sites` (all of
+    them for None) use `policy` (a `jax.checkpoint_policies` policy, None for the default)
+    in place of the one they were written with, as if the user had written it there.
+
+    >>> with own_policy(None, jax.checkpoint_policies.dots_saveable):   # doctest: +SKIP
+    ...     jax.make_jaxpr(step)(params, batch)
+    """
+
+    def __init__(self, sites: Sequence[CheckpointSite] | None, policy: Any):
+        self.lines = None if sites is None else frozenset((s.call.file, s.call.line) for s in sites)
+        self.policy = policy
+        self._tokens: list[contextvars.Token[Any]] = []
+
+    def __enter__(self) -> "own_policy":
+        _install_own()
+        self._tokens.append(_OWN.set((self.lines, self.policy)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _OWN.reset(self._tokens.pop())
 
 
 # -- the grad sites: hooks on JAX's internals, installed once, dispatching per context -------

@@ -64,3 +64,41 @@ def test_fit_offers_a_cheaper_policy_for_the_users_checkpoint_where_memory_allow
     assert judge.total(by_hand, args, (0, 1)) == best.xla_total_bytes
     # The default policy saves what nothing_saveable saves: not tried again.
     assert not any(c.kind == "own" and c.policy == "nothing_saveable" for c in found.candidates)
+
+
+def test_a_flax_remat_under_nn_scan_is_a_site_and_its_policy_is_said_in_flax_terms():
+    """Flax linen's nn.remat inside nn.scan: the checkpoint JAX records was made in Flax's own
+    code; replacing its policy saves the dots (fewer FLOPs than the step as written, the
+    residuals the policy keeps), and the line to write names nn.remat's policy argument."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from jaxmem.compiler.costs import jaxpr_flops
+    from jaxmem.fitting.policy import PolicyCandidate
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            return x + nn.Dense(32)(nn.gelu(nn.Dense(64)(nn.LayerNorm()(x)))), None
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            stack = nn.scan(nn.remat(Block), variable_axes={"params": 0}, split_rngs={"params": True}, length=3)
+            return stack()(x, None)[0]
+
+    model = Model()
+    x = jnp.ones((4, 16, 32))
+    params = model.init(jax.random.key(0), x)
+
+    def step(p, x):
+        return jax.grad(lambda p: jnp.mean(model.apply(p, x) ** 2))(p)
+
+    closed = jax.make_jaxpr(step)(params, x)
+    (site,) = own_checkpoints(closed)
+    replaced = with_policy(step, "dots_saveable", ("own",))
+    assert jaxpr_flops(jax.make_jaxpr(replaced)(params, x).jaxpr) < jaxpr_flops(closed.jaxpr)
+    for a, b in zip(jax.tree.leaves(jax.jit(replaced)(params, x)), jax.tree.leaves(jax.jit(step)(params, x))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    line = PolicyCandidate("own", "dots_saveable", [site], None, 0, 0).code
+    assert "nn.remat(Module, policy=...)" in line and "jax.checkpoint_policies.dots_saveable" in line

@@ -132,6 +132,13 @@ class PolicyCandidate:
             elif s.kind == "layer":
                 lines.append(f"{s}: {layer_line(s, pol)}  # {s.function} defined at {s.defined}, "
                              f"called {s.calls} times here")
+            elif s.kind == "own" and ja.is_library_frame(s.call.file):
+                # Made by a library for the user's model (Flax's nn.remat over nn.scan records
+                # no frame of the user's): the policy goes where the user asks for it.
+                lines.append(f"{s}: a checkpoint a library makes for your model ({s.function} defined at "
+                             f"{s.defined}): give it policy={pol} where you ask for it (Flax: "
+                             f"nn.remat(Module, policy=...) or nnx.remat(f, policy=...); Equinox: "
+                             f"eqx.filter_checkpoint(f, policy=...))")
             elif s.kind == "own":
                 lines.append(f"{s}: the jax.checkpoint of {s.function} called here, made where you wrap it: "
                              f"jax.checkpoint({s.function}, policy={pol})  # in place of your policy; "

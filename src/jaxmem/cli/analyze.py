@@ -404,15 +404,15 @@ def cpu_step_program(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[
     argument and output leaves, donated arguments taken over by the first output of the same
     shape and dtype, and XLA:CPU's temp bytes as the one temp allocation."""
     import jax
-    import numpy as np
 
+    from jaxmem.compiler.jaxpr_adapter import aval_bytes
     from jaxmem.runtime.steps import Leaf, StepProgram, match_state
 
     def key(leaf: Any) -> str:
         return f"{leaf.dtype}{list(leaf.shape)}"
 
     def nbytes(leaf: Any) -> int:
-        return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+        return aval_bytes(leaf)
 
     arguments, keys_in = [], []
     for position, arg in enumerate(args):

@@ -223,6 +223,27 @@ def aval_shape_dtype(atom: Any) -> tuple[tuple[int, ...], str, int]:
     return _shape_dtype_bytes(atom.aval)
 
 
+@functools.lru_cache(maxsize=256)
+def element_bits(dtype: Any) -> int:
+    """Bits one element of `dtype` takes in device memory. XLA packs sub-byte types (int4,
+    uint4, int2, float4_e2m1fn: two or four to a byte, `memory_analysis()` counts them so),
+    where numpy's itemsize says one byte; a typed PRNG key (key<fry>) is its key data's bytes,
+    which `dtype.itemsize` gives though `np.dtype` cannot read it."""
+    try:
+        bytes_ = int(dtype.itemsize)
+    except (AttributeError, TypeError):
+        return 32  # an extended dtype we cannot size: assume one 32-bit word per element
+    if bytes_ == 1 and isinstance(dtype, np.dtype):
+        import ml_dtypes
+
+        for info in (ml_dtypes.iinfo, ml_dtypes.finfo):
+            try:
+                return min(8, int(info(dtype).bits))
+            except (ValueError, TypeError):
+                continue
+    return 8 * bytes_
+
+
 def aval_bytes(aval: Any) -> int:
     """Bytes of one value of this abstract type (0 for tokens and other values without data).
     The one value-size rule; fast, since costs ask it for every operand of every equation."""
@@ -231,12 +252,13 @@ def aval_bytes(aval: Any) -> int:
     if shape is None or dtype is None:
         return 0
     try:
-        count = int(dtype.itemsize)
-    except (AttributeError, TypeError):
-        count = 4  # an extended dtype we cannot size: assume one 32-bit word per element
+        bits = element_bits(dtype)
+    except TypeError:  # an unhashable dtype
+        bits = element_bits.__wrapped__(dtype)
+    count = 1
     for d in shape:
         count *= int(d) if isinstance(d, (int, np.integer)) else 0
-    return count
+    return -(-count * bits // 8)  # packed: whole bytes per array, as XLA's ByteSizeOf
 
 
 def _shape_dtype_bytes(aval: Any) -> tuple[tuple[int, ...], str, int]:

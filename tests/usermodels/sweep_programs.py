@@ -27,3 +27,25 @@ def int4_weights():
     w4 = jax.random.randint(jax.random.key(0), (512, 512), -7, 7).astype(jnp.int4)
     x = jnp.ones((64, 512), jnp.bfloat16)
     return (lambda w4, x: x @ w4.astype(jnp.bfloat16)), (w4, x)
+
+
+def tiled_scale():
+    """`jnp.tile` (a primitive of its own in newer JAX) read by one multiply: XLA computes the
+    tiled rows inside the multiply's loop fusion, never storing them."""
+    row = jnp.ones((1, 4096))
+    w = jnp.ones((2048, 4096))
+    return (lambda row, w: jnp.sum(jnp.tile(row, (2048, 1)) * w, axis=0)), (row, w)
+
+
+def stacked_layers():
+    """Per-layer updates stacked (`jnp.stack`, a primitive in newer JAX) and unstacked back."""
+    xs = jnp.ones((8, 512, 512))
+
+    def fn(xs):
+        parts = jnp.unstack(xs)
+        ys = jnp.stack([jnp.tanh(p) * (i + 1) for i, p in enumerate(parts)])
+        # a cond whose branches keep different residuals pads them with `empty2`
+        branch = jax.grad(lambda v: jax.lax.cond(v.sum() > 0, jnp.sin, lambda v: v * 2, v).sum())
+        return ys, jnp.searchsorted(jnp.arange(16.0), ys[0, 0]), branch(ys[1, 1])
+
+    return fn, (xs,)

@@ -76,3 +76,31 @@ def test_tile_read_by_one_multiply_is_not_stored():
     report = _analyze_json(f"{HERE}:tiled_scale")
     assert report["unknown_primitives"] == []
     assert report["peak_bytes"] <= xla_total, (report["peak_bytes"], xla_total)
+
+
+def test_optimize_compares_typed_key_outputs_by_their_key_data():
+    """`jaxmem optimize` on a step returning its split key ended in a traceback (np.asarray of
+    a key<fry> array); it now compares the key data, and the reordered step's values are the
+    original's."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-m", "jaxmem", "optimize", f"{HERE}:typed_key_dropout", "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["values_unchanged"] is True
+
+
+def test_fit_judges_typed_keys_by_their_key_data():
+    """fit's value check (`values_equal`) read keys with np.asarray and raised; equal keys are
+    equal and keys split differently are not, as their key data says."""
+    from jaxmem.fitting.judge import values_equal
+
+    key = jax.random.key(0)
+    same, other = jax.random.split(key)[0], jax.random.split(jax.random.key(1))[0]
+    assert values_equal((same, jnp.ones(3)), (jax.random.split(key)[0], jnp.ones(3)))
+    assert not np.array_equal(jax.random.key_data(same), jax.random.key_data(other))
+    assert not values_equal((same,), (other,))
+

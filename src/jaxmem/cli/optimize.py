@@ -39,8 +39,13 @@ def _same_values(fn: Any, new: Any, args: tuple) -> bool:
     import jax
     import numpy as np
 
+    def host(leaf: Any) -> Any:  # a typed PRNG key (key<fry>) has no numpy form: its key data
+        if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        return np.asarray(leaf)
+
     a, b = jax.jit(fn)(*args), jax.jit(new)(*args)
-    return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    return all(np.allclose(host(x), host(y), rtol=1e-5, atol=1e-6)
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 

@@ -104,3 +104,21 @@ def test_fit_judges_typed_keys_by_their_key_data():
     assert not np.array_equal(jax.random.key_data(same), jax.random.key_data(other))
     assert not values_equal((same,), (other,))
 
+
+def test_fit_below_the_arguments_and_outputs_says_why_no_rewrite_ran():
+    """A budget under XLA's arguments + outputs (no recomputation lowers those) printed
+    'rewrite: not run (a policy meets the budget, ...)', though no policy met it."""
+    import subprocess
+    import sys
+
+    fn, args = __import__("sweep_programs").typed_key_dropout()
+    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
+    floor = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-m", "jaxmem", "fit", f"{HERE}:typed_key_dropout",
+                          "--budget", str(floor // 2), "--no-progress", "--no-time", "--no-schedulers"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 1, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    assert "the budget cannot be met" in text
+    assert "a policy meets the budget" not in text

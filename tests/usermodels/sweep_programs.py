@@ -49,3 +49,14 @@ def stacked_layers():
         return ys, jnp.searchsorted(jnp.arange(16.0), ys[0, 0]), branch(ys[1, 1])
 
     return fn, (xs,)
+
+
+def int4_quantize():
+    """Values quantized to int4 inside the step, returned and read back."""
+    x = jnp.linspace(-7, 7, 64 * 512).reshape(64, 512)
+
+    def fn(x):
+        q = jnp.round(x).astype(jnp.int4)
+        return q, (q.astype(jnp.float32) * 0.5).sum(0)
+
+    return fn, (x,)

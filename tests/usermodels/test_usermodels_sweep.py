@@ -122,3 +122,22 @@ def test_fit_below_the_arguments_and_outputs_says_why_no_rewrite_ran():
     text = " ".join(out.stdout.split())
     assert "the budget cannot be met" in text
     assert "a policy meets the budget" not in text
+
+
+def test_int4_values_made_in_the_step_are_sized_packed_and_run_to_jax_values():
+    """An int4 value the step makes is planned at XLA's packed bytes (the plan's outputs equal
+    XLA:CPU's output figure), and the planned program still runs to jax.jit's values (numpy
+    holds an int4 a byte, so the executor keeps such values outside the arena; sizing them
+    packed made it refuse the plan: 'value is 16384 bytes but its type int4[64,512] needs 32768')."""
+    import jaxmem
+    from jaxmem.execution.verify import compare_with_jit
+    from sweep_programs import int4_quantize
+
+    fn, args = int4_quantize()
+    # each output compiled alone: XLA's figure for a tuple also counts its pointer table
+    xla_outputs = sum(jax.jit(lambda x, k=k: fn(x)[k]).lower(*args).compile().memory_analysis().output_size_in_bytes
+                      for k in range(2))
+    plan = jaxmem.plan(fn, *args, xla=False)
+    assert plan.valid
+    assert plan.output_bytes == xla_outputs
+    assert compare_with_jit(fn, args, plan)["ok"]

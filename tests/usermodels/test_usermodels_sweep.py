@@ -141,3 +141,20 @@ def test_int4_values_made_in_the_step_are_sized_packed_and_run_to_jax_values():
     assert plan.valid
     assert plan.output_bytes == xla_outputs
     assert compare_with_jit(fn, args, plan)["ok"]
+
+
+def test_a_jitted_targets_own_donation_is_planned_and_compiled():
+    """A TARGET returning `jax.jit(step, donate_argnums=0)` was planned and compiled as if
+    nothing were donated (jaxmem wraps it in its own jax.jit, where the inner donation is
+    lost). Its donation is now read from its trace: jaxmem's XLA figure is the one XLA gives
+    the user's own jitted step, donated weights aliased."""
+    from sweep_programs import jitted_donated_sgd
+
+    fn, args = jitted_donated_sgd()
+    stats = fn.lower(*args).compile().memory_analysis()
+    assert stats.alias_size_in_bytes > 0
+    xla_total = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+                 - stats.alias_size_in_bytes)
+    report = _analyze_json(f"{HERE}:jitted_donated_sgd")
+    assert report["donated"]
+    assert report["xla_total_bytes"] == xla_total

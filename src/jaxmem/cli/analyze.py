@@ -762,14 +762,14 @@ def _jsonable(obj: Any) -> Any:
 def main(argv: list[str]) -> int:
     """`jaxmem analyze`: see the module docstring. Returns the exit code."""
     args = build_parser().parse_args(argv)
-    from jaxmem.compiler.target import load_target
+    from jaxmem.compiler.target import jit_donation, load_target
 
     if args.top < 0:
         raise PlanError(f"--top must be 0 or more, got {args.top}")
     device = parse_device(args.device)
     target = args.target or DEFAULT_TARGET
     fn, fn_args = load_target(target)
-    donate = parse_donate(args.donate, len(fn_args))
+    donate = parse_donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
     from jaxmem.cli import sharded
 
     if sharded.wanted(args, fn_args):

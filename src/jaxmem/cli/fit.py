@@ -271,7 +271,7 @@ def _render_policies(console: Any, result: Any) -> None:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.compiler.remat import fit
-    from jaxmem.compiler.target import load_target
+    from jaxmem.compiler.target import jit_donation, load_target
     from jaxmem.fitting.judge import Figures, Judge, resolve_budget
 
     if args.device is not None:
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> int:
     budget = args.budget.strip()
     resolve_budget(budget, Figures(1, 1, 2, 0))  # a budget that cannot be read is one line, before any compile
     fn, fn_args = load_target(args.target)
-    donate = _donate(args.donate, len(fn_args))
+    donate = _donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
     # XLA:CPU's schedulers compile in their own processes while the search runs.
     cpu_schedulers = not args.no_schedulers and args.device is None
     workers, box = _scheduler_totals(args.target, donate) if cpu_schedulers else ([], {})

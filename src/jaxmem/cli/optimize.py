@@ -52,14 +52,14 @@ def _same_values(fn: Any, new: Any, args: tuple) -> bool:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.cli.fit import _abstract, _donate, _progress
-    from jaxmem.compiler.target import load_target
+    from jaxmem.compiler.target import jit_donation, load_target
     from jaxmem.fitting.judge import Judge
     from jaxmem.fitting.reorder import reorder, reordered_line
 
     if args.device is not None:
         Judge(args.device)
     fn, fn_args = load_target(args.target)
-    donate = _donate(args.donate, len(fn_args))
+    donate = _donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
     with _progress(not args.json and sys.stderr.isatty()) as bar:
         task = bar.add_task("optimize", total=5) if bar is not None else None
 

@@ -145,3 +145,24 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     except (Exception, SystemExit) as err:
         raise PlanError(f"TARGET {target!r}: the factory raised {_one_line(err)}") from None
     return check_fn_args(result, f"TARGET {target!r}")
+
+
+def jit_donation(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[int, ...]:
+    """The `donate_argnums` of a function the user already wrapped in `jax.jit(...,
+    donate_argnums=...)`, read from its trace; () for any other function.
+
+    jaxmem plans and compiles `jax.jit(fn)` around the function it is given, and an inner
+    jit's donation does not carry through an outer one: without this, a TARGET returning
+    `jax.jit(step, donate_argnums=(0, 1))` was planned as if nothing were donated.
+
+        >>> import jax, jax.numpy as jnp
+        >>> jit_donation(jax.jit(lambda a, b: a + b, donate_argnums=1), (jnp.ones(2), jnp.ones(2)))
+        (1,)
+    """
+    trace = getattr(fn, "trace", None)
+    if trace is None or not callable(getattr(fn, "lower", None)):
+        return ()
+    try:
+        return tuple(sorted(int(k) for k in trace(*args).donate_argnums))
+    except Exception:  # not jax.jit's trace, or it fails: the planner's own trace says why
+        return ()

@@ -63,12 +63,13 @@ def int4_quantize():
 
 
 def jitted_donated_sgd():
-    """An SGD step the user already wrapped in `jax.jit(..., donate_argnums=0)`."""
+    """An SGD step the user already wrapped in `jax.jit(..., donate_argnums=1)`: the batch
+    first, the weights (two leaves) second."""
     w = {"a": jnp.ones((1024, 1024)), "b": jnp.ones((1024,))}
     x = jnp.ones((256, 1024))
 
-    def step(w, x):
+    def step(x, w):
         g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w["a"] + w["b"])))(w)
         return jax.tree.map(lambda p, d: p - 0.1 * d, w, g)
 
-    return jax.jit(step, donate_argnums=0), (w, x)
+    return jax.jit(step, donate_argnums=1), (x, w)

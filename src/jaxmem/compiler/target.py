@@ -156,13 +156,18 @@ def jit_donation(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[int, ..
     `jax.jit(step, donate_argnums=(0, 1))` was planned as if nothing were donated.
 
         >>> import jax, jax.numpy as jnp
-        >>> jit_donation(jax.jit(lambda a, b: a + b, donate_argnums=1), (jnp.ones(2), jnp.ones(2)))
+        >>> step = jax.jit(lambda x, w: {k: v + x for k, v in w.items()}, donate_argnums=1)
+        >>> jit_donation(step, (jnp.ones(2), {"a": jnp.ones(2), "b": jnp.ones(2)}))
         (1,)
     """
     trace = getattr(fn, "trace", None)
     if trace is None or not callable(getattr(fn, "lower", None)):
         return ()
+    import jax
+
     try:
-        return tuple(sorted(int(k) for k in trace(*args).donate_argnums))
+        positional = trace(*args).args_info[0]   # (positional, keyword) pytrees of ArgInfo
+        flags = [jax.tree.leaves(jax.tree.map(lambda info: bool(info.donated), arg)) for arg in positional]
     except Exception:  # not jax.jit's trace, or it fails: the planner's own trace says why
         return ()
+    return tuple(k for k, leaves in enumerate(flags) if leaves and all(leaves))

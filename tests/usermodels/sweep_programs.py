@@ -73,3 +73,21 @@ def jitted_donated_sgd():
         return jax.tree.map(lambda p, d: p - 0.1 * d, w, g)
 
     return jax.jit(step, donate_argnums=1), (x, w)
+
+
+def function_leaf():
+    """A model pytree holding its activation function as a leaf (as equinox's eqx.nn.MLP does),
+    passed to a step that `jax.jit` cannot take it into."""
+
+    class Wrapped:  # a multi-line repr, as eqx.filter_jit's wrapper has
+        def __init__(self, f):
+            self.f = f
+
+        def __call__(self, *a):
+            return self.f(*a)
+
+        def __repr__(self):
+            return "Wrapped(\n  f=step\n)"
+
+    model = {"w": jnp.ones((8, 8)), "activation": jax.nn.relu}
+    return Wrapped(lambda m, x: m["activation"](x @ m["w"])), (model, jnp.ones((2, 8)))

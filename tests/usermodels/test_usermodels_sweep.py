@@ -158,3 +158,25 @@ def test_a_jitted_targets_own_donation_is_planned_and_compiled():
     report = _analyze_json(f"{HERE}:jitted_donated_sgd")
     assert len(report["donated"]) == len(jax.tree.leaves(args[1]))   # the weights' leaves, not the batch
     assert report["xla_total_bytes"] == xla_total
+
+
+def test_a_non_array_leaf_is_named_by_its_path_in_one_line():
+    """A function leaf in the arguments (an equinox model's activation under eqx.filter_jit) is
+    one error line; it said only "Error interpreting argument to _JitWrapper(" (JAX's first
+    line, a cut repr) and now carries JAX's whole first sentence, the leaf's path included."""
+    import subprocess
+    import sys
+
+    from sweep_programs import function_leaf
+
+    fn, args = function_leaf()
+    with pytest.raises(TypeError) as jax_error:
+        jax.make_jaxpr(fn)(*args)
+    assert "activation" in str(jax_error.value) and "Wrapped(\n" in str(jax_error.value)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-m", "jaxmem", "analyze", f"{HERE}:function_leaf", "--xla", "cpu"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.startswith("jaxmem analyze: error:")]
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert "['activation']" in lines[0] and "Wrapped( f=step )" in lines[0], lines[0]

@@ -101,10 +101,32 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         else:  # `fn` itself, so JAX's trace cache (per function object) applies
             closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
     except Exception as err:  # the user's function failed to trace: say so in one line
-        first = str(err).splitlines()[0] if str(err) else ""
+        first = first_sentence(str(err))
         raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {first}") from err
     return Traced(closed, jax.tree_util.tree_structure(tuple(args)), jax.tree_util.tree_structure(shapes),
                   [v.aval for v in closed.jaxpr.invars], [v.aval for v in closed.jaxpr.outvars], donated)
+
+
+def first_sentence(text: str, limit: int = 600) -> str:
+    """An error message's first line, as one line, continued while it leaves a bracket open:
+    JAX's first line can be a cut multi-line repr ("Error interpreting argument to
+    _JitWrapper(" for an equinox filter_jit step), the rest of its sentence, naming the
+    argument's path, on the lines below.
+
+        >>> first_sentence("Error interpreting argument to f(\\n  a=1\\n) as an array at path x.\\nMore.")
+        'Error interpreting argument to f( a=1 ) as an array at path x.'
+        >>> first_sentence("not traceable\\nsecond line")
+        'not traceable'
+    """
+    lines: list[str] = []
+    depth = 0
+    for line in text.splitlines():
+        lines.append(line.strip())
+        depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+        if depth <= 0:
+            break
+    out = " ".join(part for part in lines if part)
+    return out if len(out) <= limit else out[:limit - 3] + "..."
 
 
 def donate_positions(num_args: int, donate_argnums: int | Sequence[int]) -> tuple[int, ...]:

@@ -404,15 +404,15 @@ def cpu_step_program(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[
     argument and output leaves, donated arguments taken over by the first output of the same
     shape and dtype, and XLA:CPU's temp bytes as the one temp allocation."""
     import jax
-    import numpy as np
 
+    from jaxmem.compiler.jaxpr_adapter import aval_bytes
     from jaxmem.runtime.steps import Leaf, StepProgram, match_state
 
     def key(leaf: Any) -> str:
         return f"{leaf.dtype}{list(leaf.shape)}"
 
     def nbytes(leaf: Any) -> int:
-        return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+        return aval_bytes(leaf)
 
     arguments, keys_in = [], []
     for position, arg in enumerate(args):
@@ -762,14 +762,14 @@ def _jsonable(obj: Any) -> Any:
 def main(argv: list[str]) -> int:
     """`jaxmem analyze`: see the module docstring. Returns the exit code."""
     args = build_parser().parse_args(argv)
-    from jaxmem.compiler.target import load_target
+    from jaxmem.compiler.target import jit_donation, load_target
 
     if args.top < 0:
         raise PlanError(f"--top must be 0 or more, got {args.top}")
     device = parse_device(args.device)
     target = args.target or DEFAULT_TARGET
     fn, fn_args = load_target(target)
-    donate = parse_donate(args.donate, len(fn_args))
+    donate = parse_donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
     from jaxmem.cli import sharded
 
     if sharded.wanted(args, fn_args):

@@ -188,6 +188,8 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     if result.rewrite_ran:
         console.print(f"rewrite: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
                       f"({result.extra_flops:,} over {result.original_flops:,})")
+    elif result.infeasible:  # said below: no rewrite can meet it, so none was searched
+        console.print("rewrite: not run (the budget is below what any recomputation can reach)")
     else:
         console.print(f"rewrite: not run ({result.rewrite_skipped})")
     if result.step_seconds_before and result.step_seconds_after:
@@ -275,7 +277,7 @@ def _render_policies(console: Any, result: Any) -> None:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.compiler.remat import fit
-    from jaxmem.compiler.target import load_target
+    from jaxmem.compiler.target import jit_donation, load_target
     from jaxmem.fitting.judge import Figures, Judge, resolve_budget
 
     if args.device is not None:
@@ -283,7 +285,7 @@ def main(argv: list[str]) -> int:
     budget = args.budget.strip()
     resolve_budget(budget, Figures(1, 1, 2, 0))  # a budget that cannot be read is one line, before any compile
     fn, fn_args = load_target(args.target)
-    donate = _donate(args.donate, len(fn_args))
+    donate = _donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
     # XLA:CPU's schedulers compile in their own processes while the search runs.
     cpu_schedulers = not args.no_schedulers and args.device is None
     workers, box = _scheduler_totals(args.target, donate) if cpu_schedulers else ([], {})

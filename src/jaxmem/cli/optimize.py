@@ -39,22 +39,27 @@ def _same_values(fn: Any, new: Any, args: tuple) -> bool:
     import jax
     import numpy as np
 
+    def host(leaf: Any) -> Any:  # a typed PRNG key (key<fry>) has no numpy form: its key data
+        if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        return np.asarray(leaf)
+
     a, b = jax.jit(fn)(*args), jax.jit(new)(*args)
-    return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    return all(np.allclose(host(x), host(y), rtol=1e-5, atol=1e-6)
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.cli.fit import _abstract, _donate, _progress
-    from jaxmem.compiler.target import load_target
+    from jaxmem.compiler.target import jit_donation, load_target
     from jaxmem.fitting.judge import Judge
     from jaxmem.fitting.reorder import reorder, reordered_line
 
     if args.device is not None:
         Judge(args.device)
     fn, fn_args = load_target(args.target)
-    donate = _donate(args.donate, len(fn_args))
+    donate = _donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
     with _progress(not args.json and sys.stderr.isatty()) as bar:
         task = bar.add_task("optimize", total=5) if bar is not None else None
 

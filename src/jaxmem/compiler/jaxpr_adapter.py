@@ -101,10 +101,32 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         else:  # `fn` itself, so JAX's trace cache (per function object) applies
             closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
     except Exception as err:  # the user's function failed to trace: say so in one line
-        first = str(err).splitlines()[0] if str(err) else ""
+        first = first_sentence(str(err))
         raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {first}") from err
     return Traced(closed, jax.tree_util.tree_structure(tuple(args)), jax.tree_util.tree_structure(shapes),
                   [v.aval for v in closed.jaxpr.invars], [v.aval for v in closed.jaxpr.outvars], donated)
+
+
+def first_sentence(text: str, limit: int = 600) -> str:
+    """An error message's first line, as one line, continued while it leaves a bracket open:
+    JAX's first line can be a cut multi-line repr ("Error interpreting argument to
+    _JitWrapper(" for an equinox filter_jit step), the rest of its sentence, naming the
+    argument's path, on the lines below.
+
+        >>> first_sentence("Error interpreting argument to f(\\n  a=1\\n) as an array at path x.\\nMore.")
+        'Error interpreting argument to f( a=1 ) as an array at path x.'
+        >>> first_sentence("not traceable\\nsecond line")
+        'not traceable'
+    """
+    lines: list[str] = []
+    depth = 0
+    for line in text.splitlines():
+        lines.append(line.strip())
+        depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+        if depth <= 0:
+            break
+    out = " ".join(part for part in lines if part)
+    return out if len(out) <= limit else out[:limit - 3] + "..."
 
 
 def donate_positions(num_args: int, donate_argnums: int | Sequence[int]) -> tuple[int, ...]:
@@ -223,6 +245,27 @@ def aval_shape_dtype(atom: Any) -> tuple[tuple[int, ...], str, int]:
     return _shape_dtype_bytes(atom.aval)
 
 
+@functools.lru_cache(maxsize=256)
+def element_bits(dtype: Any) -> int:
+    """Bits one element of `dtype` takes in device memory. XLA packs sub-byte types (int4,
+    uint4, int2, float4_e2m1fn: two or four to a byte, `memory_analysis()` counts them so),
+    where numpy's itemsize says one byte; a typed PRNG key (key<fry>) is its key data's bytes,
+    which `dtype.itemsize` gives though `np.dtype` cannot read it."""
+    try:
+        bytes_ = int(dtype.itemsize)
+    except (AttributeError, TypeError):
+        return 32  # an extended dtype we cannot size: assume one 32-bit word per element
+    if bytes_ == 1 and isinstance(dtype, np.dtype):
+        import ml_dtypes
+
+        for info in (ml_dtypes.iinfo, ml_dtypes.finfo):
+            try:
+                return min(8, int(info(dtype).bits))
+            except (ValueError, TypeError):
+                continue
+    return 8 * bytes_
+
+
 def aval_bytes(aval: Any) -> int:
     """Bytes of one value of this abstract type (0 for tokens and other values without data).
     The one value-size rule; fast, since costs ask it for every operand of every equation."""
@@ -231,12 +274,13 @@ def aval_bytes(aval: Any) -> int:
     if shape is None or dtype is None:
         return 0
     try:
-        count = int(dtype.itemsize)
-    except (AttributeError, TypeError):
-        count = 4  # an extended dtype we cannot size: assume one 32-bit word per element
+        bits = element_bits(dtype)
+    except TypeError:  # an unhashable dtype
+        bits = element_bits.__wrapped__(dtype)
+    count = 1
     for d in shape:
         count *= int(d) if isinstance(d, (int, np.integer)) else 0
-    return count
+    return -(-count * bits // 8)  # packed: whole bytes per array, as XLA's ByteSizeOf
 
 
 def _shape_dtype_bytes(aval: Any) -> tuple[tuple[int, ...], str, int]:

@@ -62,8 +62,8 @@ def _rows(names: str, rule: Rule) -> dict[str, Rule]:
 
 RULES: dict[str, Rule] = {
     **_rows("""abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil
-               clamp clz complex conj cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt
-               igamma igammac imag integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg
+               clamp clz complex conj cos cosh digamma div eq eq_to erf erf_inv erfc exp exp2 expm1 floor ge gt
+               igamma igammac imag integer_pow is_finite le le_to lgamma log log1p logistic lt lt_to max min mul ne neg
                nextafter not or polygamma population_count pow random_gamma_grad real reduce_precision
                regularized_incomplete_beta rem round rsqrt select_n shift_left shift_right_arithmetic
                shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh xor zeta""",
@@ -78,9 +78,16 @@ RULES: dict[str, Rule] = {
     # collective XLA inserts, planned from its partitioned module where jaxmem has one)
     **_rows("pvary reshard sharding_constraint", Rule("view", cost="movement")),
     **_rows("broadcast_in_dim iota", Rule("fresh", "producer", True, "movement")),
+    # newer JAX's own primitives for what it lowers to the ops above: `empty`/`empty2` a
+    # broadcast zero, `tile` a reshape of a broadcast (jax/_src/lax/lax.py's lowerings)
+    **_rows("empty empty2 tile", Rule("fresh", "producer", True, "movement")),
     **_rows("transpose", Rule("fresh", "transpose", True, "movement")),
-    **_rows("concatenate dynamic_slice pad rev slice", Rule("fresh", absorbs=True, cost="movement")),
-    **_rows("device_put gather select_and_gather_add split", Rule("fresh", cost="movement")),
+    # `stack` lowers to a concatenate of its operands each reshaped
+    **_rows("concatenate dynamic_slice pad rev slice stack", Rule("fresh", absorbs=True, cost="movement")),
+    # `unstack` lowers to one slice and reshape per output, as `split`
+    **_rows("device_put gather select_and_gather_add split unstack", Rule("fresh", cost="movement")),
+    # jax.random.clone lowers to its operand
+    **_rows("random_clone", Rule("view", cost="movement")),
     **_rows("dynamic_update_slice", Rule("update", absorbs=True, cost="movement")),
     **_rows("""scatter scatter-add scatter_add scatter-mul scatter_mul scatter-min scatter_min scatter-max
                scatter_max scatter-sub scatter_sub""", Rule("update", cost="reduction")),
@@ -100,7 +107,7 @@ RULES: dict[str, Rule] = {
     **dict.fromkeys(CALL_PRIMITIVES, Rule("fresh")),
     **_rows("""after_all approx_top_k argsort axis_index cholesky create_token custom_linear_solve
                dot_general_p eig eigh fft hessenberg iota_2x32_shape lu mesh_cast nonzero platform_index
-               pmax pmin qr ragged_dot ragged_dot_general random_bits random_fold_in random_split schur svd
+               pmax pmin qr ragged_dot ragged_dot_general random_bits random_fold_in random_gamma random_split schur svd
                threefry2x32 tie_in top_k triangular_solve tridiagonal tridiagonal_solve""", Rule("fresh")),
     # effects, collectives, and randomness that draws fresh state
     **_rows("""all_gather all_to_all debug_callback debug_print infeed io_callback outfeed ppermute psum

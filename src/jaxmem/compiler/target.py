@@ -145,3 +145,29 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     except (Exception, SystemExit) as err:
         raise PlanError(f"TARGET {target!r}: the factory raised {_one_line(err)}") from None
     return check_fn_args(result, f"TARGET {target!r}")
+
+
+def jit_donation(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[int, ...]:
+    """The `donate_argnums` of a function the user already wrapped in `jax.jit(...,
+    donate_argnums=...)`, read from its trace; () for any other function.
+
+    jaxmem plans and compiles `jax.jit(fn)` around the function it is given, and an inner
+    jit's donation does not carry through an outer one: without this, a TARGET returning
+    `jax.jit(step, donate_argnums=(0, 1))` was planned as if nothing were donated.
+
+        >>> import jax, jax.numpy as jnp
+        >>> step = jax.jit(lambda x, w: {k: v + x for k, v in w.items()}, donate_argnums=1)
+        >>> jit_donation(step, (jnp.ones(2), {"a": jnp.ones(2), "b": jnp.ones(2)}))
+        (1,)
+    """
+    trace = getattr(fn, "trace", None)
+    if trace is None or not callable(getattr(fn, "lower", None)):
+        return ()
+    import jax
+
+    try:
+        positional = trace(*args).args_info[0]   # (positional, keyword) pytrees of ArgInfo
+        flags = [jax.tree.leaves(jax.tree.map(lambda info: bool(info.donated), arg)) for arg in positional]
+    except Exception:  # not jax.jit's trace, or it fails: the planner's own trace says why
+        return ()
+    return tuple(k for k, leaves in enumerate(flags) if leaves and all(leaves))

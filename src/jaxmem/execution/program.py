@@ -157,6 +157,8 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
         if aval is None:
             continue  # a value nothing reads or writes (dropped by the planner's dead-code pass)
         dtype, shape = storage(aval)
+        if ja.element_bits(dtype) < 8:
+            continue  # XLA packs int4/int2/fp4 (the plan's bytes); numpy holds one a byte: kept outside
         if dtype.itemsize * int(np.prod(shape, dtype=np.int64)) != nbytes:
             raise PlanError(f"invalid plan: value {vid} is {nbytes} bytes but its type {aval} needs "
                             f"{dtype.itemsize * int(np.prod(shape, dtype=np.int64))}")

@@ -137,6 +137,8 @@ def values_equal(expected: Any, got: Any, computed_in: Any = None) -> bool:
     except ValueError:
         return False
     for a, b in pairs:
+        if jax.dtypes.issubdtype(getattr(a, "dtype", None), jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)   # typed keys: their key data
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape:
             return False

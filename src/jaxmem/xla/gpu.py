@@ -352,12 +352,9 @@ def abstract_args(args: Sequence[Any], sharding: Any = None) -> tuple[Any, ...]:
 
 
 def _nbytes(leaf: Any) -> int:
-    import numpy as np
+    from jaxmem.compiler.jaxpr_adapter import aval_bytes
 
-    count = 1
-    for d in getattr(leaf, "shape", ()):
-        count *= int(d)
-    return count * np.dtype(leaf.dtype).itemsize if hasattr(leaf, "dtype") else 0
+    return aval_bytes(leaf)  # typed PRNG keys and packed int4 too, which np.dtype cannot size
 
 
 def _shape_key(leaf: Any) -> str:

@@ -192,9 +192,11 @@ def with_specs(args: Sequence[Any], specs: Sequence[tuple[Any, ...]], mesh: Any)
 # -- what is replicated --------------------------------------------------------------------------
 
 def _nbytes(shape: Sequence[int], dtype: Any) -> int:
-    import numpy as np
+    import types
 
-    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+    from jaxmem.compiler.jaxpr_adapter import aval_bytes
+
+    return aval_bytes(types.SimpleNamespace(shape=tuple(shape), dtype=dtype))
 
 
 def replicated(args: Sequence[Any], sizes: dict[str, int], min_bytes: int = REPLICATED_MIN_BYTES) -> list[dict[str, Any]]:

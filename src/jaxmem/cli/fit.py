@@ -188,8 +188,6 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     if result.rewrite_ran:
         console.print(f"rewrite: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
                       f"({result.extra_flops:,} over {result.original_flops:,})")
-    elif result.infeasible:  # said below: no rewrite can meet it, so none was searched
-        console.print("rewrite: not run (the budget is below what any recomputation can reach)")
     else:
         console.print(f"rewrite: not run ({result.rewrite_skipped})")
     if result.step_seconds_before and result.step_seconds_after:

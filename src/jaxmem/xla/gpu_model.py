@@ -185,6 +185,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
         into_gemm = any(g.ops[c].primitive in DOTS for c in g.users[v])
         if ok and (costly[v] or tainted[v]) and into_gemm:
             ok = False  # not into a GEMM's prologue
+        elif ok and into_gemm and GEMM_PROLOGUE_INPUT_WORTH and not _input_worth_fusing(g, op):
+            ok = False  # GEMM fusion stops there and the GEMM reads it stored
         elif ok and costly[v] and len(g.users[v]) > 1:
             # not duplicated into several consumers, unless the device's cost model says so
             ok = dev is not None and _duplicated(g, roles, fused, tainted, dev, v, reread)
@@ -206,6 +208,47 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             if not roles.external[v]:
                 fused[v] = False
     return fused
+
+
+# Off by default until the suite is measured with it (see `_input_worth_fusing`).
+GEMM_PROLOGUE_INPUT_WORTH = False
+
+
+def _input_worth_fusing(g: Program, op: Any) -> bool:
+    """Whether XLA:GPU's GEMM fusion takes elementwise `op` into a GEMM's operand
+    (triton_tiling_propagation.cc, output to input: IsInputWorthFusing and the exception before
+    it): a binary op with a broadcast argument or constant operand; else one that reads at most
+    1 KiB more than it writes (in HLO every operand is full-shape: a scalar literal is a
+    broadcast constant); else, with one user, one whose operands are all arguments or constants
+    read only by it. A select on a dropout or relu mask reads a mask and two values and is
+    stored (`loop_select_fusion` in the dumps of `drop_small.py:nodrop`, `dropout_typedkey`)."""
+    if op.primitive not in ELEMENTWISE or len(op.outputs) != 1 or op.outputs[0] is None:
+        return True
+    w = op.outputs[0]
+    elems = _elements(g.shapes[w])
+
+    def broadcast_leaf(u: Any) -> bool:
+        if not isinstance(u, int):
+            return True
+        prod = g.producer[u]
+        if prod < 0:
+            return False
+        b = g.ops[prod]
+        return b.primitive == "broadcast_in_dim" and (not b.inputs or g.producer[b.inputs[0]] < 0)
+
+    if len(op.operands) == 2 and any(broadcast_leaf(u) for u in op.operands):
+        return True
+    read = 0
+    for u in op.operands:
+        if isinstance(u, int):
+            read += g.nbytes[u] * elems // max(1, _elements(g.shapes[u]))
+        else:
+            read += g.nbytes[w]
+    if read - g.nbytes[w] <= IO_TOLERANCE_BYTES:
+        return True
+    if len(g.users[w]) > 1:
+        return False
+    return all(not isinstance(u, int) or (g.producer[u] < 0 and len(g.users[u]) == 1) for u in op.operands)
 
 
 def _float_bytes(dtype: Any) -> int:

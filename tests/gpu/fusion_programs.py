@@ -401,3 +401,13 @@ def gemm_result_also_returned():
         g = x.T @ d
         return w - 0.1 * g, g
     return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((512, N), jnp.float32), jnp.ones((512, D), jnp.float32))
+
+
+def masked_select_into_gemm():
+    """A GEMM reading `where(m > 0, d, 0)` (a relu or dropout mask applied to a gradient): the
+    select reads a mask and a value, more bytes than it writes, so XLA's GEMM fusion does not
+    take it into the GEMM's operand (IsInputWorthFusing) and the 16 MiB select is stored
+    (`gpu_model._input_worth_fusing`)."""
+    def fn(x, m, d):
+        return x.T @ jnp.where(m > 0, d, 0.0)
+    return fn, (jnp.ones((N, 512), jnp.float32), jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32))

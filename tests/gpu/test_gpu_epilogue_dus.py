@@ -8,6 +8,8 @@ measured with them), checked against XLA:GPU's deviceless compiles on both devic
   the prologue's last value is stored and the partials die there.
 - a donated buffer updated in place by a chain of `dynamic_update_slice`
   (`gpu_model.DONATED_UPDATE_CHAIN`): every update is written in the argument's allocation.
+- GEMM prologues (`gpu_model.GEMM_PROLOGUE_INPUT_WORTH`): an elementwise op that reads more
+  bytes than it writes (a masked select) is stored for the GEMM, not computed in its operand.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def rules_on(monkeypatch):
     monkeypatch.setattr(gpu_model, "GEMM_OUTPUT_EPILOGUE", True)
     monkeypatch.setattr(gpu_model, "DONATED_UPDATE_CHAIN", True)
     monkeypatch.setattr(gpu_splitk, "FUSED_GEMM_READER_DEPTH", 4)
+    monkeypatch.setattr(gpu_model, "GEMM_PROLOGUE_INPUT_WORTH", True)
     gpu_model._device_temps_kept.clear()
     yield
     gpu_model._device_temps_kept.clear()
@@ -64,3 +67,19 @@ def test_no_epilogue_when_the_gemm_result_has_a_second_reader(device, rules_on):
     donated = [k in traced.donated for k in range(len(traced.in_avals))]
     pred = gpu_model.predict(traced.closed_jaxpr, donated=donated, device=device)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.01, (pred.total_bytes, ref.total_bytes)
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["masked_select_into_gemm", "relu_into_gemm"])
+def test_gemm_prologue_stored_where_xla_stores_it(name, device, rules_on):
+    # the select is stored (16 MiB), relu(x) * 2 stays in the GEMM's operand (XLA's own figures)
+    module, factory = load_fusion_program(name)
+    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, top=0)
+    fn, args = factory()
+    traced = ja.trace(fn, args, {}, ())
+    pred = gpu_model.predict(traced.closed_jaxpr, donated=[False] * len(traced.in_avals), device=device)
+    stored = name == "masked_select_into_gemm"
+    assert (ref.temp_bytes >= module.BIG) == stored
+    assert (pred.temp_bytes >= module.BIG) == stored, (pred.temp_bytes, ref.temp_bytes)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.01

@@ -807,7 +807,7 @@ def gemm_output_epilogues(g: Program, roles: Roles, fused: Sequence[bool], devic
     from jaxmem.xla.gpu_splitk import dot_split
 
     out = list(fused)
-    merged = {oi for grp in merged_dots(g, range(len(g.ops))) for oi in grp}
+    merged = {oi for grp in merged_dots(g, range(len(g.ops))) for oi in grp} | _sharing_dots(g)
     for op in g.ops:
         if op.primitive != "dot_general" or len(op.outputs) != 1 or op.outputs[0] is None:
             continue
@@ -835,6 +835,27 @@ def gemm_output_epilogues(g: Program, roles: Roles, fused: Sequence[bool], devic
             out[u] = True
         out[v] = False
     return out
+
+
+def _sharing_dots(g: Program) -> set[int]:
+    """GEMMs that share an operand (same side, same dimension numbers) with another small
+    enough GEMM: XLA's dot merger may join them even where their other operands differ in a
+    free dimension (lstm_fori's backward loop: `x_t.T @ dz` and `h.T @ dz` are one
+    `gemm_fusion_dot.5`, f32[384,1024], with no epilogue), which `merged_dots` does not group;
+    their results are then not taken by an epilogue."""
+    seen: dict[tuple, list[int]] = {}
+    for op in g.ops:
+        if op.primitive != "dot_general" or len(op.operands) != 2 or op.outputs[0] is None:
+            continue
+        a, b = op.operands
+        if not (isinstance(a, int) and isinstance(b, int)):
+            continue
+        if g.nbytes[a] + g.nbytes[b] + g.nbytes[op.outputs[0]] > DOT_MERGE_BYTES:
+            continue
+        dims = repr(op.params["dimension_numbers"])
+        seen.setdefault((0, a, dims), []).append(op.index)
+        seen.setdefault((1, b, dims), []).append(op.index)
+    return {oi for members in seen.values() if len(members) > 1 for oi in members}
 
 
 def _effective_argument(g: Program, u: int) -> bool:

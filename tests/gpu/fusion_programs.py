@@ -359,3 +359,55 @@ def splitk_residual_stored():
         return jnp.tanh(a) @ v.T + h
     return fn, (jnp.ones((512, 2048), jnp.float32), jnp.ones((2048, 512), jnp.float32),
                 jnp.ones((512, 512), jnp.float32), jnp.ones((512, 4096), jnp.float32))
+
+
+def gemm_epilogue_into_donated():
+    """An SGD step on a donated 16 MiB weight whose gradient is one GEMM: XLA:GPU's GEMM fusion
+    takes `w - 0.1 * g` into the GEMM (an epilogue) and writes the new weight into the donated
+    buffer, so the gradient is never stored (`gpu_model.gemm_output_epilogues`). Not split-K
+    on either device (M, N, K = 1024, 4096, 512)."""
+    def fn(w, x, d):
+        return w - 0.1 * (x.T @ d)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((512, N), jnp.float32), jnp.ones((512, D), jnp.float32))
+
+
+def splitk_partials_die_at_prologue():
+    """A split-K forward GEMM whose relu mask reaches the weight-gradient GEMM two fused steps
+    later (`select(gt(x @ w, 0), 1, 0)`): XLA stores the select (a loop fusion; a GEMM fusion
+    takes no reduce into its operands), so the partials die there and share the new weight's
+    output allocation (`benchmarks/outside_models/drop_small.py:nodrop`)."""
+    def fn(w, x):
+        return w - 0.1 * jax.grad(lambda w: jax.nn.relu(x @ w).sum())(w)
+    return fn, (jnp.ones((256, 512), jnp.float32) * 0.01, jnp.ones((64, 256), jnp.float32))
+
+
+def dus_chain_into_donated():
+    """A donated 16 MiB cache updated row block after row block, each update read before the
+    next: XLA writes every update in place in the donated buffer (its alias analysis makes the
+    argument, the updates and the output one buffer), no copy of the cache is stored."""
+    def fn(c, u, i):
+        s = 0.0
+        for layer in range(4):
+            c = jax.lax.dynamic_update_slice(c, u * layer, (layer, i, 0))
+            s = s + jnp.sum(jnp.tanh(c[layer]))
+        return c, s
+    return fn, (jnp.zeros((4, N // 4, D), jnp.float32), jnp.ones((1, 1, D), jnp.float32), jnp.array(3, jnp.int32))
+
+
+def gemm_result_also_returned():
+    """The SGD step of `gemm_epilogue_into_donated` that also returns the gradient: the GEMM's
+    result has two users, so XLA's GEMM fusion takes no epilogue (the update is a loop fusion)."""
+    def fn(w, x, d):
+        g = x.T @ d
+        return w - 0.1 * g, g
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((512, N), jnp.float32), jnp.ones((512, D), jnp.float32))
+
+
+def masked_select_into_gemm():
+    """A GEMM reading `where(m > 0, d, 0)` (a relu or dropout mask applied to a gradient): the
+    select reads a mask and a value, more bytes than it writes, so XLA's GEMM fusion does not
+    take it into the GEMM's operand (IsInputWorthFusing) and the 16 MiB select is stored
+    (`gpu_model._input_worth_fusing`)."""
+    def fn(x, m, d):
+        return x.T @ jnp.where(m > 0, d, 0.0)
+    return fn, (jnp.ones((N, 512), jnp.float32), jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32))

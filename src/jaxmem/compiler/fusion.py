@@ -112,16 +112,26 @@ def _gemm_chain(g: Program, roles: Roles, fused: list[bool], v: int) -> list[int
 
 
 def reads_fused_gemm(g: Program, fused: list[bool], op) -> bool:
-    """Whether `op` computes a fused GEMM result itself (`gemm_epilogues`), maybe transposed."""
-    for u in op.inputs:
-        if not fused[u]:
-            continue
-        prod = g.ops[g.producer[u]]
-        if prod.primitive == "transpose" and prod.inputs and fused[prod.inputs[0]]:
-            prod = g.ops[g.producer[prod.inputs[0]]]
-        if prod.primitive in DOT_LIKE:
-            return True
-    return False
+    """Whether `op` computes a fused GEMM result itself (`gemm_epilogues`), maybe transposed, or
+    through fused elementwise ops (the GPU prediction's epilogue chains,
+    `gpu_model.gemm_output_epilogues`): its output is written while the GEMM reads its operands."""
+    return any(fused[u] and g.producer[u] >= 0 and _fused_gemm_under(g, fused, u, EPILOGUE_DEPTH)
+               for u in op.inputs)
+
+
+# how many fused elementwise ops `reads_fused_gemm` looks through to find a fused GEMM
+EPILOGUE_DEPTH = 4
+
+
+def _fused_gemm_under(g: Program, fused: list[bool], u: int, depth: int) -> bool:
+    prod = g.ops[g.producer[u]]
+    if prod.primitive == "transpose" and prod.inputs and fused[prod.inputs[0]]:
+        prod = g.ops[g.producer[prod.inputs[0]]]
+    if prod.primitive in DOT_LIKE:
+        return True
+    if depth <= 0 or RULES.get(prod.primitive, UNKNOWN).cost != "elementwise":
+        return False
+    return any(fused[w] and g.producer[w] >= 0 and _fused_gemm_under(g, fused, w, depth - 1) for w in prod.inputs)
 
 
 def op_is_view(g: Program, op) -> bool:

@@ -36,7 +36,7 @@ from jaxmem.compiler.fusion import fusion_of, forced_fusion
 from jaxmem.compiler.liveness import assign_buffers
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import DROPPED, Program
-from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS
+from jaxmem.compiler.rules import RULES, UNKNOWN, MAX_FUSED_READERS, storage_rule
 from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
 from jaxmem.xla.gpu_cost import (NOT_DUPLICATED, Kernel, bf16_arithmetic_native, device_numbers,
                                  duplicate_is_faster, flops_per_element)
@@ -185,6 +185,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
         into_gemm = any(g.ops[c].primitive in DOTS for c in g.users[v])
         if ok and (costly[v] or tainted[v]) and into_gemm:
             ok = False  # not into a GEMM's prologue
+        elif ok and into_gemm and GEMM_PROLOGUE_INPUT_WORTH and not _input_worth_fusing(g, op):
+            ok = False  # GEMM fusion stops there and the GEMM reads it stored
         elif ok and costly[v] and len(g.users[v]) > 1:
             # not duplicated into several consumers, unless the device's cost model says so
             ok = dev is not None and _duplicated(g, roles, fused, tainted, dev, v, reread)
@@ -206,6 +208,47 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             if not roles.external[v]:
                 fused[v] = False
     return fused
+
+
+# Off by default until the suite is measured with it (see `_input_worth_fusing`).
+GEMM_PROLOGUE_INPUT_WORTH = False
+
+
+def _input_worth_fusing(g: Program, op: Any) -> bool:
+    """Whether XLA:GPU's GEMM fusion takes elementwise `op` into a GEMM's operand
+    (triton_tiling_propagation.cc, output to input: IsInputWorthFusing and the exception before
+    it): a binary op with a broadcast argument or constant operand; else one that reads at most
+    1 KiB more than it writes (in HLO every operand is full-shape: a scalar literal is a
+    broadcast constant); else, with one user, one whose operands are all arguments or constants
+    read only by it. A select on a dropout or relu mask reads a mask and two values and is
+    stored (`loop_select_fusion` in the dumps of `drop_small.py:nodrop`, `dropout_typedkey`)."""
+    if op.primitive not in ELEMENTWISE or len(op.outputs) != 1 or op.outputs[0] is None:
+        return True
+    w = op.outputs[0]
+    elems = _elements(g.shapes[w])
+
+    def broadcast_leaf(u: Any) -> bool:
+        if not isinstance(u, int):
+            return True
+        prod = g.producer[u]
+        if prod < 0:
+            return False
+        b = g.ops[prod]
+        return b.primitive == "broadcast_in_dim" and (not b.inputs or g.producer[b.inputs[0]] < 0)
+
+    if len(op.operands) == 2 and any(broadcast_leaf(u) for u in op.operands):
+        return True
+    read = 0
+    for u in op.operands:
+        if isinstance(u, int):
+            read += g.nbytes[u] * elems // max(1, _elements(g.shapes[u]))
+        else:
+            read += g.nbytes[w]
+    if read - g.nbytes[w] <= IO_TOLERANCE_BYTES:
+        return True
+    if len(g.users[w]) > 1:
+        return False
+    return all(not isinstance(u, int) or (g.producer[u] < 0 and len(g.users[u]) == 1) for u in op.operands)
 
 
 def _float_bytes(dtype: Any) -> int:
@@ -735,6 +778,139 @@ def softmax_outputs(g: Program, internal: bool = False, triton_only: bool = Fals
     return (out, inside) if internal else out
 
 
+# Off by default until the suite is measured with it (see `gemm_output_epilogues`).
+GEMM_OUTPUT_EPILOGUE = False
+
+
+def gemm_output_epilogues(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> list[bool]:
+    """`fused` with each GEMM's elementwise epilogue computed inside the GEMM, as XLA:GPU's GEMM
+    fusion (backends/gpu/transforms/gemm_fusion.cc, `FuseTowardUsers`, run as
+    "triton-gemm-rewriter") builds it: from the dot, while the value has exactly one user and
+    that user is an elementwise op of the same shape, the user joins the GEMM fusion (its other
+    operands become the fusion's parameters); the last value of that chain is what the GEMM
+    writes. So the dot's result and the chain's inner values are never stored, and the chain's
+    last value is stored even where the model had computed it inside its own consumer (a GEMM
+    fusion is no producer priority fusion fuses).
+
+    In jax 0.10.2's plugin the chain takes any elementwise op (subtract, add, tanh, maximum,
+    divide, convert, select), not only the ops distributive over addition the public source
+    lists (measured deviceless on H100: `w - 0.1 * (x.T @ d)`, `tanh(x.T @ d)`, `w - tanh(...)`
+    are each one `__triton_gemm` fusion). The user's other operands must be arguments, or
+    broadcasts of scalars or arguments (`_epilogue_operands_ok`: `x.T @ d + w.T` is not taken),
+    and it must not write more bytes than it reads (`_epilogue_not_growing`: a widening convert
+    is not taken unless it is an output). It stops at a value with two users (the gradient also
+    returned, or `0.1 * g` read by two Adam moments), at a reduction and at a transpose (one
+    right after the dot is folded into the dot: `w - 0.1 * (d.T @ x).T`). GEMMs
+    the split-K rewriter splits (it runs first: the dot's one user is then the reduce) and
+    dots the dot merger joins (their result has several slices as users) keep their result.
+    """
+    from jaxmem.xla.gpu_splitk import dot_split
+
+    out = list(fused)
+    merged = {oi for grp in merged_dots(g, range(len(g.ops))) for oi in grp} | _sharing_dots(g)
+    for op in g.ops:
+        if op.primitive != "dot_general" or len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        if out[v] or op.index in merged or dot_kind(op, g) != "gemm" or dot_split(g, op, device) > 1:
+            continue
+        chain = []
+        while len(g.users[v]) == 1 and not (roles.outputs[v] or roles.external[v]):
+            user = g.ops[g.users[v][0]]
+            if not chain and user.primitive == "transpose" and len(user.outputs) == 1 and user.outputs[0] is not None:
+                # the algebraic simplifier folds a transpose of a dot's result into the dot
+                chain.append(v)
+                v = user.outputs[0]
+                continue
+            if (user.primitive not in ELEMENTWISE or len(user.outputs) != 1 or user.outputs[0] is None
+                    or user.operands.count(v) != 1 or g.shapes[user.outputs[0]] != g.shapes[v]
+                    or not _epilogue_operands_ok(g, user, v)
+                    or not (_epilogue_not_growing(g, user) or roles.outputs[user.outputs[0]])):
+                break
+            chain.append(v)
+            v = user.outputs[0]
+        if not chain or g.ops[g.producer[v]].primitive == "transpose":
+            continue
+        for u in chain:
+            out[u] = True
+        out[v] = False
+    return out
+
+
+def _sharing_dots(g: Program) -> set[int]:
+    """GEMMs that share an operand (same side, same dimension numbers) with another small
+    enough GEMM: XLA's dot merger may join them even where their other operands differ in a
+    free dimension (lstm_fori's backward loop: `x_t.T @ dz` and `h.T @ dz` are one
+    `gemm_fusion_dot.5`, f32[384,1024], with no epilogue), which `merged_dots` does not group;
+    their results are then not taken by an epilogue."""
+    seen: dict[tuple, list[int]] = {}
+    for op in g.ops:
+        if op.primitive != "dot_general" or len(op.operands) != 2 or op.outputs[0] is None:
+            continue
+        a, b = op.operands
+        if not (isinstance(a, int) and isinstance(b, int)):
+            continue
+        if g.nbytes[a] + g.nbytes[b] + g.nbytes[op.outputs[0]] > DOT_MERGE_BYTES:
+            continue
+        dims = repr(op.params["dimension_numbers"])
+        seen.setdefault((0, a, dims), []).append(op.index)
+        seen.setdefault((1, b, dims), []).append(op.index)
+    return {oi for members in seen.values() if len(members) > 1 for oi in members}
+
+
+def _effective_argument(g: Program, u: int) -> bool:
+    """An argument or a bitcast of one (hlo_query::IsEffectiveParameter: reshapes of arguments)."""
+    while g.producer[u] >= 0:
+        op = g.ops[g.producer[u]]
+        if op.primitive not in ("reshape", "squeeze", "expand_dims") or not op.inputs:
+            return False
+        u = op.inputs[0]
+    return True
+
+
+def _epilogue_operands_ok(g: Program, user: Any, v: int) -> bool:
+    """The epilogue user's other operands are what GEMM fusion takes beside the chain
+    (triton_tiling_propagation.cc, GetPropagatedDimOrdersAndRequirementsIfProfitablyFusible,
+    input to output: "Has multiple inputs - not properly analyzed yet" otherwise): arguments
+    (or bitcasts of them), broadcasts of scalars or of arguments, literals."""
+    for u in user.operands:
+        if u == v or not isinstance(u, int):
+            continue
+        if _effective_argument(g, u):
+            continue
+        op = g.ops[g.producer[u]]
+        if op.primitive == "broadcast_in_dim" and (not op.inputs or not g.shapes[op.inputs[0]]
+                                                   or _effective_argument(g, op.inputs[0])):
+            continue
+        return False
+    return True
+
+
+def _epilogue_not_growing(g: Program, user: Any) -> bool:
+    """IsOutputWorthFusing: the user reads at least as many bytes as it writes, less 1 KiB
+    (a widening convert, bf16 -> f32, is not taken unless it is the program's result)."""
+    w = user.outputs[0]
+    elems = _elements(g.shapes[w])
+    written = g.nbytes[w]
+    read = 0
+    for u in user.operands:
+        if isinstance(u, int):
+            read += g.nbytes[u] * elems // max(1, _elements(g.shapes[u]))
+        else:
+            read += written   # a literal: a broadcast constant of the result's type
+    return read - written >= -IO_TOLERANCE_BYTES
+
+
+def prediction_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None, *,
+                      device: str) -> list[bool]:
+    """The prediction's fusion: `gpu_fusion` as XLA stores values, then (when
+    `GEMM_OUTPUT_EPILOGUE` is on) GEMM epilogues (`gemm_output_epilogues`)."""
+    fused = gpu_fusion(g, roles, forced, store_shared_casts=True, device=device)
+    if GEMM_OUTPUT_EPILOGUE:
+        fused = gemm_output_epilogues(strength_reduced(g), roles, fused, device)
+    return fused
+
+
 # -- the prediction ------------------------------------------------------------------------------
 
 @dataclass
@@ -861,7 +1037,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     # XLA holds every argument and output in its own allocation: none of them is in the temp
     # block, so the liveness below treats them all as external.
     roles = planner._roles(g, [False] * len(g.invars), (), ())
-    fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
+    fused = prediction_fusion(g, roles, forced_fusion(g, roles), device=device)
     triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
     g = _no_inplace(strength_reduced(g), triton)
     # Triton split-K: a split GEMM's partial results, stored in its result's place or beside it
@@ -871,7 +1047,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     # after the split, which may store more values (`_stored_readers`): each is sized as stored
     g = stored_in_f32(g, roles, fused, device)
     unknown: set[str] = set()
-    scratch = planner._loop_scratch(g, unknown, partial(gpu_fusion, store_shared_casts=True, device=device))
+    scratch = planner._loop_scratch(g, unknown, partial(prediction_fusion, device=device))
     for oi, extra in partials.items():
         scratch[oi] = scratch.get(oi, 0) + extra
     for op in g.ops:
@@ -898,7 +1074,9 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
         heap = (heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
                 + concatenated_operand_spans(g, order, groups) + scan_output_spans(g, order, roles)
-                + donated_output_prefix_spans(g, order, live, aliased))
+                + donated_output_prefix_spans(g, order, live, aliased,
+                                              {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
+                                               if live.group[g.outvars[j]] >= 0}))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
@@ -1050,7 +1228,7 @@ def scan_output_spans(g: Program, order: Sequence[int], roles: Roles) -> list[tu
 
 
 def donated_output_prefix_spans(g: Program, order: Sequence[int], live: Any,
-                                aliased: set[int]) -> list[tuple[int, int, int]]:
+                                aliased: set[int], sources: dict[int, int] | None = None) -> list[tuple[int, int, int]]:
     """Temporaries written in place into a buffer whose output aliases a donated argument.
 
     jaxmem's liveness lets an output's buffer begin as the buffer of an earlier value that the
@@ -1063,8 +1241,18 @@ def donated_output_prefix_spans(g: Program, order: Sequence[int], live: Any,
     in the temp block up to Adam's `loop_add_subtract_fusion`; the dump of
     `tests/gpu/fusion_programs.py:scatter_into_donated_output`).
 
+    Except (with `DONATED_UPDATE_CHAIN`) where the earlier values are the donated argument
+    updated in place, one `dynamic_update_slice` or scatter after another, the argument read by
+    nothing after the first update: XLA's alias analysis makes the argument, each update and
+    the output one buffer (an in-place op's operand 0 and result must share), so all of it is
+    the argument's allocation. Copy insertion first copies before each update (the updated
+    cache is still read), and the copies are removed once the schedule runs every read of the
+    old value before the next update (`dus_donate.py:chain_read`'s dumps: four `copy` before the
+    scheduler, none after; no temp the size of the cache).
+
     **Arguments:** the program, the order, its liveness, `aliased` (interval ids of outputs in
-    donated arguments' allocations).
+    donated arguments' allocations); `sources`: per such interval id, the donated argument
+    (a value) whose allocation it takes.
 
     **Returns:** (start, end, size) spans over positions of `order`.
     """
@@ -1079,8 +1267,31 @@ def donated_output_prefix_spans(g: Program, order: Sequence[int], live: Any,
                    and (not written or pos[g.producer[v]] < min(written))]
         if not earlier or not written:
             continue
+        if DONATED_UPDATE_CHAIN and sources and iv.id in sources and _updates_of(g, pos, sources[iv.id], iv.members):
+            continue
         spans.append((iv.start, min(written), iv.size))
     return spans
+
+
+# Off by default until the suite is measured with it (see `donated_output_prefix_spans`).
+DONATED_UPDATE_CHAIN = False
+
+
+def _updates_of(g: Program, pos: dict[int, int], arg: int, members: Sequence[int]) -> bool:
+    """Whether `members` (one buffer's values) are `arg` updated in place op after op: each made
+    by an update op (dynamic_update_slice, scatter) whose operand 0 is the one before it, the
+    first over `arg`, and `arg` read by nothing scheduled after that first update."""
+    made = sorted((pos[g.producer[v]], v) for v in members if g.producer[v] in pos)
+    if not made:
+        return False
+    prev = arg
+    for p, v in made:
+        op = g.ops[g.producer[v]]
+        if storage_rule(op.primitive) != "update" or not op.operands or op.operands[0] != prev:
+            return False
+        prev = v
+    first = made[0][0]
+    return all(pos.get(r, -1) <= first for r in g.users[arg])
 
 
 # gpu_compiler.cc: DotMerger(max_size_to_merge = 32 MiB): dots sharing an operand are one dot

@@ -187,10 +187,28 @@ def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) 
         if axes is not None and minor not in tuple(axes):
             return False
         for w in c.outputs:
-            if w is not None and fused[w] and any(g.ops[r].primitive in ("dot_general", "conv_general_dilated")
-                                                  for r in g.users[w]):
+            if w is not None and fused[w] and _feeds_gemm(g, w, fused, FUSED_GEMM_READER_DEPTH):
                 return False
     return True
+
+
+# How many fused elementwise steps `_reduce_fused` follows from a consumer of the split result
+# to a GEMM that reads the chain in its prologue. 0: the consumer's own readers only (before);
+# nodrop's relu gradient is `select(gt(x @ w, 0), 1, 0)` read by the weight-gradient GEMM, two
+# fused steps from the partials: XLA stores the select (`loop_select_fusion`, f32[64,512]) and
+# the partials die there (`benchmarks/outside_models/drop_small.py:nodrop`'s dump).
+FUSED_GEMM_READER_DEPTH = 0
+
+
+def _feeds_gemm(g: Program, w: int, fused: Sequence[bool], depth: int) -> bool:
+    """Whether fused value `w` is read by a GEMM, directly or through up to `depth` more fused values."""
+    for r in g.users[w]:
+        op = g.ops[r]
+        if op.primitive in ("dot_general", "conv_general_dilated"):
+            return True
+        if depth > 0 and any(x is not None and fused[x] and _feeds_gemm(g, x, fused, depth - 1) for x in op.outputs):
+            return True
+    return False
 
 
 def _stored_readers(g: Program, v: int, fused: list[bool]) -> None:

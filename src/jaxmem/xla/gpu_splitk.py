@@ -196,8 +196,9 @@ def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) 
 # to a GEMM that reads the chain in its prologue. 0: the consumer's own readers only (before);
 # nodrop's relu gradient is `select(gt(x @ w, 0), 1, 0)` read by the weight-gradient GEMM, two
 # fused steps from the partials: XLA stores the select (`loop_select_fusion`, f32[64,512]) and
-# the partials die there (`benchmarks/outside_models/drop_small.py:nodrop`'s dump).
-FUSED_GEMM_READER_DEPTH = 0
+# the partials die there (`benchmarks/outside_models/drop_small.py:nodrop`'s dump). 4: on, measured
+# with gpu_model's epilogue rules.
+FUSED_GEMM_READER_DEPTH = 4
 
 
 def _feeds_gemm(g: Program, w: int, fused: Sequence[bool], depth: int) -> bool:

@@ -411,3 +411,59 @@ def masked_select_into_gemm():
     def fn(x, m, d):
         return x.T @ jnp.where(m > 0, d, 0.0)
     return fn, (jnp.ones((N, 512), jnp.float32), jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32))
+
+
+def update_read_by_reduction():
+    """`dynamic_update_slice` of an argument read only by a reduction: XLA computes the update
+    inside the reduction (the DUS is a producer like a slice) and stores nothing (temp 0)."""
+    def fn(p, u, i):
+        y = jax.lax.dynamic_update_slice(p, u, (i, 0))
+        return jnp.sum(y * y, 1)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((8, D), jnp.float32), jnp.array(3, jnp.int32))
+
+
+def update_of_exp_read_twice():
+    """An update of `exp(p)` read by two reductions: XLA computes the update inside both, and
+    stores the 16 MiB exponential once (a multi-output of the first) rather than computing it
+    twice."""
+    def fn(p, u, i):
+        y = jax.lax.dynamic_update_slice(jnp.exp(p), u, (i, 0))
+        return jnp.sum(y, 0), jnp.sum(y, 1)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((8, D), jnp.float32), jnp.array(3, jnp.int32))
+
+
+def update_returned_and_read():
+    """An update of an argument that is also returned: stored (a copy of the argument updated
+    in place), and read by the reduction from there."""
+    def fn(p, u, i):
+        y = jax.lax.dynamic_update_slice(p, u, (i, 0))
+        return y, jnp.sum(y, 0)
+    return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((8, D), jnp.float32), jnp.array(3, jnp.int32))
+
+
+def decode_stacked_cache():
+    """A KV-cache decode step as often written: per layer, the new key and value (a split-K
+    GEMM of a few tokens) written into that layer's cache slice, read by the attention's
+    matrix-vector dots, and the layers' caches returned with `jnp.stack`. XLA computes each
+    update inside the attention reductions and the stack's concatenate, from the GEMM's split
+    partials, and stores no 8 MiB per-layer cache."""
+    layers, batch, seq, heads, dh = 2, 16, 512, 8, 64
+    d = heads * dh
+
+    def fn(w, cache_k, cache_v, x, pos):
+        ks, vs = [], []
+        for layer in range(layers):
+            q = (x @ w[layer, 0]).reshape(batch, heads, dh)
+            kn = (x @ w[layer, 1]).reshape(batch, 1, heads, dh)
+            vn = (x @ w[layer, 2]).reshape(batch, 1, heads, dh)
+            kc = jax.lax.dynamic_update_slice(cache_k[layer], kn, (0, pos, 0, 0))
+            vc = jax.lax.dynamic_update_slice(cache_v[layer], vn, (0, pos, 0, 0))
+            s = jnp.einsum("bhd,bshd->bhs", q, kc).astype(jnp.float32)
+            a = jax.nn.softmax(s, -1).astype(jnp.bfloat16)
+            x = x + jnp.einsum("bhs,bshd->bhd", a, vc).reshape(batch, d)
+            ks.append(kc)
+            vs.append(vc)
+        return x, jnp.stack(ks), jnp.stack(vs)
+    cache = jnp.zeros((layers, batch, seq, heads, dh), jnp.bfloat16)
+    return fn, (jnp.ones((layers, 3, d, d), jnp.bfloat16) * 0.01, cache, cache,
+                jnp.ones((batch, d), jnp.bfloat16), jnp.array(5, jnp.int32))

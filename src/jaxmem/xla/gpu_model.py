@@ -48,7 +48,8 @@ ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") 
 # Data movement XLA:GPU computes inside its consumer (gpu_fusible.cc: IsFusible; the producer
 # side of instruction_fusion.cc / priority_fusion.cc).
 MOVEMENT = frozenset({"broadcast_in_dim", "iota", "reshape", "squeeze", "expand_dims", "transpose",
-                      "gather", "dynamic_slice", "slice", "pad", "concatenate", "rev"})
+                      "gather", "dynamic_slice", "slice", "pad", "concatenate", "stack", "rev",
+                      "dynamic_update_slice"})
 FUSIBLE_PRODUCERS = ELEMENTWISE | MOVEMENT
 # Transcendentals (HloInstruction::IsExpensive): a chain holding one is not duplicated into
 # several consumers nor into a GEMM prologue; it is stored (mlp_deep_train's silu outputs).
@@ -74,16 +75,39 @@ DEVICE_SM = {"h100-80gb": 9, "h100-94gb": 9, "h200-141gb": 9, "a100-40gb": 8, "a
              "rtx3090-24gb": 8, "rtx4090-24gb": 8}
 
 
-def _absorbs(producer: str, consumer: str, operand_index: int) -> bool:
+def _absorbs(producer: str, consumer: str, operand_index: int, update_read_inside: bool = False) -> bool:
     if consumer in ("dot_general", "conv_general_dilated"):
         if consumer == "conv_general_dilated":
             return producer in ("reshape", "squeeze", "expand_dims", "transpose")
         return producer in DOT_OPERAND_PRODUCERS or producer in ELEMENTWISE
     if consumer == "dynamic_update_slice" and operand_index == 0:
-        return False  # updated in place: the buffer itself is the operand
+        # updated in place (the buffer itself is the operand), unless the update is itself
+        # computed inside its readers (`updates_read_inside`)
+        return update_read_inside
     if consumer in ("scatter", "scatter-add", "scatter_add") and operand_index == 0:
         return False
     return consumer in LOOP_CONSUMERS or consumer.startswith("scatter")
+
+
+def updates_read_inside(g: Program, roles: Roles) -> set[int]:
+    """The dynamic_update_slice ops XLA:GPU computes inside each of their readers instead of
+    storing: every reader is a loop, reduction or concatenate kernel that reads it whole (a
+    KV-cache decode's `dynamic_update_slice(cache[l], k_new)` read by the attention's
+    strength-reduced dot and by the `jnp.stack` of the new cache: XLA's dump has the update
+    inside both fusions and stores neither). An update that is an output, read as the buffer of
+    another update or scatter, or by a GEMM, is stored and updated in place as before."""
+    sg = strength_reduced(g)
+    found = set()
+    for op in sg.ops:
+        if op.primitive != "dynamic_update_slice" or len(op.outputs) != 1 or op.outputs[0] is None:
+            continue
+        v = op.outputs[0]
+        if roles.outputs[v] or roles.external[v] or not sg.users[v] or len(sg.users[v]) > MAX_FUSED_READERS:
+            continue
+        if all(_absorbs("dynamic_update_slice", sg.ops[c].primitive, k)
+               for c in sg.users[v] for k, u in enumerate(sg.ops[c].operands) if u == v):
+            found.add(op.index)
+    return found
 
 
 def strength_reduced(g: Program) -> Program:
@@ -161,6 +185,7 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
     tainted = _tainted(g) if dev else costly
     # cheap values whose readers read each element many times, priced as stored (`_reread_stored`)
     reread = _reread_stored(g, roles, fused, tainted, dev) if dev and reread_rule else set()
+    updates_inside = updates_read_inside(g, roles)
     for op in g.ops:
         if op.primitive in EXPENSIVE or any(fused[u] and costly[u] for u in op.inputs):
             for w in op.outputs:
@@ -177,7 +202,7 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
         for c in g.users[v]:
             cop = g.ops[c]
             for k, u in enumerate(cop.operands):
-                if u == v and not _absorbs(op.primitive, cop.primitive, k):
+                if u == v and not _absorbs(op.primitive, cop.primitive, k, c in updates_inside):
                     ok = False
                     break
             if not ok:

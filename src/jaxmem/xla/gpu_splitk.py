@@ -217,21 +217,28 @@ def _stored_readers(g: Program, v: int, fused: list[bool]) -> None:
     downstream of the split partials `v` through fused elementwise ops: priority fusion put the
     split's reduce into that producer, and duplicating a kernel that reads `s` times the result
     into every reader costs more than storing it once (transformer_train's dump: the residual
-    add after a split projection, `loop_add_fusion`, is stored; the model recomputed it)."""
-    todo = [ci for ci in g.users[v]]
+    add after a split projection, `loop_add_fusion`, is stored; the model recomputed it).
+    The walk stops at an update: a dynamic_update_slice reads only its update's few elements
+    from the split result, so each reader recomputing it costs little (kv_decode's dump: the
+    new key written into the cache slice is computed inside both the attention reduction and
+    the stacked cache's concatenate, from the split partials, and stored in neither)."""
+    todo = [(ci, v) for ci in g.users[v]]
     seen: set[int] = set()
     while todo:
-        ci = todo.pop()
+        ci, read = todo.pop()
         if ci in seen:
             continue
         seen.add(ci)
-        for w in g.ops[ci].outputs:
+        op = g.ops[ci]
+        if op.primitive == "dynamic_update_slice" and op.operands[0] != read:
+            continue
+        for w in op.outputs:
             if w is None or not fused[w]:
                 continue
             if len(g.users[w]) > 1:
                 fused[w] = False
             else:
-                todo.extend(g.users[w])
+                todo.extend((c, w) for c in g.users[w])
 
 
 def with_splitk_partials(g: Program, fused: Sequence[bool],

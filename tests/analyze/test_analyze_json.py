@@ -199,3 +199,21 @@ def test_analyze_json_says_the_batch_is_an_input_and_why(tmp_path, capsys):
     weights = [r for label, r in rows.items() if label.startswith("args[0]")]
     assert weights and all(r["category"] == "parameters" and r["category_reason"] == "its updated value is returned"
                            for r in weights)
+
+
+def test_analyze_tables_are_whole_when_piped(tmp_path, capsys):
+    """Piped (stdout is not a terminal), the report is laid out `PIPED_WIDTH` columns wide:
+    no cell of the top-buffers or the allocator tables is cut to '…' (a source path's own
+    leading '…/' is the report's, not a cut)."""
+    import re
+
+    from jaxmem.cli import PIPED_WIDTH
+
+    path = tmp_path / "small_model.py"
+    path.write_text(textwrap.dedent(SMALL))
+    assert cli_main(["analyze", f"{path}:make", "--device", "t4-16gb", "--execute", "--no-xla"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "│" in line]
+    assert rows and not re.search(r"…\s*[│┃]", out), out
+    assert "bfc-growth" in out and "platform" in out and "small_model.py:" in out
+    assert max(len(line) for line in rows) <= PIPED_WIDTH

@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import sys
+from typing import Any, NoReturn
+
+# Piped output (`jaxmem analyze T > report.txt`, CI logs) has no terminal width: rich's 80
+# columns cut table cells to "bfc-g…" and wrap figures; this width keeps every table whole.
+PIPED_WIDTH = 160
+
+
+def report_console(**kwargs: Any) -> Any:
+    """The rich Console a subcommand prints its report on: the terminal's width, or
+    `PIPED_WIDTH` columns when stdout is not a terminal."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH, **kwargs)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-from jaxmem.cli import OneLineParser
+from jaxmem.cli import OneLineParser, report_console
 from jaxmem.errors import ConfigError, JaxmemError, PlanError
 from jaxmem.units import PRESETS, format_size, parse_size
 
@@ -884,9 +884,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        from rich.console import Console
-
-        console = Console()
+        console = report_console()
         render(data, console)
         if execute is not None:
             render_execute(data["execute"], data["eager"], data["peak_bytes"], console)

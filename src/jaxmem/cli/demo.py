@@ -19,7 +19,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from jaxmem.cli import OneLineParser
+from jaxmem.cli import OneLineParser, report_console
 from jaxmem.errors import ConfigError, OutOfMemory
 from jaxmem.runtime.device import Device
 from jaxmem.runtime.dump import bin_summary, occupancy
@@ -162,7 +162,7 @@ def _bins(console: Console, chunks, width: int) -> None:
 def main(argv: list[str]) -> int:
     """`jaxmem demo [--capacity C] [--allocator a,b] [--steps N] ...`; returns the exit code."""
     args = _parser().parse_args(argv)
-    console = Console(highlight=False)
+    console = report_console(highlight=False)
     _training(console, args)
     _fragmentation(console, args)
     console.print(f"\nAllocators jaxmem knows: {', '.join(ALLOCATOR_NAMES)}.")

@@ -18,9 +18,9 @@ import json
 import sys
 from typing import Any
 
-from jaxmem.cli import OneLineParser
+from jaxmem.cli import OneLineParser, report_console
 from jaxmem.errors import ConfigError
-from jaxmem.units import format_size, parse_size
+from jaxmem.units import format_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,12 +161,10 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
 
 
 def _render(result: Any, target: str, advice: str | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    # Piped into a file or a log, rich would lay the tables out in 80 columns and fold every
-    # policy name; 160 keeps each on one line, as it is pasted.
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    # piped into a file or a log, each policy name stays on one line, as it is pasted
+    console = report_console(highlight=False)
     if result.policy_fits and not (result.fits and result.fn is not result.original_fn):
         verdict = "[green]fits with the jax.checkpoint policy below[/green]"
     else:

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from jaxmem.cli import OneLineParser
+from jaxmem.cli import OneLineParser, report_console
 from jaxmem.cli.analyze import add_pool_arguments, parse_donate, pool_device
 from jaxmem.errors import PlanError
 from jaxmem.units import PRESETS, format_size
@@ -185,9 +185,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    from rich.console import Console
-
-    console = Console()
+    console = report_console()
     if result.at_maximum:
         console.print(f"[bold]{args.arg} = {result.value}[/bold] fits {device} (the largest value searched, --max)")
     else:

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from jaxmem.cli import OneLineParser
+from jaxmem.cli import OneLineParser, report_console
 from jaxmem.units import format_size
 
 
@@ -81,9 +81,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write("\n")
         return 0
     from jaxmem.reports.escape import markup
-    from rich.console import Console
-
-    console = Console(highlight=False)
+    console = report_console(highlight=False)
     console.print(f"jaxmem optimize {markup(args.target)}: reordering alone, judged by {result.judge}")
     console.print(f"  jaxmem's plan:        {format_size(result.planned_peak_bytes)}")
     console.print(f"  XLA total, original:  {format_size(result.xla_total_bytes_before)}")

@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 
-from jaxmem.cli import OneLineParser
+from jaxmem.cli import OneLineParser, report_console
 from jaxmem.errors import ConfigError
 from jaxmem.units import format_size, parse_size
 
@@ -118,8 +118,6 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        from rich.console import Console
-
-        render_table(report, Console(width=None if sys.stdout.isatty() else 140))
+        render_table(report, report_console())
     write_replay_reports(args, report, trace=trace)
     return 0

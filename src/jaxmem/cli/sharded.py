@@ -134,9 +134,9 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], renderer: Any) -> None
     if args.json:
         print(json.dumps(data, indent=2))
         return
-    from rich.console import Console
+    from jaxmem.cli import report_console
 
-    renderer(data, Console())
+    renderer(data, report_console())
 
 
 def _mesh_text(mesh: dict[str, int]) -> str:

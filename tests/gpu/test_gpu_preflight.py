@@ -313,9 +313,15 @@ def test_dump_and_header_parsers():
             " value: <2 add.2 @0> (size=8,offset=0): f32[2]{0}\n"
             "allocation 1: size 24, preallocated-temp:\n"
             " value: <3 f{} @0> (size=16,offset=0): (f32[], s32[])\n"
-            " value: <4 f{0} @0> (size=4,offset=16): f32[]\n")
-    slices = xla_gpu.parse_assignment(text)
+            " value: <4 f{0} @0> (size=4,offset=16): f32[]\n"
+            "allocation 2: size 64, preallocated-temp:\n"
+            " value: <5 arg_tuple.1{2} (phi) @0> (size=64,offset=0): f32[16]{0}\n"
+            " value: <6 dus.9 @0> (size=64,offset=0): f32[16]{0}\n")
+    phis: set[str] = set()
+    slices = xla_gpu.parse_assignment(text, phis)
     assert slices["p.1"][:3] == slices["add.2"][:3] == (0, 0, "argument")
+    # a loop state's phi is the same buffer as the body's value written there
+    assert slices["arg_tuple.1{2}"] == slices["dus.9"] == (2, 0, "temporary", "f32[16]") and phis == {"arg_tuple.1{2}"}
     assert slices["f{0}"] == (1, 16, "temporary", "f32[]") and slices["f{}"][3] == ""
     peak = xla_gpu.parse_peak("  Live ranges at 7 (peak):\n    add.2{}: 8 bytes (cumulative: 8 bytes)\n"
                               "    f{0}: 4 bytes (cumulative: 12 bytes)\n  Stack trace breakdown\n")

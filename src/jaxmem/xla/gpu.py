@@ -528,13 +528,16 @@ def parse_peak(live_range_text: str) -> list[tuple[str, int]]:
 
 
 _ALLOCATION_RE = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
-_VALUE_RE = re.compile(r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): ([a-z0-9]+\[[0-9,]*\])?")
+# a loop's state is written `<7 arg_tuple.1{2} (phi) @0>`: the same buffer as the value the
+# body writes there
+_VALUE_RE = re.compile(r"^\s*value: <\d+ (\S+)( \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): ([a-z0-9]+\[[0-9,]*\])?")
 
 
-def parse_assignment(text: str) -> dict[str, tuple[int, int, str, str]]:
+def parse_assignment(text: str, phis: set[str] | None = None) -> dict[str, tuple[int, int, str, str]]:
     """Per HLO value: (allocation, offset, kind, shape), kind being "argument" (a parameter's
     allocation), "output" (live out) or "temporary", shape like `f32[2,3]` ("" for a tuple), from
-    XLA's buffer-assignment dump.
+    XLA's buffer-assignment dump. The names of phi values (a loop's state, sharing the buffer of
+    what the body writes there) are added to `phis` when given.
 
     >>> parse_assignment("allocation 0: size 8, parameter 0, shape |f32[2]| at ShapeIndex {}:\\n"
     ...                  " value: <1 p.1 @0> (size=8,offset=0): f32[2]{0}")
@@ -551,7 +554,9 @@ def parse_assignment(text: str) -> dict[str, tuple[int, int, str, str]]:
             continue
         value = _VALUE_RE.match(line)
         if value and allocation >= 0:
-            out.setdefault(value.group(1), (allocation, int(value.group(3)), kind, value.group(4) or ""))
+            out.setdefault(value.group(1), (allocation, int(value.group(4)), kind, value.group(5) or ""))
+            if value.group(2) and phis is not None:
+                phis.add(value.group(1))
     return out
 
 
@@ -640,9 +645,10 @@ def peak_buffers_from_dump(dump_dir: str, top: int) -> tuple[list[dict[str, Any]
         with open(hlo_path, encoding="utf-8", errors="replace") as f:
             instructions, sources = parse_hlo_metadata(f.read())
     slices: dict[str, tuple[int, int, str, str]] = {}
+    phis: set[str] = set()
     if assignment_path:
         with open(assignment_path, encoding="utf-8", errors="replace") as f:
-            slices = parse_assignment(f.read())
+            slices = parse_assignment(f.read(), phis)
 
     def instruction(value: str) -> dict[str, Any]:
         return instructions.get(value.split("{", 1)[0], {})
@@ -650,8 +656,9 @@ def peak_buffers_from_dump(dump_dir: str, top: int) -> tuple[list[dict[str, Any]
     # The buffer assignment writes a tuple's own value as `name{}`, the live-range report `name`.
     slices = {**{k[:-2]: v for k, v in slices.items() if k.endswith("{}")}, **slices}
 
-    # Largest first; of values sharing a slice, the argument (the donated buffer) is shown.
-    rows.sort(key=lambda r: (-r[1], instruction(r[0]).get("opcode") != "parameter"))
+    # Largest first; of values sharing a slice, the argument (the donated buffer) is shown, and
+    # never a loop state's phi where the value the body writes there has a name and a shape.
+    rows.sort(key=lambda r: (-r[1], r[0] in phis, instruction(r[0]).get("opcode") != "parameter"))
     seen: set[tuple[int, int]] = set()
     unique = []
     for value, size in rows:

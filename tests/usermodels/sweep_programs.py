@@ -62,11 +62,11 @@ def int4_quantize():
     return fn, (x,)
 
 
-def jitted_donated_sgd():
+def jitted_donated_sgd(batch: int = 256):
     """An SGD step the user already wrapped in `jax.jit(..., donate_argnums=1)`: the batch
     first, the weights (two leaves) second."""
     w = {"a": jnp.ones((1024, 1024)), "b": jnp.ones((1024,))}
-    x = jnp.ones((256, 1024))
+    x = jnp.ones((batch, 1024))
 
     def step(x, w):
         g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w["a"] + w["b"])))(w)

@@ -160,6 +160,17 @@ def test_a_jitted_targets_own_donation_is_planned_and_compiled():
     assert report["xla_total_bytes"] == xla_total
 
 
+def test_maxbatch_reads_a_jitted_targets_own_donation():
+    """maxbatch compiles the TARGET at many sizes; without `--donate` it planned and compiled a
+    step the user jitted with `donate_argnums=1` as if nothing were donated. It now reads the
+    donation from the trace at the first size, as analyze, fit and optimize do."""
+    from jaxmem.cli.maxbatch import target_donation
+
+    assert target_donation(f"{HERE}:jitted_donated_sgd", "batch", 64) == (1,)
+    assert target_donation("jaxmem.examples.gpt:batch_example", "batch_size", 2) == ()
+    assert target_donation(f"{HERE}:no_such_factory", "batch", 64) == ()
+
+
 def test_a_non_array_leaf_is_named_by_its_path_in_one_line():
     """A function leaf in the arguments (an equinox model's activation under eqx.filter_jit) is
     one error line; it said only "Error interpreting argument to _JitWrapper(" (JAX's first

@@ -33,12 +33,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--arg", required=True, metavar="NAME", help="the factory's integer keyword argument to maximize")
     parser.add_argument("--device", default="h100-80gb", metavar="PRESET",
                         help="a GPU preset (default h100-80gb)")
-    parser.add_argument("--donate", default="", metavar="0,1", help="positional arguments of fn to donate")
+    parser.add_argument("--donate", default="", metavar="0,1",
+                        help="positional arguments of fn to donate (default: those its own jax.jit donates)")
     parser.add_argument("--min", type=int, default=1, dest="minimum", help="the smallest value searched (default 1)")
     parser.add_argument("--max", type=int, default=1 << 24, dest="maximum", help="the largest value searched (default 2^24)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_pool_arguments(parser)
     return parser
+
+
+def target_donation(target: str, name: str, value: int) -> tuple[int, ...]:
+    """The `donate_argnums` of a TARGET whose factory returns a function already wrapped in
+    `jax.jit(..., donate_argnums=...)` (read from its trace at `name=value`, abstract arguments,
+    nothing allocated); () for any other function or a factory that cannot be traced here."""
+    from jaxmem.compiler.target import jit_donation
+    from jaxmem.xla.gpu import load_abstract
+
+    try:
+        fn, args = load_abstract(target, {name: value})
+        return jit_donation(fn, args)
+    except Exception:  # XLA's compiles report a bad TARGET in one line anyway
+        return ()
 
 
 def planner_guess(target: str, name: str, minimum: int, limit: int, donate: tuple[int, ...]) -> tuple[int | None, float]:
@@ -141,7 +156,8 @@ def main(argv: list[str]) -> int:
     resolve_factory(args.target)   # a bad TARGET fails here, in one line
     capacity = PRESETS[device]
     limit = pool_device(args, capacity).allocator.limit
-    donate = parse_donate(args.donate, 1 << 16)
+    # `--donate` wins; else a TARGET already `jax.jit(..., donate_argnums=...)` keeps its own
+    donate = parse_donate(args.donate, 1 << 16) or target_donation(args.target, args.arg, args.minimum)
     started = time.perf_counter()
     counts = {"compiles": 0, "cached": 0}
     bar = _Bar(f"planning {args.arg}={args.minimum}, {2 * args.minimum}")

@@ -467,3 +467,18 @@ def decode_stacked_cache():
     cache = jnp.zeros((layers, batch, seq, heads, dh), jnp.bfloat16)
     return fn, (jnp.ones((layers, 3, d, d), jnp.bfloat16) * 0.01, cache, cache,
                 jnp.ones((batch, d), jnp.bfloat16), jnp.array(5, jnp.int32))
+
+
+def loop_carry_updated_twice():
+    """A donated 16 MiB cache carried by a `fori_loop` and written twice per iteration, each
+    update read before the next (a decode loop's key and value): XLA keeps every update in the
+    loop state's buffer, in place, and holds no copy of the cache."""
+    def fn(c, u):
+        def body(i, carry):
+            c, s = carry
+            c = jax.lax.dynamic_update_slice(c, u * i, (0, i, 0))
+            s = s + jnp.sum(jnp.tanh(c[0]))
+            c = jax.lax.dynamic_update_slice(c, u * i, (1, i, 0))
+            return c, s + jnp.sum(jnp.tanh(c[1]))
+        return jax.lax.fori_loop(0, 8, body, (c, 0.0))
+    return fn, (jnp.zeros((4, N // 4, D), jnp.float32), jnp.ones((1, 1, D), jnp.float32))

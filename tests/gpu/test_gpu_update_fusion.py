@@ -19,12 +19,13 @@ from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler
 DEVICES = ["h100-80gb", "a100-40gb"]
 
 
-def _predicted_and_xla(name: str, device: str):
+def _predicted_and_xla(name: str, device: str, donate: tuple[int, ...] = ()):
     _, factory = load_fusion_program(name)
-    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, top=0)
+    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=donate, top=0)
     fn, args = factory()
-    traced = ja.trace(fn, args, {}, ())
-    pred = gpu_model.predict(traced.closed_jaxpr, donated=[False] * len(traced.in_avals), device=device)
+    traced = ja.trace(fn, args, {}, donate)
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
+    pred = gpu_model.predict(traced.closed_jaxpr, donated=donated, device=device)
     return pred, ref
 
 
@@ -48,6 +49,25 @@ def test_decode_step_stores_no_layer_cache(device):
     assert ref.temp_bytes < layer_cache
     assert pred.temp_bytes < layer_cache, (pred.temp_bytes, ref.temp_bytes)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.05, (pred.total_bytes, ref.total_bytes)
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", DEVICES)
+def test_loop_carry_updated_in_place_update_after_update(device):
+    """The loop state holds every update of the carried cache (`planner._update_chain`): no
+    16 MiB copy in the body, in XLA's figure, the model's, or jaxmem's own plan."""
+    import jaxmem
+
+    pred, ref = _predicted_and_xla("loop_carry_updated_twice", device, donate=(0,))
+    cache = 16 << 20
+    assert ref.temp_bytes < cache // 16 and ref.alias_bytes == cache
+    assert pred.temp_bytes < cache // 16, (pred.temp_bytes, ref.temp_bytes)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.01
+    _, factory = load_fusion_program("loop_carry_updated_twice")
+    fn, args = factory()
+    plan = jaxmem.plan(fn, *args, donate_argnums=(0,), xla=False)
+    # the cache, an argument, and at most one 4 MiB slice of it: no second cache
+    assert plan.valid and plan.peak_bytes < cache + cache // 2, plan.peak_bytes
 
 
 def test_update_is_computed_inside_its_readers_not_when_returned():

@@ -290,7 +290,42 @@ def _roles(g: Program, flags: list[bool], external_outputs: Sequence[bool],
             external[v] = True
             if k < len(carry_inputs) and carry_inputs[k] is not None:
                 carry_of[v] = g.invars[carry_inputs[k]]
+    for v, old in list(carry_of.items()):
+        # a carry updated in place update after update (a KV cache written per layer inside a
+        # decode loop): every step lives in the loop state, each over the one before it
+        chain = _update_chain(g, v, old, outputs)
+        for u in chain:
+            external[u] = True
+            carry_of[u] = old
+            old = u
+        carry_of[v] = old
     return Roles(external, outputs, donated, carry_of)
+
+
+def _update_chain(g: Program, v: int, old: int, outputs: Sequence[bool]) -> list[int]:
+    """The values between a loop body's old carry `old` and its new carry `v` when `v` is `old`
+    updated in place op after op (each a dynamic_update_slice or scatter whose operand 0 is the
+    one before), first to last; [] otherwise. XLA keeps all of them in the loop state's buffer:
+    an in-place op's operand 0 and result share one, and its copy insertion adds none where the
+    schedule runs each step's other readers before the next update (a donated cache written
+    twice per iteration of a `fori_loop`: no temporary the size of the cache in XLA:GPU's
+    buffer assignment)."""
+    chain: list[int] = []
+    w = v
+    while True:
+        p = g.producer[w]
+        if p < 0:
+            return []
+        op = g.ops[p]
+        if storage_rule(op.primitive) != "update" or not op.operands or not isinstance(op.operands[0], int):
+            return []
+        prev = op.operands[0]
+        if prev == old:
+            return chain[::-1]
+        if outputs[prev]:
+            return []
+        chain.append(prev)
+        w = prev
 
 
 def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dict[int, int]:

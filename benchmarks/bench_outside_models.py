@@ -29,7 +29,8 @@ MODELS = (
     "vit_adamw:make", "unet:make", "kv_decode:make", "kv_decode:make_inplace@1", "lstm_fori:make",
     "perexample_customvjp:make", "int8_fp8:make", "int8_fp8:make_int4", "fft_model:make", "eqx_mlp:make",
     "dropout_typedkey:make", "nnx_mlp:make", "gpt_scan_remat:make", "cond_switch_topk:make", "while_data:make",
-    "gpt2_vocab:make@0,1", "resnet_flax:make@0,1,2", "decode_loop:make@1",
+    "gpt2_vocab:make@0,1", "resnet_flax:make@0,1,2", "decode_loop:make@1", "grad_accum:make@0,1",
+    "gqa_attention:make", "ensemble_vmap:make@0",
 )
 DEVICES = ("h100-80gb", "a100-40gb")
 

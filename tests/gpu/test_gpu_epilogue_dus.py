@@ -83,3 +83,21 @@ def test_gemm_prologue_stored_where_xla_stores_it(name, device, rules_on):
     assert (ref.temp_bytes >= module.BIG) == stored
     assert (pred.temp_bytes >= module.BIG) == stored, (pred.temp_bytes, ref.temp_bytes)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.01
+
+
+@needs_gpu_compiler
+def test_own_gpu_plan_writes_the_sgd_update_from_the_gemm():
+    """jaxmem's own GPU plan takes XLA's GEMM output epilogues where an update chain ends in an
+    output (`gpu_model.gpu_plan_output_epilogues`): without them it held each weight gradient
+    beside the weights, above XLA:GPU's own total; with them it is at or below it, checked,
+    and runs on the host to jax.jit's values."""
+    import jaxmem
+    from jaxmem.execution.verify import compare_with_jit
+
+    name = "sgd_ensemble"
+    _, factory = load_fusion_program(name)
+    ref = xla_gpu_reference(f"{FUSION}:{name}", device="h100-80gb", donate_argnums=(0,), top=0)
+    fn, args = factory()
+    plan = gpu_model.plan_on_gpu(jaxmem.plan(fn, *args, donate_argnums=(0,), xla=False))
+    assert plan.valid and plan.peak_bytes <= ref.total_bytes, (plan.peak_bytes, ref.total_bytes)
+    assert compare_with_jit(fn, args, plan)["ok"]

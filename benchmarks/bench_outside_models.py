@@ -30,7 +30,7 @@ MODELS = (
     "perexample_customvjp:make", "int8_fp8:make", "int8_fp8:make_int4", "fft_model:make", "eqx_mlp:make",
     "dropout_typedkey:make", "nnx_mlp:make", "gpt_scan_remat:make", "cond_switch_topk:make", "while_data:make",
     "gpt2_vocab:make@0,1", "resnet_flax:make@0,1,2", "decode_loop:make@1", "grad_accum:make@0,1",
-    "gqa_attention:make", "ensemble_vmap:make@0",
+    "gqa_attention:make", "ensemble_vmap:make@0", "prefill_bf16:make", "fp16_loss_scale:make@0",
 )
 DEVICES = ("h100-80gb", "a100-40gb")
 

@@ -58,7 +58,9 @@ _ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise")
 _REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
                          "argmax", "argmin"})
 _MOVEMENT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice", "pad",
-                       "concatenate", "rev", "dynamic_slice", "gather"})
+                       "concatenate", "rev", "dynamic_slice", "gather",
+                       # newer JAX's primitives for the same HLO (gpu_model.MOVEMENT)
+                       "tile", "stack", "split", "unstack"})
 # Consumers priority fusion merges the split's reduce (a loop fusion) into: loop fusions,
 # reductions, Triton softmax fusions (`gpu_model._no_inplace` names them gpu_row_fusion).
 ABSORBING = _ELEMENTWISE | _MOVEMENT | _REDUCTIONS | {"gpu_row_fusion"}

@@ -19,6 +19,11 @@ take it as written: 20 GEMMs (M, N, K, batch, float32 and bfloat16) on H100 and 
 split as it says (`tests/gpu/test_gpu_splitk.py` keeps 14 of them), e.g. (M, N, K) =
 (512, 512, 2048): 8 on H100, 4 on A100; (1024, 1024, 1024): 1; (128, 128, 8192): 64 and 32.
 Deviceless, no autotuner changes it: the Triton search space sees the already split dot.
+Only a dot with an s32 operand is skipped: s8 x s8 -> s32 and float8 x float8 -> f32 GEMMs split
+too, their partials in XLA's default accumulator type (s32, f32; `accumulator_bits`): int8_fp8's
+dumps hold s32[4,256,1024] and f32[8,256,512] on H100, s32[2,...] and f32[4,...] on A100. The
+rewriter visits every non-fusion computation, so a GEMM in a while or scan body splits as well
+(`gpu_model._gpu_loop_scratch` models bodies with this module).
 
 The memory: the partial results f32[s, b, m, n] are the GEMM fusion's output. The reduce is a
 loop fusion, which priority fusion merges into the consumers of the dot's result when they are
@@ -256,7 +261,8 @@ def with_splitk_partials(g: Program, fused: Sequence[bool],
     bytes; so no consumer writes over it in place); another split GEMM keeps its result and
     gets the partials as a temporary beside it (op index -> bytes, for the model's scratch).
     Merged GEMMs split as one (each member's partials the merged factor times its result).
-    Top-level GEMMs only; `g` is copied only when something splits. The dot merger's own
+    The GEMMs of `g` itself (a loop body is modelled as a program of its own); `g` is copied
+    only when something splits. The dot merger's own
     choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this.
     Returns the program, the scratch and the fused flags (`_stored_readers`)."""
     from jaxmem.xla.gpu_model import merged_dots  # gpu_model imports this module

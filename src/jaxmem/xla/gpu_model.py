@@ -55,6 +55,13 @@ MOVEMENT = frozenset({"broadcast_in_dim", "iota", "reshape", "squeeze", "expand_
                       "tile", "stack", "empty", "empty2", "split", "unstack"})
 # Movement ops with several outputs (one slice each in HLO): each output is fused on its own.
 MULTI_OUTPUT_MOVEMENT = frozenset({"split", "unstack"})
+# Of those newer primitives, a result a GEMM reads (through layout ops) stays stored: XLA
+# computes the slice in a loop fusion with the reshape and transpose after it and stores that
+# (the same bytes, from the producer to the GEMM), and the GEMM reads the copy: a split of a
+# fused qkv projection into heads (`loop_transpose_fusion`, op_name split, f32[4,8,512,64]
+# each); fusing the slices into the GEMMs instead held the whole projection to the last of
+# them (transformer_train 1.005 -> 1.022 on H100).
+GEMM_BOUND_STORED = frozenset({"tile", "stack", "split", "unstack", "empty", "empty2"})
 FUSIBLE_PRODUCERS = ELEMENTWISE | MOVEMENT
 # Transcendentals (HloInstruction::IsExpensive): a chain holding one is not duplicated into
 # several consumers nor into a GEMM prologue; it is stored (mlp_deep_train's silu outputs).
@@ -180,6 +187,8 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             if v is None or fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
                 continue
             if len(g.users[v]) > MAX_FUSED_READERS or v in reread:
+                continue
+            if op.primitive in GEMM_BOUND_STORED and read_by_gemm(g, v):
                 continue
             ok = True
             for c in g.users[v]:
@@ -1086,10 +1095,16 @@ def _device_temps(closed_jaxpr: Any, g: Program, aliases: dict[int, int], worksp
     return result
 
 
-def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str,
-           roles: Roles | None = None) -> tuple[int, str, int]:
-    """XLA:GPU's fusion, memory scheduler and buffer assignment modelled on `g` (see `predict`).
-    `roles`: a loop body's (`_gpu_loop_scratch`); None for the program itself."""
+def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> tuple[int, str, int]:
+    """XLA:GPU's fusion, memory scheduler and buffer assignment modelled on `g` (see `predict`)."""
+    heap, best_name, fused = _temp_heap(g, aliases, workspace, device)
+    return int(_place(heap) or 0), best_name, fused
+
+
+def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
+               roles: Roles | None = None) -> tuple[list[tuple[int, int, int]], str, int]:
+    """(the heap's spans, the scheduler kept, fused values) of `_temps`; `roles`: a loop body's
+    (`_gpu_loop_scratch`), None for the program itself."""
     from jaxmem.compiler import planner
 
     # XLA holds every argument and output in its own allocation: none of them is in the temp
@@ -1105,7 +1120,7 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str,
     g, partials, fused = with_splitk_partials(g, fused, device)
     # after the split, which may store more values (`_stored_readers`): each is sized as stored
     g = stored_in_f32(g, roles, fused, device)
-    scratch = _gpu_loop_scratch(g, workspace, device)
+    scratch, pieces = _gpu_loop_scratch(g, workspace, device)
     for oi, extra in partials.items():
         scratch[oi] = scratch.get(oi, 0) + extra
     for op in g.ops:
@@ -1130,7 +1145,9 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str,
         order = _merged_order(order, groups)
         live = assign_buffers(_row_loops_in_place(g, order, fused, row_loops), order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
-        heap = (heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
+        heap = (heap_after_reuse(_with_pieces(g, live, _merge_intervals(g, live, groups), pieces, order, aliased),
+                                 aliased)
+                + shared_zero_spans(g, order)
                 + concatenated_operand_spans(g, order, groups) + scan_output_spans(g, order, roles)
                 + donated_output_prefix_spans(g, order, live, aliased,
                                               {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
@@ -1138,51 +1155,89 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str,
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
-    return int(_place(heap) or 0), best_name, sum(fused)
+    return heap, best_name, sum(fused)
 
 
-def _gpu_loop_scratch(g: Program, workspace: int, device: str) -> dict[int, int]:
-    """Bytes of each loop/cond body's own temporaries, each body modelled as XLA:GPU compiles it
-    (`_temps`: its fusion, its split GEMMs' partials, its schedule and heap), with the roles the
-    planner gives a body (`planner._loop_scratch`: results written into the loop's buffers,
-    a new carry in its old one's). XLA's split-K rewriter visits every non-fusion computation,
-    while and scan bodies included (splitk_rewriter.cc: MakeNonfusionComputations); the
-    planner's own plan of a body knows no partials (`benchmarks/outside_models/while_data.py`:
-    the body's GEMM holds f32[8,64,512] on H100). Opaque ops with jaxprs of their own keep
-    the planner's scratch."""
+def _gpu_loop_scratch(g: Program, workspace: int, device: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Per loop/cond op, its body's temporaries as XLA:GPU compiles the body: (the scratch
+    bytes besides the largest, the largest). Each body is modelled as a program of its own
+    (`_temp_heap`: its fusion, its split GEMMs' partials, its schedule and heap), with the
+    roles the planner gives a body (`planner._loop_scratch`: results written into the loop's
+    buffers, a new carry in its old one's). XLA's split-K rewriter visits every non-fusion
+    computation, while and scan bodies and cond branches included (splitk_rewriter.cc:
+    MakeNonfusionComputations), which the planner's own plan of a body does not know
+    (`benchmarks/outside_models/while_data.py`: the body's GEMM holds f32[8,64,512] on H100).
+    The largest body value is apart because buffer assignment places each value on its own:
+    it may take an output allocation free at the time (`_with_pieces`). Opaque ops with
+    jaxprs of their own keep the planner's scratch."""
     from jaxmem.compiler import planner
     from jaxmem.compiler.program import side_table
 
-    cache: dict[tuple, int] = {}
+    cache: dict[tuple, tuple[int, int]] = {}
 
-    def body_temps(closed: Any, pairs: tuple[int | None, ...] | None) -> int:
+    def body(closed: Any, pairs: tuple[int | None, ...] | None) -> tuple[int, int]:
         key = (id(closed), pairs)
         if key not in cache:
-            body = planner.inlined(ja.as_closed(closed))
+            b = planner.inlined(ja.as_closed(closed))
             outputs = [True] * len(pairs) if pairs is not None else ()
-            roles = planner._roles(body, [False] * len(body.invars), outputs, pairs or ())
-            cache[key] = _temps(body, {}, workspace, device, roles)[0]
+            roles = planner._roles(b, [False] * len(b.invars), outputs, pairs or ())
+            heap = _temp_heap(b, {}, workspace, device, roles)[0]
+            total = int(_place(heap) or 0)
+            largest = min(total, max((size for _, _, size in heap), default=0))
+            cache[key] = (total - largest, largest)
         return cache[key]
 
     scratch: dict[int, int] = {}
+    pieces: dict[int, int] = {}
     nested = side_table(g, "nested jaxprs", planner._nested_jaxprs)
     for op in g.ops:
         bodies = ja.loop_bodies(op.eqn) if op.primitive in ja.LOOP_PRIMITIVES else []
         if op.primitive == "cond":
-            scratch[op.index] = max(body_temps(b, (None,) * len(op.outputs)) for b in bodies)
+            parts = [body(b, (None,) * len(op.outputs)) for b in bodies]
         elif op.primitive == "scan":
             num_consts, num_carry = ja.scan_counts(op.eqn)
-            pairs = tuple(num_consts + k if k < num_carry else None for k in range(len(op.outputs)))
-            scratch[op.index] = body_temps(bodies[0], pairs)
+            parts = [body(bodies[0], tuple(num_consts + k if k < num_carry else None for k in range(len(op.outputs))))]
         elif op.primitive == "while":
             _, body_nconsts = ja.while_counts(op.eqn)
-            pairs = tuple(body_nconsts + k for k in range(len(op.outputs)))
-            scratch[op.index] = max(body_temps(bodies[0], None), body_temps(bodies[1], pairs))
+            parts = [body(bodies[0], None), body(bodies[1], tuple(body_nconsts + k for k in range(len(op.outputs))))]
         elif op.index in nested:
             scratch[op.index] = max(planner.plan_jaxpr(ja.as_closed(sub), check=False,
                                                        base_fusion=partial(prediction_fusion, device=device)).arena_bytes
                                     for sub in nested[op.index])
-    return scratch
+            continue
+        else:
+            continue
+        rest, largest = max(parts, key=sum)
+        scratch[op.index] = rest
+        if largest:
+            pieces[op.index] = largest
+    return scratch, pieces
+
+
+def _with_pieces(g: Program, live: Any, intervals: list[Any], pieces: dict[int, int], order: Sequence[int],
+                 aliased: set[int]) -> list[Any]:
+    """`intervals` and, per loop op in `pieces`, its body's largest value as a scratch buffer
+    of its own while the loop runs, so that buffer assignment may give it an output allocation
+    free at the time as it does (while_cond's dump: the while body's f32[4,1024,256] partials
+    sit in the allocation of the cond's result, written later). A cond branch's value may
+    also take the cond's own result's allocation, large enough and not aliased: the branch
+    writes its result last (while_cond's branch partials, f32[4,1024,256], there too)."""
+    if not pieces:
+        return intervals
+    from jaxmem.compiler.liveness import Interval
+
+    pos = {oi: p for p, oi in enumerate(order)}
+    extra = []
+    for oi, size in sorted(pieces.items()):
+        op = g.ops[oi]
+        if oi not in pos:
+            continue
+        if op.primitive == "cond":
+            own = {live.group[v] for v in op.outputs if v is not None and live.group[v] >= 0} - set(aliased)
+            if any(iv.id in own and iv.kind == "output" and iv.size >= size for iv in intervals):
+                continue
+        extra.append(Interval(-10_000_000 - oi, [], pos[oi], pos[oi], align(size), "scratch", oi))
+    return list(intervals) + extra
 
 
 def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> Program:

@@ -188,7 +188,7 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
                 continue
             if len(g.users[v]) > MAX_FUSED_READERS or v in reread:
                 continue
-            if op.primitive in GEMM_BOUND_STORED and read_by_gemm(g, v):
+            if op.primitive in GEMM_BOUND_STORED and read_by_gemm(g, v, through=VIEW_OPS):
                 continue
             ok = True
             for c in g.users[v]:
@@ -232,9 +232,12 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
 # taking reshapes too stored attention_train's qkv gradient (`add_any` of three pads, read by
 # the weight-gradient GEMM through a reshape), and A100's prediction rose 1.031 -> 1.040.
 GEMM_LAYOUT_OPS = frozenset({"transpose"})
+# Reshapes and transposes: what a GEMM reads a new movement primitive's result through
+# (`GEMM_BOUND_STORED`: the qkv split's heads are reshaped, then transposed).
+VIEW_OPS = frozenset({"transpose", "reshape", "squeeze", "expand_dims"})
 
 
-def read_by_gemm(g: Program, v: int, depth: int = 4) -> bool:
+def read_by_gemm(g: Program, v: int, depth: int = 4, through: frozenset = GEMM_LAYOUT_OPS) -> bool:
     """Whether a GEMM reads `v`, directly or through up to `depth` layout ops
     (`GEMM_LAYOUT_OPS`): `(a - b).T @ x` reads the subtract as its operand
     (`benchmarks/outside_models/while_data.py`'s dump: `loop_subtract_fusion` f32[512,512] is
@@ -243,8 +246,8 @@ def read_by_gemm(g: Program, v: int, depth: int = 4) -> bool:
         op = g.ops[c]
         if op.primitive in DOTS:
             return True
-        if depth > 0 and op.primitive in GEMM_LAYOUT_OPS and len(op.outputs) == 1 and op.outputs[0] is not None:
-            if read_by_gemm(g, op.outputs[0], depth - 1):
+        if depth > 0 and op.primitive in through and len(op.outputs) == 1 and op.outputs[0] is not None:
+            if read_by_gemm(g, op.outputs[0], depth - 1, through):
                 return True
     return False
 

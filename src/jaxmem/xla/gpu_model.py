@@ -199,10 +199,11 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
                         break
                 if not ok:
                     break
-            into_gemm = read_by_gemm(g, v)
+            into_gemm = any(g.ops[c].primitive in DOTS for c in g.users[v])
             if ok and (costly[v] or tainted[v]) and into_gemm:
                 ok = False  # not into a GEMM's prologue
-            elif ok and into_gemm and GEMM_PROLOGUE_INPUT_WORTH and not _input_worth_fusing(g, op):
+            elif (ok and GEMM_PROLOGUE_INPUT_WORTH and (into_gemm or read_by_gemm(g, v))
+                  and not _input_worth_fusing(g, op)):
                 ok = False  # GEMM fusion stops there and the GEMM reads it stored
             elif ok and costly[v] and len(g.users[v]) > 1:
                 # not duplicated into several consumers, unless the device's cost model says so
@@ -241,7 +242,9 @@ def read_by_gemm(g: Program, v: int, depth: int = 4, through: frozenset = GEMM_L
     """Whether a GEMM reads `v`, directly or through up to `depth` layout ops
     (`GEMM_LAYOUT_OPS`): `(a - b).T @ x` reads the subtract as its operand
     (`benchmarks/outside_models/while_data.py`'s dump: `loop_subtract_fusion` f32[512,512] is
-    stored and the GEMM reads it through a bitcast, its transpose folded into the dot)."""
+    stored and the GEMM reads it through a bitcast, its transpose folded into the dot). Used
+    by the input-worth rule; a transcendental chain before a transpose stays fused into the
+    transposed copy, which is stored (the same bytes as XLA's stored chain)."""
     for c in g.users[v]:
         op = g.ops[c]
         if op.primitive in DOTS:

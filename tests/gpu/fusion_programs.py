@@ -496,3 +496,84 @@ def sgd_ensemble():
         return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), l
     p = {"w1": jnp.ones((8, 256, 1024), jnp.float32) * 0.01, "w2": jnp.ones((8, 1024, 10), jnp.float32) * 0.01}
     return jax.vmap(one), (p, jnp.ones((8, 128, 256), jnp.float32), jnp.zeros((8, 128), jnp.int32))
+
+
+def splitk_int8_gemm():
+    """An int8 GEMM with an s32 result (M, N, K = 512, 512, 4096): XLA's split-K rewriter skips
+    only s32 operands, so it splits this one (8 ways on H100, 4 on A100) with s32 partials
+    (the default accumulator of s8 x s8 -> s32); the dequantize and the sign mask read the
+    partials, the reduce fused into each (`gpu_splitk.dot_split`)."""
+    def fn(x, w, scale):
+        acc = jax.lax.dot(x, w, preferred_element_type=jnp.int32)
+        return acc.astype(jnp.float32) * scale, acc > 0
+    return fn, (jnp.ones((512, 4096), jnp.int8), jnp.ones((4096, 512), jnp.int8), jnp.ones((512,), jnp.float32))
+
+
+def splitk_fp8_gemm():
+    """A float8 GEMM with a float32 result (M, N, K = 256, 512, 2048), its lhs quantized in the
+    step: on H100 (native float8) a Triton GEMM split 8 ways, f32 partials (4 MiB) read by
+    the bfloat16 cast."""
+    def fn(x, w):
+        h = x.astype(jnp.float8_e4m3fn)
+        return jax.lax.dot(h, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    return fn, (jnp.ones((256, 2048), jnp.bfloat16), jnp.ones((2048, 512), jnp.float8_e4m3fn))
+
+
+def splitk_in_while_body():
+    """A GEMM (M, N, K = 64, 512, 512) in a data-dependent while loop's body: XLA's split-K
+    rewriter visits loop bodies too, so the body holds f32[8,64,512] partials on H100
+    (f32[4,64,512] on A100) until the tanh that reads them."""
+    def fn(h, a, n):
+        def body(s):
+            h, i = s
+            return jnp.tanh(h @ a), i + 1
+        return jax.lax.while_loop(lambda s: s[1] < n, body, (h, 0))[0]
+    return fn, (jnp.ones((64, 512), jnp.float32), jnp.ones((512, 512), jnp.float32), jnp.array(5, jnp.int32))
+
+
+def splitk_in_scan_body():
+    """The GEMM of `splitk_in_while_body` in a `lax.scan` body, a row of the scanned input added
+    to it: the scan's body is a while body too, split alike."""
+    def fn(h, a, xs):
+        def body(h, x):
+            h = jnp.tanh(h @ a + x)
+            return h, h.sum(1)
+        return jax.lax.scan(body, h, xs)
+    return fn, (jnp.ones((64, 512), jnp.float32), jnp.ones((512, 512), jnp.float32), jnp.ones((16, 64, 512), jnp.float32))
+
+
+def gemm_operand_through_transpose():
+    """A GEMM reading `(a - m).T`, `m` a masked diagonal: the algebraic simplifier folds the
+    transpose into the dot, so the subtract is the GEMM's operand, and reading two 1 MiB values
+    to write one it is not taken into the GEMM (IsInputWorthFusing): XLA stores it
+    (`loop_subtract_fusion`, f32[512,512]; `gpu_model.read_by_gemm`)."""
+    def fn(a, d, x):
+        return x @ (a - jnp.diag(d)).T
+    return fn, (jnp.ones((512, 512), jnp.float32), jnp.ones((512,), jnp.float32), jnp.ones((2048, 512), jnp.float32))
+
+
+def tile_fused():
+    """`jnp.tile` (newer JAX's `tile` primitive, a broadcast and reshape in HLO) read by a
+    multiply and a row sum: one reduction fusion on XLA:GPU, the 8 MiB tiled value never stored."""
+    def fn(x, y):
+        return (jnp.tile(x, (4, 1)) * y).sum(1)
+    return fn, (jnp.ones((N // 4, D // 2), jnp.float32), jnp.ones((N, D // 2), jnp.float32))
+
+
+def stack_fused():
+    """`jnp.stack` (the `stack` primitive, a concatenate of reshapes) of three elementwise
+    values, reduced over rows: the stack and its operands are computed inside the reduction."""
+    def fn(x, y):
+        return jnp.stack([x * 2, y + 1, x * y]).max(axis=2)
+    return fn, (jnp.ones((N, D // 2), jnp.float32), jnp.ones((N, D // 2), jnp.float32))
+
+
+def split_unstack_fused():
+    """`jnp.split` and `jnp.unstack` (the multi-output `split` and `unstack` primitives, one slice
+    per output in HLO), their outputs combined elementwise: each slice is computed inside the
+    loop fusion that reads it; nothing is stored but the outputs."""
+    def fn(x, z):
+        a, b, c, d = jnp.split(x * 2, 4)
+        e, f = jnp.unstack(z + 1)
+        return jnp.tanh(a) + b * c - d, e * f
+    return fn, (jnp.ones((N, D // 2), jnp.float32), jnp.ones((2, N // 4, D // 2), jnp.float32))

@@ -48,8 +48,22 @@ ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") 
 # Data movement XLA:GPU computes inside its consumer (gpu_fusible.cc: IsFusible; the producer
 # side of instruction_fusion.cc / priority_fusion.cc).
 MOVEMENT = frozenset({"broadcast_in_dim", "iota", "reshape", "squeeze", "expand_dims", "transpose",
-                      "gather", "dynamic_slice", "slice", "pad", "concatenate", "stack", "rev",
+                      "gather", "dynamic_slice", "slice", "pad", "concatenate", "rev",
+                      # newer JAX's own primitives, lowered to the ops above (rules.py): `tile` a
+                      # broadcast and reshape, `stack` a concatenate of reshapes, `empty` a
+                      # broadcast zero; `split` and `unstack` a slice per output
+                      "tile", "stack", "empty", "empty2", "split", "unstack",
+                      # computed inside its readers where they allow it (`updates_read_inside`)
                       "dynamic_update_slice"})
+# Movement ops with several outputs (one slice each in HLO): each output is fused on its own.
+MULTI_OUTPUT_MOVEMENT = frozenset({"split", "unstack"})
+# Of those newer primitives, a result a GEMM reads (through layout ops) stays stored: XLA
+# computes the slice in a loop fusion with the reshape and transpose after it and stores that
+# (the same bytes, from the producer to the GEMM), and the GEMM reads the copy: a split of a
+# fused qkv projection into heads (`loop_transpose_fusion`, op_name split, f32[4,8,512,64]
+# each); fusing the slices into the GEMMs instead held the whole projection to the last of
+# them (transformer_train 1.005 -> 1.022 on H100).
+GEMM_BOUND_STORED = frozenset({"tile", "stack", "split", "unstack", "empty", "empty2"})
 FUSIBLE_PRODUCERS = ELEMENTWISE | MOVEMENT
 # Transcendentals (HloInstruction::IsExpensive): a chain holding one is not duplicated into
 # several consumers nor into a GEMM prologue; it is stored (mlp_deep_train's silu outputs).
@@ -191,37 +205,42 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             for w in op.outputs:
                 if w is not None:
                     costly[w] = True
-        if op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful:
+        if op.primitive not in FUSIBLE_PRODUCERS or op.effectful:
             continue
-        v = op.outputs[0]
-        if v is None or fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+        if len(op.outputs) != 1 and op.primitive not in MULTI_OUTPUT_MOVEMENT:
             continue
-        if len(g.users[v]) > MAX_FUSED_READERS or v in reread:
-            continue
-        ok = True
-        for c in g.users[v]:
-            cop = g.ops[c]
-            for k, u in enumerate(cop.operands):
-                if u == v and not _absorbs(op.primitive, cop.primitive, k, c in updates_inside):
-                    ok = False
+        for v in op.outputs:
+            if v is None or fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+                continue
+            if len(g.users[v]) > MAX_FUSED_READERS or v in reread:
+                continue
+            if op.primitive in GEMM_BOUND_STORED and read_by_gemm(g, v, through=VIEW_OPS):
+                continue
+            ok = True
+            for c in g.users[v]:
+                cop = g.ops[c]
+                for k, u in enumerate(cop.operands):
+                    if u == v and not _absorbs(op.primitive, cop.primitive, k, c in updates_inside):
+                        ok = False
+                        break
+                if not ok:
                     break
-            if not ok:
-                break
-        into_gemm = any(g.ops[c].primitive in DOTS for c in g.users[v])
-        if ok and (costly[v] or tainted[v]) and into_gemm:
-            ok = False  # not into a GEMM's prologue
-        elif ok and into_gemm and GEMM_PROLOGUE_INPUT_WORTH and dev is not None and not _input_worth_fusing(g, op):
-            # GEMM fusion stops there and the GEMM reads it stored. XLA's choice, not a need:
-            # jaxmem's own plan (no device) keeps it in the GEMM's operand (mlp_deep_train's
-            # plan 115.3 MiB with the rule, 99.4 without)
-            ok = False
-        elif ok and costly[v] and len(g.users[v]) > 1:
-            # not duplicated into several consumers, unless the device's cost model says so
-            ok = dev is not None and _duplicated(g, roles, fused, tainted, dev, v, reread)
-        if ok and store_shared_casts and _narrowing_shared(g, op, v):
-            ok = False
-        if ok:
-            fused[v] = True
+            into_gemm = any(g.ops[c].primitive in DOTS for c in g.users[v])
+            if ok and (costly[v] or tainted[v]) and into_gemm:
+                ok = False  # not into a GEMM's prologue
+            elif (ok and GEMM_PROLOGUE_INPUT_WORTH and dev is not None and (into_gemm or read_by_gemm(g, v))
+                  and not _input_worth_fusing(g, op)):
+                # GEMM fusion stops there and the GEMM reads it stored. XLA's choice, not a need:
+                # jaxmem's own plan (no device) keeps it in the GEMM's operand (mlp_deep_train's
+                # plan 115.3 MiB with the rule, 99.4 without)
+                ok = False
+            elif ok and costly[v] and len(g.users[v]) > 1:
+                # not duplicated into several consumers, unless the device's cost model says so
+                ok = dev is not None and _duplicated(g, roles, fused, tainted, dev, v, reread)
+            if ok and store_shared_casts and _narrowing_shared(g, op, v):
+                ok = False
+            if ok:
+                fused[v] = True
     if store_shared_casts:
         store_shared_masks(g, fused)
     stored, inside = softmax_outputs(g, internal=True)
@@ -236,6 +255,33 @@ def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
             if not roles.external[v]:
                 fused[v] = False
     return fused
+
+
+# Layout ops XLA folds into a GEMM's dimension numbers (the algebraic simplifier folds a
+# transpose into the dot), so what they read is the GEMM's operand itself. Transposes only:
+# taking reshapes too stored attention_train's qkv gradient (`add_any` of three pads, read by
+# the weight-gradient GEMM through a reshape), and A100's prediction rose 1.031 -> 1.040.
+GEMM_LAYOUT_OPS = frozenset({"transpose"})
+# Reshapes and transposes: what a GEMM reads a new movement primitive's result through
+# (`GEMM_BOUND_STORED`: the qkv split's heads are reshaped, then transposed).
+VIEW_OPS = frozenset({"transpose", "reshape", "squeeze", "expand_dims"})
+
+
+def read_by_gemm(g: Program, v: int, depth: int = 4, through: frozenset = GEMM_LAYOUT_OPS) -> bool:
+    """Whether a GEMM reads `v`, directly or through up to `depth` layout ops
+    (`GEMM_LAYOUT_OPS`): `(a - b).T @ x` reads the subtract as its operand
+    (`benchmarks/outside_models/while_data.py`'s dump: `loop_subtract_fusion` f32[512,512] is
+    stored and the GEMM reads it through a bitcast, its transpose folded into the dot). Used
+    by the input-worth rule; a transcendental chain before a transpose stays fused into the
+    transposed copy, which is stored (the same bytes as XLA's stored chain)."""
+    for c in g.users[v]:
+        op = g.ops[c]
+        if op.primitive in DOTS:
+            return True
+        if depth > 0 and op.primitive in through and len(op.outputs) == 1 and op.outputs[0] is not None:
+            if read_by_gemm(g, op.outputs[0], depth - 1, through):
+                return True
+    return False
 
 
 # On: with all four of these rules on, of the 21 suite programs x 2 devices only rnn_scan_grad's
@@ -988,6 +1034,31 @@ def op_scratch(g: Program, op: Any, workspace: int) -> int:
     return 0
 
 
+# cuBLASLt's workspace beside the float8 fallback's GEMM (its dump: the custom call's second
+# result, s8[4194304], on A100).
+FLOAT8_FALLBACK_WORKSPACE = 4 * 2 ** 20
+FLOAT8_NATIVE_SM = 89   # float8 GEMMs need compute capability 8.9 (Ada) or later
+
+
+def float8_fallback_scratch(g: Program, op: Any, device: str) -> int:
+    """Temporaries of a float8 x float8 GEMM on a GPU without float8 tensor cores (compute
+    capability below 8.9; algorithm_util.cc: IsSupportedDotAlgorithmOnGpu wants Ada for
+    ALG_DOT_ANY_F8_ANY_F8_F32). Triton GEMM fusion does not take it there: XLA converts both
+    operands to float16, stores them (a loop or transpose fusion each, read by nothing else)
+    and calls cuBLASLt, whose 4 MiB workspace sits beside the (split-K) result. The dumps of
+    `tests/gpu/fusion_programs.py:splitk_fp8_gemm` and `outside_models/int8_fp8.py` on A100:
+    `loop_convert_fusion` f16, `input_transpose_fusion` f16, `__cublas$lt$matmul` ->
+    (f32[4,256,512], s8[4194304]). 0 for any other op or device."""
+    if op.primitive != "dot_general" or len(op.operands) < 2 or not all(isinstance(u, int) for u in op.operands[:2]):
+        return 0
+    if not all(str(g.dtypes[u]).startswith("float8") for u in op.operands[:2]) or dot_kind(op, g) != "gemm":
+        return 0
+    dev = device_numbers(device)
+    if dev is None or not dev.sm.startswith("sm_") or int(dev.sm[3:] or 0) >= FLOAT8_NATIVE_SM:
+        return 0
+    return FLOAT8_FALLBACK_WORKSPACE + sum(2 * _elements(g.shapes[u]) for u in op.operands[:2])
+
+
 def output_aliases(g: Program, donated: Sequence[bool]) -> dict[int, int]:
     """Output position -> flat argument position whose buffer it takes, as JAX pairs donated
     arguments with outputs of the same shape and dtype (in order) when it lowers."""
@@ -1063,11 +1134,20 @@ def _device_temps(closed_jaxpr: Any, g: Program, aliases: dict[int, int], worksp
 
 def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> tuple[int, str, int]:
     """XLA:GPU's fusion, memory scheduler and buffer assignment modelled on `g` (see `predict`)."""
+    heap, best_name, fused = _temp_heap(g, aliases, workspace, device)
+    return int(_place(heap) or 0), best_name, fused
+
+
+def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
+               roles: Roles | None = None) -> tuple[list[tuple[int, int, int]], str, int]:
+    """(the heap's spans, the scheduler kept, fused values) of `_temps`; `roles`: a loop body's
+    (`_gpu_loop_scratch`), None for the program itself."""
     from jaxmem.compiler import planner
 
     # XLA holds every argument and output in its own allocation: none of them is in the temp
     # block, so the liveness below treats them all as external.
-    roles = planner._roles(g, [False] * len(g.invars), (), ())
+    if roles is None:
+        roles = planner._roles(g, [False] * len(g.invars), (), ())
     fused = prediction_fusion(g, roles, forced_fusion(g, roles), device=device)
     triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
     g = _no_inplace(strength_reduced(g), triton)
@@ -1077,12 +1157,11 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
     g, partials, fused = with_splitk_partials(g, fused, device)
     # after the split, which may store more values (`_stored_readers`): each is sized as stored
     g = stored_in_f32(g, roles, fused, device)
-    unknown: set[str] = set()
-    scratch = planner._loop_scratch(g, unknown, partial(prediction_fusion, device=device))
+    scratch, pieces = _gpu_loop_scratch(g, workspace, device)
     for oi, extra in partials.items():
         scratch[oi] = scratch.get(oi, 0) + extra
     for op in g.ops:
-        extra = op_scratch(g, op, workspace)
+        extra = op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
         if extra:
             scratch[op.index] = scratch.get(op.index, 0) + extra
     analysis = Analysis(roles, fusion_of(g, fused), scratch)
@@ -1103,7 +1182,9 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
         order = _merged_order(order, groups)
         live = assign_buffers(_row_loops_in_place(g, order, fused, row_loops), order, analysis, True)
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
-        heap = (heap_after_reuse(_merge_intervals(g, live, groups), aliased) + shared_zero_spans(g, order)
+        heap = (heap_after_reuse(_with_pieces(g, live, _merge_intervals(g, live, groups), pieces, order, aliased),
+                                 aliased)
+                + shared_zero_spans(g, order)
                 + concatenated_operand_spans(g, order, groups) + scan_output_spans(g, order, roles)
                 + donated_output_prefix_spans(g, order, live, aliased,
                                               {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
@@ -1111,7 +1192,95 @@ def _temps(g: Program, aliases: dict[int, int], workspace: int, device: str) -> 
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])
-    return int(_place(heap) or 0), best_name, sum(fused)
+    return heap, best_name, sum(fused)
+
+
+def _gpu_loop_scratch(g: Program, workspace: int, device: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Per loop/cond op, its body's temporaries as XLA:GPU compiles the body: (the scratch
+    bytes besides the largest, the largest). Each body is modelled as a program of its own
+    (`_temp_heap`: its fusion, its split GEMMs' partials, its schedule and heap), with the
+    roles the planner gives a body (`planner._loop_scratch`: results written into the loop's
+    buffers, a new carry in its old one's). XLA's split-K rewriter visits every non-fusion
+    computation, while and scan bodies and cond branches included (splitk_rewriter.cc:
+    MakeNonfusionComputations), which the planner's own plan of a body does not know
+    (`benchmarks/outside_models/while_data.py`: the body's GEMM holds f32[8,64,512] on H100).
+    The largest body value is apart because buffer assignment places each value on its own:
+    it may take an output allocation free at the time (`_with_pieces`). Opaque ops with
+    jaxprs of their own keep the planner's scratch."""
+    from jaxmem.compiler import planner
+    from jaxmem.compiler.program import side_table
+
+    cache: dict[tuple, tuple[int, int]] = {}
+
+    def body(closed: Any, pairs: tuple[int | None, ...] | None) -> tuple[int, int]:
+        key = (id(closed), pairs)
+        if key not in cache:
+            b = planner.inlined(ja.as_closed(closed))
+            outputs = [True] * len(pairs) if pairs is not None else ()
+            roles = planner._roles(b, [False] * len(b.invars), outputs, pairs or ())
+            heap = _temp_heap(b, {}, workspace, device, roles)[0]
+            total = int(_place(heap) or 0)
+            largest = min(total, max((size for _, _, size in heap), default=0))
+            cache[key] = (total - largest, largest)
+        return cache[key]
+
+    scratch: dict[int, int] = {}
+    pieces: dict[int, int] = {}
+    nested = side_table(g, "nested jaxprs", planner._nested_jaxprs)
+    for op in g.ops:
+        bodies = ja.loop_bodies(op.eqn) if op.primitive in ja.LOOP_PRIMITIVES else []
+        if op.primitive == "cond":
+            parts = [body(b, (None,) * len(op.outputs)) for b in bodies]
+        elif op.primitive == "scan":
+            num_consts, num_carry = ja.scan_counts(op.eqn)
+            parts = [body(bodies[0], tuple(num_consts + k if k < num_carry else None for k in range(len(op.outputs))))]
+        elif op.primitive == "while":
+            _, body_nconsts = ja.while_counts(op.eqn)
+            parts = [body(bodies[0], None), body(bodies[1], tuple(body_nconsts + k for k in range(len(op.outputs))))]
+        elif op.index in nested:
+            scratch[op.index] = max(planner.plan_jaxpr(ja.as_closed(sub), check=False,
+                                                       base_fusion=partial(prediction_fusion, device=device)).arena_bytes
+                                    for sub in nested[op.index])
+            continue
+        else:
+            continue
+        rest, largest = max(parts, key=sum)
+        scratch[op.index] = rest
+        if largest:
+            pieces[op.index] = largest
+    return scratch, pieces
+
+
+def _with_pieces(g: Program, live: Any, intervals: list[Any], pieces: dict[int, int], order: Sequence[int],
+                 aliased: set[int]) -> list[Any]:
+    """`intervals` and, per loop op in `pieces`, its body's largest value as a scratch buffer
+    of its own while the loop runs, so that buffer assignment may give it an output allocation
+    free at the time as it does (while_cond's dump: the while body's f32[4,1024,256] partials
+    sit in the allocation of the cond's result, written later). A cond branch's value may
+    also take the allocation of the cond's own result when that is a program output, large
+    enough and not aliased: the branch writes its result last (while_cond's branch partials,
+    f32[4,1024,256], there too)."""
+    if not pieces:
+        return intervals
+    from jaxmem.compiler.liveness import Interval
+
+    pos = {oi: p for p, oi in enumerate(order)}
+    extra = []
+    for oi, size in sorted(pieces.items()):
+        op = g.ops[oi]
+        if oi not in pos:
+            continue
+        if op.primitive == "cond":
+            # the result's own allocation only where the result is the program's output (live
+            # out: created before any smaller temp); one that a later op updates in place is
+            # a temp of the branch's body in XLA (cond_switch_topk's weight gradient: 0.899 ->
+            # 0.825 when taken)
+            results = {v for v in op.outputs if v is not None} & set(v for v in g.outvars if not isinstance(v, Const))
+            own = {live.group[v] for v in results if live.group[v] >= 0} - set(aliased)
+            if any(iv.id in own and iv.kind == "output" and iv.size >= size for iv in intervals):
+                continue
+        extra.append(Interval(-10_000_000 - oi, [], pos[oi], pos[oi], align(size), "scratch", oi))
+    return list(intervals) + extra
 
 
 def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> Program:

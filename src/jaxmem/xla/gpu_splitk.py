@@ -19,6 +19,11 @@ take it as written: 20 GEMMs (M, N, K, batch, float32 and bfloat16) on H100 and 
 split as it says (`tests/gpu/test_gpu_splitk.py` keeps 14 of them), e.g. (M, N, K) =
 (512, 512, 2048): 8 on H100, 4 on A100; (1024, 1024, 1024): 1; (128, 128, 8192): 64 and 32.
 Deviceless, no autotuner changes it: the Triton search space sees the already split dot.
+Only a dot with an s32 operand is skipped: s8 x s8 -> s32 and float8 x float8 -> f32 GEMMs split
+too, their partials in XLA's default accumulator type (s32, f32; `accumulator_bits`): int8_fp8's
+dumps hold s32[4,256,1024] and f32[8,256,512] on H100, s32[2,...] and f32[4,...] on A100. The
+rewriter visits every non-fusion computation, so a GEMM in a while or scan body splits as well
+(`gpu_model._gpu_loop_scratch` models bodies with this module).
 
 The memory: the partial results f32[s, b, m, n] are the GEMM fusion's output. The reduce is a
 loop fusion, which priority fusion merges into the consumers of the dot's result when they are
@@ -54,12 +59,13 @@ WEIGHTS: dict[str, tuple[float, float, float, float]] = {
 }
 _BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16, "int8": 8, "uint8": 8,
          "float8_e4m3fn": 8, "float8_e5m2": 8, "int32": 32, "int16": 16}
-_FLOATS = frozenset({"float64", "float32", "bfloat16", "float16"})
 _ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") | {"convert_element_type"}
 _REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
                          "argmax", "argmin"})
 _MOVEMENT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice", "pad",
-                       "concatenate", "rev", "dynamic_slice", "gather"})
+                       "concatenate", "rev", "dynamic_slice", "gather",
+                       # newer JAX's primitives for the same HLO (gpu_model.MOVEMENT)
+                       "tile", "stack", "split", "unstack"})
 # Consumers priority fusion merges the split's reduce (a loop fusion) into: loop fusions,
 # reductions, Triton softmax fusions (`gpu_model._no_inplace` names them gpu_row_fusion).
 ABSORBING = _ELEMENTWISE | _MOVEMENT | _REDUCTIONS | {"gpu_row_fusion"}
@@ -145,15 +151,18 @@ def _dims(g: Program, op: Any) -> tuple[int, int, int, int]:
 
 
 def dot_split(g: Program, op: Any, device: str, merged: Sequence[Any] = ()) -> int:
-    """The split factor of one GEMM `dot_general` of `g` on `device` (1: not split). Only
-    floating-point GEMMs are modelled (the rewriter skips s32 operands). `merged`: the ops of
+    """The split factor of one GEMM `dot_general` of `g` on `device` (1: not split): any
+    operand type but s32, as the rewriter (8-bit integers and float8 included). `merged`: the ops of
     the dot merger's group holding `op`, if any: the merger runs first, so the rewriter sees one
     dot whose free dimension on the unshared side is the members' sum."""
     if op.primitive != "dot_general" or len(op.operands) < 2 or not all(isinstance(u, int) for u in op.operands[:2]):
         return 1
     lhs, rhs = op.operands[:2]
     out = op.outputs[0]
-    if out is None or str(g.dtypes[out]) not in _FLOATS or str(g.dtypes[lhs]) not in _FLOATS:
+    # the rewriter skips a dot with an s32 operand (neither cuBLAS nor Triton takes s32); 8-bit
+    # integer and float8 GEMMs split like the others (int8_fp8's dumps: s32[4,256,1024] and
+    # f32[8,256,512] partials on H100)
+    if out is None or any(str(g.dtypes[u]) == "int32" for u in (lhs, rhs)):
         return 1
     if not op.params["dimension_numbers"][0][0]:
         return 1
@@ -164,9 +173,20 @@ def dot_split(g: Program, op: Any, device: str, merged: Sequence[Any] = ()) -> i
         m, n = (m, total) if shares_lhs else (total, n)
     if m == 0 or n == 0:
         return 1
-    acc = 64 if str(g.dtypes[out]) == "float64" else 32
+    acc = accumulator_bits(str(g.dtypes[lhs]), str(g.dtypes[rhs]), str(g.dtypes[out]))
     return split_k(b, m, n, k, device, lhs_bits=_side_bits(g, lhs), rhs_bits=_side_bits(g, rhs),
                    acc_bits=acc, out_bits=_BITS.get(str(g.dtypes[out]), 32))
+
+
+def accumulator_bits(lhs: str, rhs: str, out: str) -> int:
+    """The width of XLA's default GEMM accumulator (GetDefaultGemmAlgorithmAccumulatorType):
+    s32 for 8-bit integer operands with a 32-bit integer result, f64 for an f64 GEMM, f32 for
+    everything else (float8 operands included). The split's partials are in this type.
+
+    >>> accumulator_bits("int8", "int8", "int32"), accumulator_bits("float64", "float64", "float64")
+    (32, 64)
+    """
+    return 64 if lhs == "float64" and out == "float64" else 32
 
 
 def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) -> bool:
@@ -248,7 +268,8 @@ def with_splitk_partials(g: Program, fused: Sequence[bool],
     bytes; so no consumer writes over it in place); another split GEMM keeps its result and
     gets the partials as a temporary beside it (op index -> bytes, for the model's scratch).
     Merged GEMMs split as one (each member's partials the merged factor times its result).
-    Top-level GEMMs only; `g` is copied only when something splits. The dot merger's own
+    The GEMMs of `g` itself (a loop body is modelled as a program of its own); `g` is copied
+    only when something splits. The dot merger's own
     choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this.
     Returns the program, the scratch and the fused flags (`_stored_readers`)."""
     from jaxmem.xla.gpu_model import merged_dots  # gpu_model imports this module
@@ -266,7 +287,8 @@ def with_splitk_partials(g: Program, fused: Sequence[bool],
         split = dot_split(g, op, device, group_of.get(op.index, ()))
         if split <= 1 or fused[v]:
             continue
-        acc_bytes = 8 if str(g.dtypes[v]) == "float64" else 4
+        lhs, rhs = op.operands[:2]
+        acc_bytes = accumulator_bits(str(g.dtypes[lhs]), str(g.dtypes[rhs]), str(g.dtypes[v])) // 8
         partials = split * _prod(g.shapes[v]) * acc_bytes
         if _reduce_fused(g, v, fused, outputs):
             if shapes is None:

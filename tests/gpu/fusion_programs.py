@@ -577,3 +577,15 @@ def split_unstack_fused():
         e, f = jnp.unstack(z + 1)
         return jnp.tanh(a) + b * c - d, e * f
     return fn, (jnp.ones((N, D // 2), jnp.float32), jnp.ones((2, N // 4, D // 2), jnp.float32))
+
+
+def splitk_padded_contraction():
+    """A [128, 1000] x [1000, 1000] GEMM (a 1000-class head's gradient): split-K splits its
+    contraction 8 ways on H100, 4 on A100, and pads it to a multiple of 16 bytes per chunk
+    (1024, 1008): XLA stores both zero-padded operands beside the partials."""
+    return (lambda a, b: a @ b.T), (jnp.ones((128, 1000), jnp.float32), jnp.ones((1000, 1000), jnp.float32))
+
+
+def splitk_padded_contraction_bf16():
+    """`splitk_padded_contraction` in bfloat16: the step is 8 elements a chunk (1024 on both)."""
+    return (lambda a, b: a @ b.T), (jnp.ones((128, 1000), jnp.bfloat16), jnp.ones((1000, 1000), jnp.bfloat16))

@@ -25,3 +25,18 @@ def load_fusion_program(name: str) -> tuple[ModuleType, Callable[[], Any]]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module, getattr(module, name)
+
+
+def predicted_and_xla(name: str, device: str, donate: tuple[int, ...] = ()) -> tuple[Any, Any, ModuleType]:
+    """(the GPU model's prediction, XLA:GPU's deviceless figures, the module) for the fusion
+    program `name` on `device`, with `donate` donated."""
+    from jaxmem.compiler import jaxpr_adapter as ja
+    from jaxmem.xla import gpu_model
+    from jaxmem.xla.gpu import xla_gpu_reference
+
+    module, factory = load_fusion_program(name)
+    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=donate, top=0)
+    fn, args = factory()
+    traced = ja.trace(fn, args, {}, donate)
+    donated = [k in traced.donated for k in range(len(traced.in_avals))]
+    return gpu_model.predict(traced.closed_jaxpr, donated=donated, device=device), ref, module

@@ -20,7 +20,7 @@ from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.xla import gpu_model, gpu_splitk
 from jaxmem.xla.gpu import xla_gpu_reference
 
-from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler
+from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
 DEVICES = ["h100-80gb", "a100-40gb"]
 # (program, donated arguments)
@@ -43,12 +43,7 @@ def rules_on(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,donate", PROGRAMS)
 def test_rule_predicts_xla_temp(name, donate, device, rules_on):
-    module, factory = load_fusion_program(name)
-    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=donate, top=0)
-    fn, args = factory()
-    traced = ja.trace(fn, args, {}, donate)
-    donated = [k in traced.donated for k in range(len(traced.in_avals))]
-    pred = gpu_model.predict(traced.closed_jaxpr, donated=donated, device=device)
+    pred, ref, module = predicted_and_xla(name, device, donate)
     # XLA itself stores none of the large values these rules are about
     assert ref.temp_bytes < module.BIG // 16
     assert abs(pred.temp_bytes - ref.temp_bytes) <= 64 * 1024, (pred.temp_bytes, ref.temp_bytes)

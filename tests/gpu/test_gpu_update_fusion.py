@@ -10,23 +10,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxmem.compiler import jaxpr_adapter as ja, planner
+from jaxmem.compiler import planner
 from jaxmem.xla import gpu_model
-from jaxmem.xla.gpu import xla_gpu_reference
 
-from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler
+from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
 DEVICES = ["h100-80gb", "a100-40gb"]
-
-
-def _predicted_and_xla(name: str, device: str, donate: tuple[int, ...] = ()):
-    _, factory = load_fusion_program(name)
-    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=donate, top=0)
-    fn, args = factory()
-    traced = ja.trace(fn, args, {}, donate)
-    donated = [k in traced.donated for k in range(len(traced.in_avals))]
-    pred = gpu_model.predict(traced.closed_jaxpr, donated=donated, device=device)
-    return pred, ref
 
 
 @needs_gpu_compiler
@@ -34,7 +23,7 @@ def _predicted_and_xla(name: str, device: str, donate: tuple[int, ...] = ()):
 @pytest.mark.parametrize("name", ["update_read_by_reduction", "update_of_exp_read_twice",
                                   "update_returned_and_read"])
 def test_update_stored_where_xla_stores_it(name, device):
-    pred, ref = _predicted_and_xla(name, device)
+    pred, ref, _ = predicted_and_xla(name, device)
     # XLA's temp is 0 or the one 16 MiB exponential: the model must land on the same side
     assert abs(pred.temp_bytes - ref.temp_bytes) <= 4096, (pred.temp_bytes, ref.temp_bytes)
 
@@ -42,7 +31,7 @@ def test_update_stored_where_xla_stores_it(name, device):
 @needs_gpu_compiler
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_step_stores_no_layer_cache(device):
-    pred, ref = _predicted_and_xla("decode_stacked_cache", device)
+    pred, ref, _ = predicted_and_xla("decode_stacked_cache", device)
     layer_cache = 16 * 512 * 8 * 64 * 2
     # XLA holds less than one layer's cache beside arguments and outputs; so must the model
     # (the figures left are the attention's small f32 scores: 0.9 MB predicted, 2.5 MB by XLA)
@@ -58,7 +47,7 @@ def test_loop_carry_updated_in_place_update_after_update(device):
     16 MiB copy in the body, in XLA's figure, the model's, or jaxmem's own plan."""
     import jaxmem
 
-    pred, ref = _predicted_and_xla("loop_carry_updated_twice", device, donate=(0,))
+    pred, ref, _ = predicted_and_xla("loop_carry_updated_twice", device, donate=(0,))
     cache = 16 << 20
     assert ref.temp_bytes < cache // 16 and ref.alias_bytes == cache
     assert pred.temp_bytes < cache // 16, (pred.temp_bytes, ref.temp_bytes)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.xla import gpu_model, gpu_splitk
 from jaxmem.xla.gpu import xla_gpu_reference
 
@@ -54,13 +53,7 @@ def test_rule_predicts_xla_temp(name, donate, device, rules_on):
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_epilogue_when_the_gemm_result_has_a_second_reader(device, rules_on):
     # the gradient is also returned: the rule must leave the prediction where XLA is
-    name = "gemm_result_also_returned"
-    _, factory = load_fusion_program(name)
-    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=(0,), top=0)
-    fn, args = factory()
-    traced = ja.trace(fn, args, {}, (0,))
-    donated = [k in traced.donated for k in range(len(traced.in_avals))]
-    pred = gpu_model.predict(traced.closed_jaxpr, donated=donated, device=device)
+    pred, ref, _ = predicted_and_xla("gemm_result_also_returned", device, (0,))
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.01, (pred.total_bytes, ref.total_bytes)
 
 
@@ -69,11 +62,7 @@ def test_no_epilogue_when_the_gemm_result_has_a_second_reader(device, rules_on):
 @pytest.mark.parametrize("name", ["masked_select_into_gemm", "relu_into_gemm"])
 def test_gemm_prologue_stored_where_xla_stores_it(name, device, rules_on):
     # the select is stored (16 MiB), relu(x) * 2 stays in the GEMM's operand (XLA's own figures)
-    module, factory = load_fusion_program(name)
-    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, top=0)
-    fn, args = factory()
-    traced = ja.trace(fn, args, {}, ())
-    pred = gpu_model.predict(traced.closed_jaxpr, donated=[False] * len(traced.in_avals), device=device)
+    pred, ref, module = predicted_and_xla(name, device)
     stored = name == "masked_select_into_gemm"
     assert (ref.temp_bytes >= module.BIG) == stored
     assert (pred.temp_bytes >= module.BIG) == stored, (pred.temp_bytes, ref.temp_bytes)

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.xla import gpu_model
-from jaxmem.xla.gpu import _dump_files, child_env, spec_for, xla_gpu_reference
+from jaxmem.xla.gpu import _dump_files, child_env, spec_for
 
-from gpu_test_support import needs_gpu_compiler, FUSION, load_fusion_program as _load
+from gpu_test_support import needs_gpu_compiler, predicted_and_xla
 
 DEVICES = ["h100-80gb", "a100-40gb"]
 
@@ -38,11 +37,7 @@ def reread_rule(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["reread_cheap_producer_stored", "reread_cheap_producer_fused"])
 def test_cheap_producer_reread_by_its_readers_is_stored_where_xla_stores_it(name, device, reread_rule):
-    module, factory = _load(name)
-    ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, top=0)
-    fn, args = factory()
-    traced = ja.trace(fn, args, {}, ())
-    pred = gpu_model.predict(traced.closed_jaxpr, donated=[False] * len(traced.in_avals), device=device)
+    pred, ref, module = predicted_and_xla(name, device)
     big = module.BIG
     assert (ref.temp_bytes >= big) == module.STORED[name]   # XLA's own decision
     assert math.floor(pred.temp_bytes / big) == math.floor(ref.temp_bytes / big), (pred.temp_bytes, ref.temp_bytes)

@@ -109,17 +109,17 @@ def updates_read_inside(g: Program, roles: Roles) -> set[int]:
     KV-cache decode's `dynamic_update_slice(cache[l], k_new)` read by the attention's
     strength-reduced dot and by the `jnp.stack` of the new cache: XLA's dump has the update
     inside both fusions and stores neither). An update that is an output, read as the buffer of
-    another update or scatter, or by a GEMM, is stored and updated in place as before."""
-    sg = strength_reduced(g)
+    another update or scatter, or by a GEMM, is stored and updated in place as before. `g` as
+    `strength_reduced` leaves it (a matrix-vector dot is the reduction that reads the update)."""
     found = set()
-    for op in sg.ops:
+    for op in g.ops:
         if op.primitive != "dynamic_update_slice" or len(op.outputs) != 1 or op.outputs[0] is None:
             continue
         v = op.outputs[0]
-        if roles.outputs[v] or roles.external[v] or not sg.users[v] or len(sg.users[v]) > MAX_FUSED_READERS:
+        if roles.outputs[v] or roles.external[v] or not g.users[v] or len(g.users[v]) > MAX_FUSED_READERS:
             continue
-        if all(_absorbs("dynamic_update_slice", sg.ops[c].primitive, k)
-               for c in sg.users[v] for k, u in enumerate(sg.ops[c].operands) if u == v):
+        if all(_absorbs("dynamic_update_slice", g.ops[c].primitive, k)
+               for c in g.users[v] for k, u in enumerate(g.ops[c].operands) if u == v):
             found.add(op.index)
     return found
 

@@ -141,6 +141,8 @@ def _summary(result: Any, totals: dict[str, int] | None = None, advice: str | No
         "floor_bytes": result.floor_bytes,
         "infeasible": result.infeasible,
         "policies": _policies(result),
+        "rewrites": [{"kind": r.kind, "xla_total_bytes": r.xla_total_bytes, "values_equal": r.values_equal,
+                      "extra_flops": r.extra_flops, "code": r.lines} for r in result.rewrites],
     }
 
 
@@ -182,6 +184,7 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     table.add_row(f"{result.judge} memory_analysis()", format_size(result.xla_total_bytes_before),
                   format_size(result.xla_total_bytes))
     console.print(table)
+    _render_rewrites(console, result.rewrites, result.judge, result.xla_total_bytes_before)
     _render_policies(console, result)
     if result.rewrite_ran:
         console.print(f"rewrite: {result.recompute_flops_ratio * 100:.1f}% extra FLOPs "
@@ -224,6 +227,22 @@ def _progress(enabled: bool) -> Any:
                     MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
 
 
+def _render_rewrites(console: Any, rewrites: Any, judge: str, before: int) -> None:
+    """The source rewrites kept (`fitting.rewrites`), each with XLA's total and what to write;
+    the policy and the order below start from them."""
+    from jaxmem.reports.escape import markup
+
+    for r in rewrites:
+        same = {True: "equal", False: "not equal", None: "not run"}[r.values_equal]
+        base = r.flops - r.extra_flops
+        console.print(f"[bold]first, {r.kind}[/bold] ({judge} total {format_size(before)} -> "
+                      f"{format_size(r.xla_total_bytes)}, {100 * r.extra_flops / max(base, 1):+.1f}% FLOPs, values "
+                      f"{same}; what follows starts from it):")
+        for line in r.lines:  # one print per line, unbroken, so it pastes as printed
+            console.print(f"    {markup(line)}", soft_wrap=True)
+        before = r.xla_total_bytes
+
+
 def _render_policies(console: Any, result: Any) -> None:
     """The policy answer first (what to paste), then every alternative XLA judged."""
     from rich.table import Table
@@ -239,7 +258,7 @@ def _render_policies(console: Any, result: Any) -> None:
         table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left",
                          overflow="fold")
     for c in found.candidates:
-        where = {"none": "(original)", "scan": "each lax.scan body", "grad": "the differentiated function",
+        where = {"none": f"({found.base_label or 'original'})", "scan": "each lax.scan body", "grad": "the differentiated function",
                  "layer": "each layer call", "loop": "each loop iteration",
                  "own": "your own jax.checkpoint"}[c.kind]
         if c.grouped:

@@ -51,29 +51,42 @@ def _same_values(fn: Any, new: Any, args: tuple) -> bool:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from jaxmem.cli.fit import _abstract, _donate, _progress
+    from jaxmem.cli.fit import _abstract, _donate, _progress, _render_rewrites
     from jaxmem.compiler.target import jit_donation, load_target
     from jaxmem.fitting.judge import Judge
+    from jaxmem.fitting.rewrites import rewrite_first
     from jaxmem.fitting.reorder import reorder, reordered_line
 
-    if args.device is not None:
-        Judge(args.device)
+    judge = Judge(args.device)   # an unknown preset is one line before anything is traced
     fn, fn_args = load_target(args.target)
     donate = _donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
     with _progress(not args.json and sys.stderr.isatty()) as bar:
-        task = bar.add_task("optimize", total=5) if bar is not None else None
+        task = bar.add_task("optimize", total=7) if bar is not None else None
 
         def step(label: str) -> None:
             if bar is not None:
                 bar.update(task, description=label, advance=1)
 
-        result = reorder(fn, *fn_args, donate_argnums=donate, device=args.device, progress=step)
+        # First the rewrites of the source that lower XLA's total (max pools whose gradient XLA
+        # expands into index arrays, long attention in blocks), each kept only where the values
+        # stay; then the order.
+        step("original")
+        original = judge.total(fn, fn_args, donate)
+        rewrites = rewrite_first(fn, fn_args, donate, judge, original, progress=step)
+        base = rewrites[-1].fn if rewrites else fn
+        result = reorder(base, *fn_args, donate_argnums=donate, device=args.device, progress=step,
+                         before=rewrites[-1].xla_total_bytes if rewrites else original)
     same = None if args.no_check or _abstract(fn_args) else _same_values(fn, result.fn, fn_args)
+    saved = original - result.xla_total_bytes_after
+    gap = original - result.planned_peak_bytes
     data = {"target": args.target, "judge": result.judge, "planned_peak_bytes": result.planned_peak_bytes,
-            "xla_total_bytes_before": result.xla_total_bytes_before,
-            "xla_total_bytes_after": result.xla_total_bytes_after, "saved_bytes": result.saved_bytes,
-            "share_of_gap": round(result.share_of_gap, 4), "chained_steps": result.chained_steps,
-            "steps": result.steps, "order": result.order, "candidates": result.candidates, "extra_flops": 0,
+            "xla_total_bytes_before": original,
+            "rewrites": [{"kind": r.kind, "xla_total_bytes": r.xla_total_bytes, "values_equal": r.values_equal,
+                          "extra_flops": r.extra_flops, "code": r.lines} for r in rewrites],
+            "xla_total_bytes_after": result.xla_total_bytes_after, "saved_bytes": saved,
+            "share_of_gap": round(saved / gap, 4) if gap > 0 else 0.0, "chained_steps": result.chained_steps,
+            "steps": result.steps, "order": result.order, "candidates": result.candidates,
+            "extra_flops": rewrites[-1].extra_flops if rewrites else 0,
             "values_unchanged": same, "apply": None if result.order == "original" else
             reordered_line(getattr(fn, "__name__", "step"), result.order, donate, args.device)}
     if args.json:
@@ -82,12 +95,14 @@ def main(argv: list[str]) -> int:
         return 0
     from jaxmem.reports.escape import markup
     console = report_console(highlight=False)
-    console.print(f"jaxmem optimize {markup(args.target)}: reordering alone, judged by {result.judge}")
+    what = "reordering alone" if not rewrites else "source rewrites, then reordering"
+    console.print(f"jaxmem optimize {markup(args.target)}: {what}, judged by {result.judge}")
     console.print(f"  jaxmem's plan:        {format_size(result.planned_peak_bytes)}")
-    console.print(f"  XLA total, original:  {format_size(result.xla_total_bytes_before)}")
+    console.print(f"  XLA total, original:  {format_size(original)}")
+    _render_rewrites(console, rewrites, result.judge, original)
     console.print(f"  XLA total, reordered: {format_size(result.xla_total_bytes_after)} "
-                  f"({format_size(result.saved_bytes)} saved, {100 * result.share_of_gap:.0f}% of the gap to the plan; "
-                  f"0 extra FLOPs; {result.chained_steps} of {result.steps} steps chained)")
+                  f"({format_size(saved)} saved, {100 * data['share_of_gap']:.0f}% of the gap to the plan; "
+                  f"0 extra FLOPs for the order; {result.chained_steps} of {result.steps} steps chained)")
     tried = ", ".join(f"{name} {format_size(total)}" for name, total in result.candidates.items())
     console.print(f"  order kept: {result.order} (XLA total per order tried: {tried})")
     if same is not None:

@@ -92,6 +92,9 @@ class FitResult:
     policy_fn: Callable[..., Any] | None = None  # the original with the printed policy applied
     rewrite_ran: bool = True       # False: the rewriting search was skipped (a policy fits, or asked)
     rewrite_skipped: str = ""      # ... and why, in words
+    rewrites: list[Any] = field(default_factory=list)  # fitting.rewrites.SourceRewrite, kept in
+                                   # order before any policy: their `lines` print first; `fn`,
+                                   # `policy_fn` and every candidate start from the last one's `fn`
 
     def measure(self, *args: Any, repeat: int = 3) -> tuple[float, float]:
         """Time one warm `jax.jit` call of the original and of `fn` on `args` (best of `repeat`,
@@ -171,7 +174,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
         guard: str = "auto", device: str | None = None, policies: bool = True,
         rewrite: bool | str = True, progress: Callable[[str], None] | None = None,
-        exhaustive: bool = False, time_limit: float | None = None) -> FitResult:
+        exhaustive: bool = False, time_limit: float | None = None, source_rewrites: bool = True) -> FitResult:
     """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
 
     >>> import jax.numpy as jnp
@@ -206,6 +209,10 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
             at half of it, the rewriting search at the end (given at least a quarter of it),
             each then answering with the best judged so far (None: no limit).
         progress: called with a short label before each XLA compile.
+        source_rewrites: first rewrite the user's source where XLA's total drops, the values stay
+            and the FLOPs stay within the cap (`fitting.rewrites`: max pools as strided slices
+            and a pairwise max, long attention in blocks of queries); every search then starts
+            from what was kept (`FitResult.rewrites`).
 
     Returns:
         A `FitResult`; `fits=False` (not an exception) when the budget cannot be met, with
@@ -220,11 +227,23 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         raise ConfigError(f"max_rounds must be at least 1, got {max_rounds}")
     guard = "barrier" if device is not None and guard == "auto" else _resolve_guard(guard)
     note = progress or (lambda label: None)
-    graph = trace(fn, *args, donate_argnums=donate)  # first: a function that cannot trace is one PlanError line
+    trace(fn, *args, donate_argnums=donate)  # first: a function that cannot trace is one PlanError line
     note("original")
     original = judge_.figures(fn, args, donate)
     budget_bytes = resolve_budget(budget, original)
     xla_before = original.total
+    # Before any recompute: rewrites of the user's source that lower XLA's total (max pools whose
+    # gradient XLA expands into index arrays; long attention in blocks of queries), each judged
+    # and its values checked. Every search below starts from what was kept; its lines print first.
+    user_fn, rewrites = fn, []
+    if source_rewrites:
+        from jaxmem.fitting.rewrites import rewrite_first
+
+        rewrites = rewrite_first(fn, args, donate, judge_, xla_before, progress=lambda l: note(f"rewrite: {l}"))
+        if rewrites:
+            fn = rewrites[-1].fn
+    base_total = rewrites[-1].xla_total_bytes if rewrites else xla_before
+    graph = trace(fn, *args, donate_argnums=donate)
     infeasible = infeasible_line(budget_bytes, original.floor, judge_.name)
     capped = False  # proven only within the issue's FLOP cap: a rewrite above it may still fit
     if infeasible is None and judge_.device is not None:  # XLA:GPU: a bound over every remat and order
@@ -244,7 +263,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
 
         # Half the time limit: the rewriting search after it must not be left without time.
         found = search_policies(fn, args, donate=donate, judge=judge_, budget=budget_bytes,
-                                original_total=xla_before, progress=lambda l: note(f"policy: {l}"),
+                                original_total=base_total, progress=lambda l: note(f"policy: {l}"),
+                                base_flops=rewrites[-1].flops - rewrites[-1].extra_flops if rewrites else None,
+                                base_label=" and ".join(r.kind for r in rewrites) + " rewritten" if rewrites else "",
                                 exhaustive=exhaustive,
                                 deadline=None if time_limit is None else started + float(time_limit) / 2)
     if rewrite == "auto":
@@ -261,7 +282,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         snaps = [Snapshot(graph, 0, 0, [])]
     else:
         snaps = search(graph, guard=guard)
-    judged: dict[int, tuple[int, int]] = {0: (xla_before, planned_before)}
+    judged: dict[int, tuple[int, int]] = {0: (base_total, planned_before)}
     rounds: list[dict[str, int]] = []
 
     lean: dict[int, Snapshot] = {}  # steps where the economized rewrite is the one judged
@@ -315,7 +336,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         # Bisect for the first rewrite that passes, starting where the model, scaled by how
         # XLA's total relates to it on the original, says the budget is met.
         lo, hi = 0, last
-        scale = xla_before / max(snaps[0].peak, 1)
+        scale = base_total / max(snaps[0].peak, 1)
         guess = next((i for i, s in enumerate(snaps) if s.peak * scale <= budget_bytes), last)
         probe = min(max(guess, lo + 1), hi - 1) if hi - lo > 1 else None
         while probe is not None and len(judged) - 1 < max_rounds:
@@ -341,9 +362,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         if len(dots_snaps) > 1:
             note("dots_saveable rewrite")
         dots_total = (total_of(as_function(dots_snaps[-1].graph), args, donate)
-                      if len(dots_snaps) > 1 else xla_before)
+                      if len(dots_snaps) > 1 else base_total)
         policy, code = _policy(snap, graph, dots_total, budget_bytes)
-        policy_total = {"everything_saveable": xla_before, "dots_saveable": dots_total}.get(policy, xla_total)
+        policy_total = {"everything_saveable": base_total, "dots_saveable": dots_total}.get(policy, xla_total)
     if found is not None:
         live = [c.xla_total_bytes for c in found.candidates if not c.error and c.xla_total_bytes is not None]
         min_reachable = min([min_reachable, *live])
@@ -365,7 +386,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         policy_xla_total_bytes=policy_total,
         rounds=rounds,
         steps_considered=last,
-        original_fn=fn,
+        original_fn=user_fn,
         judge=judge_.name,
         device=judge_.device,
         policies=found,
@@ -376,6 +397,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         rewrite_skipped=("" if rewrite_ran else "the lower bound below holds for every rewrite too"
                          if infeasible and not capped else "a policy meets the budget, or --policy-only; --rewrite runs it"),
         policy_fn=best.apply(fn) if best is not None else None,
+        rewrites=rewrites,
     )
 
 

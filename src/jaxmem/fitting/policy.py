@@ -189,6 +189,8 @@ class PolicySearch:
     candidates: list[PolicyCandidate] = field(default_factory=list)
     best: PolicyCandidate | None = None
     sites: list[CheckpointSite] = field(default_factory=list)
+    base_label: str = ""       # what the searched function is where not the step as written
+                               # ("max pools rewritten"); every candidate starts from it
 
 
 def policy_expression(name: str) -> str:
@@ -410,7 +412,8 @@ def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSi
 def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequence[int], judge: Judge,
                     budget: int, original_total: int | None = None, offload: bool | None = None,
                     progress: Callable[[str], None] | None = None, exhaustive: bool = False,
-                    deadline: float | None = None, reorder: bool | None = None) -> PolicySearch:
+                    deadline: float | None = None, reorder: bool | None = None,
+                    base_flops: int | None = None, base_label: str = "") -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
     function, and pick the cheapest in FLOPs that meets `budget`. On a scan body whose dots
     without batch dimensions come from 2 to MAX_NAMED_DOTS lines (and on the differentiated
@@ -435,25 +438,37 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         reorder: where no policy alone meets the budget, also run the best policy candidates
             (and the original) in jaxmem's planned order (`fitting.reorder`), each judged by
             XLA; default on for XLA:GPU (XLA:CPU drops the barriers that enforce the order).
+        base_flops: the FLOPs extra FLOPs are counted from, where `fn` is already a rewrite of
+            the user's step (its max pools rewritten): the user's step's; default `fn`'s.
+        base_label: what `fn` is, where it is not the user's step as written ("max pools
+            rewritten"), for the row of no policy.
 
     Returns:
         A `PolicySearch`; `best` is None where `fn` has no site (no scan, no jax.grad call seen).
     """
     sites = find_sites(fn, args)
-    result = PolicySearch(judge.name, budget, sites=sites)
+    result = PolicySearch(judge.name, budget, sites=sites, base_label=base_label)
     from jaxmem.compiler.costs import jaxpr_flops
 
     original = _trace(fn, args, donate)
     # The user's own jax.checkpoint calls: their policy, replaced, is a site of its own (the
     # other sites wrap around them, and cannot change what they save).
-    sites += own_checkpoints(original.closed_jaxpr)
-    base_flops = jaxpr_flops(original.closed_jaxpr.jaxpr)
+    # (Not those `fitting.attention` makes for its blocks of queries: a rewrite fit applied,
+    # whose answer is printed as the function to paste.)
+    from jaxmem.fitting import attention
+
+    sites += [s for s in own_checkpoints(original.closed_jaxpr) if not s.defined.startswith(attention.__file__)]
+    # Extra FLOPs are counted from `fn` while searching, then shifted to `base_flops` (every
+    # candidate starts from `fn`: none recomputes less than it does).
+    fn_flops = jaxpr_flops(original.closed_jaxpr.jaxpr)
+    shift = 0 if base_flops is None else fn_flops - base_flops
+    base_flops = fn_flops
     names = checkpoint_names(original.closed_jaxpr)
     if original_total is None:
         original_total = judge.total(fn, args, donate)
-    result.candidates.append(PolicyCandidate("none", "none", [], original_total, base_flops, 0))
+    result.candidates.append(PolicyCandidate("none", "none", [], original_total, fn_flops, 0))
     if not sites:
-        return result
+        return _shifted(result, shift)
     policies = list(POLICIES)
     if names:  # the user's checkpoint_name tags: keep exactly those
         policies.insert(0, "save_only_these_names:" + ",".join(names))
@@ -597,6 +612,15 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         result.best = min(fitting, key=lambda c: (c.extra_flops, is_offload(c.policy), c.xla_total_bytes))
     else:
         result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
+    return _shifted(result, shift)
+
+
+def _shifted(result: PolicySearch, shift: int) -> PolicySearch:
+    """`result` with every candidate's extra FLOPs counted from FLOPs `shift` fewer (the user's
+    step as written, where the search ran on a rewrite of it). The order of the candidates by
+    extra FLOPs, and so the answer, is unchanged."""
+    for c in result.candidates:
+        c.extra_flops += shift
     return result
 
 

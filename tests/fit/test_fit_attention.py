@@ -1,0 +1,96 @@
+"""Issue 12, long attention in blocks of queries (`fitting.attention`): each block under
+jax.checkpoint, a causal block reading only the keys up to its last query. Checked against
+`jax.nn.dot_product_attention` itself (values and gradients), the step written by hand with the
+printed function (the same program), and XLA's memory_analysis() (the total drops)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmem.examples import zoo
+from jaxmem.fitting.attention import (attention_chunked, attention_lines, attention_sites, chunk_sizes,
+                                      chunked_dot_product_attention)
+from jaxmem.fitting.judge import Judge
+from jaxmem.fitting.rewrites import rewrite_first
+from jaxmem.xla.cpu import xla_reference
+
+
+def _qkv(t, s, heads, kv_heads, dim=16, seed=0):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((2, t, heads, dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((2, s, kv_heads, dim)), jnp.float32) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("t,s,heads,kv_heads,causal,chunk", [
+    (96, 96, 4, 4, True, 32), (96, 96, 4, 2, True, 40), (64, 96, 2, 2, True, 16), (96, 64, 2, 1, False, 32),
+    (50, 50, 2, 2, False, 64)])
+def test_blocks_give_dot_product_attention_and_its_gradients(t, s, heads, kv_heads, causal, chunk):
+    q, k, v = _qkv(t, s, heads, kv_heads)
+    g = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+
+    def whole(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+
+    def blocks(q, k, v):
+        return chunked_dot_product_attention(q, k, v, is_causal=causal, chunk=chunk, implementation="xla")
+
+    want, want_vjp = jax.vjp(whole, q, k, v)
+    got, got_vjp = jax.vjp(blocks, q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_vjp(g), want_vjp(g)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _lm(attention=None):
+    if attention is None:
+        return zoo._lm(2, 64, 2, seq=1024, batch=1, vocab=256)
+    real = jax.nn.dot_product_attention
+    jax.nn.dot_product_attention = attention   # what the user writes on zoo.py's attention line
+    try:
+        step, args = zoo._lm(2, 64, 2, seq=1024, batch=1, vocab=256)
+        return jax.make_jaxpr(step)(*args), args
+    finally:
+        jax.nn.dot_product_attention = real
+
+
+def test_sites_are_the_long_plain_calls_by_line():
+    step, args = _lm()
+    (site,) = attention_sites(step, args)
+    assert site.call.file == zoo.__file__ and site.calls == 2 and site.causal
+    assert (site.queries, site.keys, site.heads) == (1024, 1024, 2)
+    assert "jax.nn.dot_product_attention(q, k, v, is_causal=True" in site.text
+    assert chunk_sizes([site]) == [256, 128]
+    lines = attention_lines([site], 256)
+    assert "chunk=256" in lines[0] and lines[2].startswith("def chunked_dot_product_attention(")
+    short, short_args = zoo._lm(1, 64, 2, seq=256, batch=1, vocab=256)
+    assert attention_sites(short, short_args) == []      # under 512 queries: left as written
+    q, k, v = _qkv(1024, 1024, 2, 2)
+    masked = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=jnp.ones((1, 1, 1024, 1024), bool)).sum()
+    assert attention_sites(masked, (q, k, v)) == []      # its own mask: not rewritten
+
+
+def test_the_rewrite_is_the_step_written_by_hand_and_xla_cpu_holds_less():
+    step, args = _lm()
+    (site,) = attention_sites(step, args)
+    chunked = attention_chunked(step, [site], 256)
+
+    real = jax.nn.dot_product_attention
+
+    def by_hand(q, k, v, is_causal=False, implementation=None):
+        jax.nn.dot_product_attention = real        # the blocks call JAX's own
+        try:
+            return chunked_dot_product_attention(q, k, v, is_causal=is_causal, chunk=256,
+                                                 implementation=implementation)
+        finally:
+            jax.nn.dot_product_attention = by_hand
+
+    hand, _ = _lm(by_hand)
+    assert str(jax.make_jaxpr(chunked)(*args)) == str(hand)
+    before = xla_reference(step, args, donate_argnums=(0, 1)).total_bytes
+    (kept,) = rewrite_first(step, args, (0, 1), Judge(None), before)
+    assert kept.kind == "attention in blocks" and kept.values_equal is True and kept.extra_flops < 0
+    assert kept.xla_total_bytes == xla_reference(kept.fn, args, donate_argnums=(0, 1)).total_bytes < before

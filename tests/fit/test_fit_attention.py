@@ -94,3 +94,13 @@ def test_the_rewrite_is_the_step_written_by_hand_and_xla_cpu_holds_less():
     (kept,) = rewrite_first(step, args, (0, 1), Judge(None), before)
     assert kept.kind == "attention in blocks" and kept.values_equal is True and kept.extra_flops < 0
     assert kept.xla_total_bytes == xla_reference(kept.fn, args, donate_argnums=(0, 1)).total_bytes < before
+
+
+def test_the_printed_function_runs_where_it_is_pasted():
+    # Only jax and jnp, which a model file has: nothing of jaxmem's or typing's.
+    source = "\n".join(attention_lines([], 256)[1:])
+    scope = {"jax": jax, "jnp": jnp}
+    exec(source, scope)
+    q, k, v = _qkv(96, 96, 2, 2)
+    np.testing.assert_allclose(scope["chunked_dot_product_attention"](q, k, v, is_causal=True, chunk=32),
+                               jax.nn.dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-6)

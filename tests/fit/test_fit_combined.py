@@ -44,7 +44,7 @@ def cnn_by_hand(policy: str, first: int = 0, but_last: bool = False, pooled: boo
                 x = jax.nn.relu(x + conv["b"])
                 if i == last:
                     return cnn.avg_pool(x)
-                # fit's first answer, pasted: the max pool as a reshape and a max
+                # fit's first answer, pasted: the max pool as strided slices and a pairwise max
                 return reshape_max_pool(x, (1, 2, 2, 1)) if pooled else cnn.max_pool(x)
             wrapped = pol is not None and ((i < first) if first else (i < last if but_last else True))
             x = jax.checkpoint(layer, policy=pol, static_argnums=(1,))(x, i, conv) if wrapped else layer(x, i, conv)

@@ -120,3 +120,10 @@ def test_fit_starts_from_the_rewritten_pools_and_prints_them_first(capsys):
     assert pools["values_equal"] is True and data["values_unchanged"] is True
     assert pools["xla_total_bytes"] < data["xla_total_bytes_before"]
     assert any("def reshape_max_pool(" in line for line in pools["code"])
+
+
+def test_the_printed_function_runs_where_it_is_pasted():
+    scope = {"jax": jax, "jnp": jnp}
+    exec("\n".join(pool_lines([])[1:]), scope)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 6, 6, 3)), jnp.float32)
+    np.testing.assert_array_equal(scope["reshape_max_pool"](x, (1, 2, 2, 1)), _pool(x, (1, 2, 2, 1)))

@@ -36,7 +36,7 @@ MIN_QUERIES = 512   # shorter sequences: a block of a quarter would be under 128
 
 
 def chunked_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
-                                  is_causal: bool = False, chunk: int = 512, **kwargs: Any) -> jax.Array:
+                                  is_causal: bool = False, chunk: int = 512, **kwargs) -> jax.Array:
     """jax.nn.dot_product_attention over blocks of `chunk` queries, each under jax.checkpoint:
     one block's scores are live at a time, forward and backward; a causal block reads only the
     keys up to its last query. `query`, `key`, `value`: [batch, length, heads, head_dim]."""

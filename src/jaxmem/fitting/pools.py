@@ -82,8 +82,8 @@ class PoolSite:
 
 
 def rewritable(params: dict[str, Any], shape: Sequence[int]) -> bool:
-    """A `reduce_window_max` the reshape computes exactly: each window its own block (window =
-    stride, no padding, no dilation). A remainder the pool leaves out, `reshape_max_pool` trims."""
+    """A `reduce_window_max` that `reshape_max_pool` computes exactly: each window its own block
+    (window = stride, no padding, no dilation). A remainder the pool leaves out, it trims."""
     window = tuple(params["window_dimensions"])
     return (window == tuple(params["window_strides"])
             and all(tuple(p) == (0, 0) for p in params["padding"])

@@ -5,6 +5,8 @@ printed function (the same program), and XLA's memory_analysis() (the total drop
 
 from __future__ import annotations
 
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,3 +106,45 @@ def test_the_printed_function_runs_where_it_is_pasted():
     q, k, v = _qkv(96, 96, 2, 2)
     np.testing.assert_allclose(scope["chunked_dot_product_attention"](q, k, v, is_causal=True, chunk=32),
                                jax.nn.dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-6)
+
+
+GPU_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import jax
+    from test_fit_attention import _lm
+    from jaxmem.compiler.remat import fit
+    from jaxmem.fitting.attention import chunked_dot_product_attention
+    from jaxmem.xla.gpu import compile_for_gpu
+    step, args = _lm()
+    r = fit(step, *args, budget="half-temp", donate_argnums=(0, 1), device="h100-80gb", rewrite=False)
+    (kept,) = r.rewrites
+    chunk = int(kept.lines[0].split("chunk=")[1].split(")")[0])
+    real = jax.nn.dot_product_attention
+
+    def by_hand(q, k, v, is_causal=False, implementation=None):   # the printed line, pasted
+        jax.nn.dot_product_attention = real
+        try:
+            return chunked_dot_product_attention(q, k, v, is_causal=is_causal, chunk=chunk,
+                                                 implementation=implementation)
+        finally:
+            jax.nn.dot_product_attention = by_hand
+
+    jax.nn.dot_product_attention = by_hand
+    try:
+        # a new function: JAX's cache holds the step's traces from fit, made without the paste
+        d = compile_for_gpu(lambda *a: step(*a), args, spec="h100_sxm", device="h100-80gb",
+                            donate_argnums=(0, 1), use_cache=False)
+    finally:
+        jax.nn.dot_product_attention = real
+    print(json.dumps({{"before": r.xla_total_bytes_before, "kept": kept.xla_total_bytes, "fits": r.policy_fits,
+                      "by_hand": d["argument_bytes"] + d["output_bytes"] + d["temp_bytes"] - d["alias_bytes"],
+                      "flops": kept.extra_flops, "equal": kept.values_equal, "budget": r.budget_bytes}}))
+""")
+
+
+@pytest.mark.slow
+def test_xla_gpu_total_drops_and_the_step_written_by_hand_compiles_to_it(run_gpu_script):
+    data = run_gpu_script(GPU_SCRIPT)
+    assert data["by_hand"] == data["kept"] < data["before"] and data["equal"] and data["flops"] < 0
+    assert data["fits"] and data["kept"] <= data["budget"]

@@ -258,8 +258,8 @@ def _render_policies(console: Any, result: Any) -> None:
         table.add_column(name, justify="right" if name in ("jaxmem plan", "XLA total", "extra FLOPs") else "left",
                          overflow="fold")
     for c in found.candidates:
-        where = {"none": f"({found.base_label or 'original'})", "scan": "each lax.scan body", "grad": "the differentiated function",
-                 "layer": "each layer call", "loop": "each loop iteration",
+        where = {"none": f"({found.base_label or 'original'})", "scan": "each lax.scan body",
+                 "grad": "the differentiated function", "layer": "each layer call", "loop": "each loop iteration",
                  "own": "your own jax.checkpoint"}[c.kind]
         if c.grouped:
             where = "the loop"

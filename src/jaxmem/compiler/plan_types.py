@@ -38,6 +38,13 @@ class SourceLine:
     def __str__(self) -> str:
         return f"{self.file}:{self.line} ({self.function})"
 
+    @property
+    def text(self) -> str:
+        """The line as written (stripped), or "" where the file cannot be read."""
+        import linecache
+
+        return linecache.getline(self.file, self.line).strip()
+
 
 @dataclass(frozen=True)
 class Const:

@@ -71,7 +71,7 @@ class AttentionSite:
 
     @property
     def text(self) -> str:
-        return linecache.getline(self.call.file, self.call.line).strip()
+        return self.call.text
 
     def code(self, chunk: int) -> str:
         written = f"  (as written: {self.text})" if self.text else ""

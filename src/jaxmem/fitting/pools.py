@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import linecache
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -69,8 +68,7 @@ class PoolSite:
 
     @property
     def text(self) -> str:
-        """The line as written (stripped), or "" where the file cannot be read."""
-        return linecache.getline(self.call.file, self.call.line).strip()
+        return self.call.text
 
     def code(self) -> str:
         """What to write: `reshape_max_pool(x, window)` in place of the pool on the line."""

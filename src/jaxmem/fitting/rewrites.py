@@ -57,29 +57,38 @@ def rewrite_first(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[
 
     def judged(kind: str, cand: Callable[..., Any], lines: list[str]) -> SourceRewrite | None:
         note(kind)
-        flops = _flops(cand, args)
-        if flops > (1 + cap) * base_flops:
-            return None
-        total = judge.total(cand, args, donate)
-        if total >= (kept[-1].xla_total_bytes if kept else original_total):
-            return None
-        same = None
-        if concrete:
-            if not expected:
-                expected.append(jax.jit(fn)(*args))
-            same = values_equal(expected[0], jax.jit(cand)(*args), compute_dtype(fn, args))
-            if not same:
+        try:
+            flops = _flops(cand, args)
+            if flops > (1 + cap) * base_flops:
                 return None
+            total = judge.total(cand, args, donate)
+            if total >= (kept[-1].xla_total_bytes if kept else original_total):
+                return None
+            same = None
+            if concrete:
+                if not expected:
+                    expected.append(jax.jit(fn)(*args))
+                same = values_equal(expected[0], jax.jit(cand)(*args), compute_dtype(fn, args))
+        except Exception:  # noqa: BLE001 - a rewrite JAX cannot trace, XLA compile or run is not offered
+            return None
+        if same is False:
+            return None
         return SourceRewrite(kind, lines, cand, total, same, flops, flops - base_flops)
 
+    def found_in(find: Callable[[Callable[..., Any], Sequence[Any]], list[Any]]) -> list[Any]:
+        try:
+            return find(current, args)
+        except Exception:  # noqa: BLE001 - a step the hooks cannot trace keeps its source as written
+            return []
+
     current = fn
-    sites = pool_sites(current, args)
+    sites = found_in(pool_sites)
     if sites:
         found = judged("max pools", pools_rewritten(current, sites), pool_lines(sites))
         if found is not None:
             kept.append(found)
             current = found.fn
-    calls = attention_sites(current, args)
+    calls = found_in(attention_sites)
     if calls:
         best = None
         for chunk in chunk_sizes(calls):

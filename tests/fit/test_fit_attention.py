@@ -64,7 +64,7 @@ def test_sites_are_the_long_plain_calls_by_line():
     (site,) = attention_sites(step, args)
     assert site.call.file == zoo.__file__ and site.calls == 2 and site.causal
     assert (site.queries, site.keys, site.heads) == (1024, 1024, 2)
-    assert "jax.nn.dot_product_attention(q, k, v, is_causal=True" in site.text
+    assert "jax.nn.dot_product_attention(q, k, v, is_causal=True" in site.call.text
     assert chunk_sizes([site]) == [256, 128]
     lines = attention_lines([site], 256)
     assert "chunk=256" in lines[0] and lines[2].startswith("def chunked_dot_product_attention(")

@@ -73,7 +73,7 @@ def test_sites_are_the_differentiated_pools_with_non_overlapping_windows():
     step, args = _pooled_step()
     (site,) = pool_sites(step, args)
     assert site.call.file == __file__ and site.windows == ((1, 2, 2, 1),) and site.pools == 1
-    assert site.text.startswith("h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1)")
+    assert site.call.text.startswith("h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1)")
     assert pool_sites(lambda x: _pool(x, (1, 2, 2, 1)).sum(), (args[1],)) == []  # forward only
     lines = pool_lines([site])
     assert lines[0].startswith(f"{__file__}:") and "reshape_max_pool(x, (1, 2, 2, 1))" in lines[0]

@@ -69,12 +69,8 @@ class AttentionSite:
     def key(self) -> tuple[str, int]:
         return (self.call.file, self.call.line)
 
-    @property
-    def text(self) -> str:
-        return self.call.text
-
     def code(self, chunk: int) -> str:
-        written = f"  (as written: {self.text})" if self.text else ""
+        written = f"  (as written: {self.call.text})" if self.call.text else ""
         return (f"{self.call}: write chunked_dot_product_attention(..., chunk={chunk}) in place of "
                 f"jax.nn.dot_product_attention(...), with the same arguments ({self.calls} call"
                 f"{'s' if self.calls != 1 else ''}, {self.queries} queries{', causal' if self.causal else ''})"

@@ -66,15 +66,11 @@ class PoolSite:
     def key(self) -> tuple[str, int]:
         return (self.call.file, self.call.line)
 
-    @property
-    def text(self) -> str:
-        return self.call.text
-
     def code(self) -> str:
         """What to write: `reshape_max_pool(x, window)` in place of the pool on the line."""
         window = self.windows[0] if len(set(self.windows)) == 1 else None
         arg = repr(window) if window is not None else "window"
-        written = f"  (as written: {self.text})" if self.text else ""
+        written = f"  (as written: {self.call.text})" if self.call.text else ""
         return (f"{self.call}: write reshape_max_pool(x, {arg}) in place of the max pool of x on this line "
                 f"({self.pools} pool{'s' if self.pools != 1 else ''}){written}")
 

@@ -92,44 +92,47 @@ def _plain(bias: Any, mask: Any, q_seqlen: Any, kv_seqlen: Any, window: Any, res
     return bias is None and mask is None and q_seqlen is None and kv_seqlen is None and window is None and not residual
 
 
-def _install() -> None:
-    """Hook, once per process, the XLA implementation `jax.nn.dot_product_attention` calls (a
-    module global it looks up at each call): inside `attention_sites` a call is recorded, inside
-    `attention_chunked` a call from one of its lines runs in blocks. Outside, JAX's own."""
+def _hooked_xla(original: Callable[..., Any]) -> Callable[..., Any]:
     from jaxmem.fitting.sites import _innermost_line
 
+    def hooked(query: Any, key: Any, value: Any, bias: Any, mask: Any, is_causal: bool, scale: float,
+               q_seqlen: Any, kv_seqlen: Any, local_window_size: Any, return_residual: bool = False) -> Any:
+        mode = _MODE.get()
+        plain = _plain(bias, mask, q_seqlen, kv_seqlen, local_window_size, return_residual)
+        if mode is not None and plain and query.shape[1] >= MIN_QUERIES:
+            kind, state = mode
+            if kind == "record":
+                state.append((_innermost_line(), query.shape, key.shape, bool(is_causal)))
+            elif _innermost_line() in state[0]:
+                token = _MODE.set(None)   # the blocks call dot_product_attention: JAX's own
+                try:
+                    return chunked_dot_product_attention(query, key, value, is_causal=is_causal,
+                                                         chunk=state[1], scale=scale, implementation="xla")
+                finally:
+                    _MODE.reset(token)
+        return original(query, key, value, bias, mask, is_causal, scale, q_seqlen, kv_seqlen,
+                        local_window_size, return_residual)
+
+    hooked.__jaxmem_original__ = original  # type: ignore[attr-defined]
+    return hooked
+
+
+def _install() -> bool:
+    """Hook, once per process, the XLA implementation `jax.nn.dot_product_attention` calls (a
+    module global it looks up at each call): inside `attention_sites` a call is recorded, inside
+    `attention_chunked` a call from one of its lines runs in blocks. Outside, JAX's own. False
+    where this JAX has no such function (nothing is then rewritten)."""
+    from jaxmem.fitting.sites import _hook
+
     with _INSTALL:
-        module = _functions_module()
-        if getattr(module._dot_product_attention_xla, "__jaxmem_original__", None) is not None:
-            return
-        original = module._dot_product_attention_xla
-
-        def hooked(query: Any, key: Any, value: Any, bias: Any, mask: Any, is_causal: bool, scale: float,
-                   q_seqlen: Any, kv_seqlen: Any, local_window_size: Any, return_residual: bool = False) -> Any:
-            mode = _MODE.get()
-            plain = _plain(bias, mask, q_seqlen, kv_seqlen, local_window_size, return_residual)
-            if mode is not None and plain and query.shape[1] >= MIN_QUERIES:
-                kind, state = mode
-                if kind == "record":
-                    state.append((_innermost_line(), query.shape, key.shape, bool(is_causal)))
-                elif _innermost_line() in state[0]:
-                    token = _MODE.set(None)   # the blocks call dot_product_attention: JAX's own
-                    try:
-                        return chunked_dot_product_attention(query, key, value, is_causal=is_causal,
-                                                             chunk=state[1], scale=scale, implementation="xla")
-                    finally:
-                        _MODE.reset(token)
-            return original(query, key, value, bias, mask, is_causal, scale, q_seqlen, kv_seqlen,
-                            local_window_size, return_residual)
-
-        hooked.__jaxmem_original__ = original  # type: ignore[attr-defined]
-        module._dot_product_attention_xla = hooked
+        return _hook(_functions_module(), "_dot_product_attention_xla", _hooked_xla)
 
 
 def attention_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[AttentionSite]:
     """The user's lines whose `dot_product_attention` calls (XLA's implementation, no bias,
     mask, lengths or window of their own, at least MIN_QUERIES queries) `fn` makes."""
-    _install()
+    if not _install():
+        return []
     calls: list[tuple[Any, tuple[int, ...], tuple[int, ...], bool]] = []
 
     def traced(*a: Any) -> Any:   # a new function: JAX runs the Python again, not its cached trace

@@ -126,26 +126,27 @@ def _pool_primitive() -> Any:
     return windowed_reductions.reduce_window_max_p
 
 
-def _install() -> None:
-    """Hook, once per process, the max pool primitive's `bind`: inside `pools_rewritten`, a
-    pool made on one of its lines is `reshape_max_pool`'s reshape and max. Outside, JAX's own."""
+def _hooked_bind(original: Callable[..., Any]) -> Callable[..., Any]:
     from jaxmem.fitting.sites import _innermost_line
 
+    def bind(*args: Any, **params: Any) -> Any:
+        lines = _ACTIVE.get()
+        if lines and len(args) == 1 and rewritable(params, args[0].shape) and _innermost_line() in lines:
+            return reshape_max_pool(args[0], tuple(params["window_dimensions"]))
+        return original(*args, **params)
+
+    bind.__jaxmem_original__ = original  # type: ignore[attr-defined]
+    return bind
+
+
+def _install() -> None:
+    """Hook, once per process, the max pool primitive's `bind` (an instance attribute:
+    `reduce_window_max_p.bind(...)` finds it first): inside `pools_rewritten`, a pool made on
+    one of its lines is `reshape_max_pool`. Outside, JAX's own."""
+    from jaxmem.fitting.sites import _hook
+
     with _INSTALL:
-        prim = _pool_primitive()
-        if getattr(prim.bind, "__jaxmem_original__", None) is not None:
-            return
-        original = prim.bind
-
-        def bind(*args: Any, **params: Any) -> Any:
-            lines = _ACTIVE.get()
-            if lines and len(args) == 1 and rewritable(params, args[0].shape) \
-                    and _innermost_line() in lines:
-                return reshape_max_pool(args[0], tuple(params["window_dimensions"]))
-            return original(*args, **params)
-
-        bind.__jaxmem_original__ = original  # type: ignore[attr-defined]
-        prim.bind = bind  # an instance attribute: `reduce_window_max_p.bind(...)` finds it first
+        _hook(_pool_primitive(), "bind", _hooked_bind)
 
 
 def pools_rewritten(fn: Callable[..., Any], sites: Sequence[PoolSite]) -> Callable[..., Any]:

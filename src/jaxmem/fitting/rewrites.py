@@ -32,12 +32,6 @@ class SourceRewrite:
     extra_flops: int            # ... less the step's as written (negative: fewer)
 
 
-def _flops(fn: Callable[..., Any], args: Sequence[Any]) -> int:
-    from jaxmem.compiler.costs import jaxpr_flops
-
-    return jaxpr_flops(jax.make_jaxpr(fn)(*args).jaxpr)
-
-
 def rewrite_first(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int], judge: Any,
                   original_total: int, progress: Callable[[str], None] | None = None,
                   cap: float = FLOP_CAP) -> list[SourceRewrite]:
@@ -47,6 +41,7 @@ def rewrite_first(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[
     are arrays) and its FLOPs are at most (1 + cap) times the step's."""
     from jaxmem.fitting.attention import attention_chunked, attention_lines, attention_sites, chunk_sizes
     from jaxmem.fitting.judge import compute_dtype, values_equal
+    from jaxmem.fitting.policy import _flops  # counted as fit's policy candidates are: the shift is exact
     from jaxmem.fitting.pools import pool_lines, pool_sites, pools_rewritten
 
     note = progress or (lambda label: None)

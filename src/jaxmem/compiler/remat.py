@@ -227,7 +227,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         raise ConfigError(f"max_rounds must be at least 1, got {max_rounds}")
     guard = "barrier" if device is not None and guard == "auto" else _resolve_guard(guard)
     note = progress or (lambda label: None)
-    trace(fn, *args, donate_argnums=donate)  # first: a function that cannot trace is one PlanError line
+    graph = trace(fn, *args, donate_argnums=donate)  # first: a function that cannot trace is one PlanError line
     note("original")
     original = judge_.figures(fn, args, donate)
     budget_bytes = resolve_budget(budget, original)
@@ -242,8 +242,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         rewrites = rewrite_first(fn, args, donate, judge_, xla_before, progress=lambda l: note(f"rewrite: {l}"))
         if rewrites:
             fn = rewrites[-1].fn
+            graph = trace(fn, *args, donate_argnums=donate)
     base_total = rewrites[-1].xla_total_bytes if rewrites else xla_before
-    graph = trace(fn, *args, donate_argnums=donate)
     infeasible = infeasible_line(budget_bytes, original.floor, judge_.name)
     capped = False  # proven only within the FLOP cap: a rewrite above it may still fit
     if infeasible is None and judge_.device is not None:  # XLA:GPU: a bound over every remat and order

@@ -1,8 +1,9 @@
 """fit's source rewrites on the suite and on models outside it: XLA's total as written and with
 each rewrite kept (`fitting.rewrites.rewrite_first`: max pools as strided slices and a pairwise
-max, long attention in blocks of queries), the rewrite's FLOPs against the step's, and whether
-its values equal the step's (run here on XLA:CPU). One row per program and judge; a program with
-no pool or long attention is a row that says so (the rewrites must not touch it).
+max, an activation's small scaling factors multiplied first, long attention in blocks of
+queries), the rewrite's FLOPs against the step's, and whether its values equal the step's (run
+here on XLA:CPU). One row per program and judge; a program with no site is a row that says so
+(the rewrites must not touch it).
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_rewrites.py                    # every program
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_rewrites.py --programs convnet_bn_train,resnet_flax:make@0,1,2 --judges h100-80gb
@@ -28,6 +29,7 @@ from jaxmem.fitting.attention import attention_sites  # noqa: E402
 from jaxmem.fitting.judge import Judge  # noqa: E402
 from jaxmem.fitting.pools import pool_sites  # noqa: E402
 from jaxmem.fitting.rewrites import rewrite_first  # noqa: E402
+from jaxmem.fitting.scales import scale_sites  # noqa: E402
 
 MiB = 2 ** 20
 JUDGES = ("h100-80gb", "a100-40gb", "cpu")
@@ -51,28 +53,30 @@ def run(program: str, judge_name: str) -> dict:
     fn, args, donate = load(program)
     judge = Judge(None if judge_name == "cpu" else judge_name)
     started = time.perf_counter()
-    pools, calls = pool_sites(fn, args), attention_sites(fn, args)
-    before = judge.total(fn, args, donate) if pools or calls else None   # no site: nothing compiled
-    kept = rewrite_first(fn, args, donate, judge, before) if pools or calls else []
+    pools, scales, calls = pool_sites(fn, args), scale_sites(fn, args), attention_sites(fn, args)
+    sited = bool(pools or scales or calls)
+    before = judge.total(fn, args, donate) if sited else None   # no site: nothing compiled
+    kept = rewrite_first(fn, args, donate, judge, before) if sited else []
     base = kept[0].flops - kept[0].extra_flops if kept else 1
-    return {"program": program, "judge": judge.name, "pool_lines": len(pools), "attention_lines": len(calls),
+    return {"program": program, "judge": judge.name, "pool_lines": len(pools), "scale_lines": len(scales),
+            "attention_lines": len(calls),
             "before": before, "kept": [{"kind": k.kind, "total": k.xla_total_bytes, "flops": k.extra_flops / base,
                                         "equal": k.values_equal} for k in kept],
             "seconds": round(time.perf_counter() - started, 1)}
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| program | judge | sites (pools / attention) | XLA total as written | kept: rewrite -> total (FLOPs, values) | after / before |",
+    out = ["| program | judge | sites (pools / scales / attention) | XLA total as written | kept: rewrite -> total (FLOPs, values) | after / before |",
            "|---|---|---|---:|---|---:|"]
     for r in rows:
         kept = "; ".join(f"{k['kind']} -> {k['total'] / MiB:.1f} ({100 * k['flops']:+.1f}%, "
                          f"{'equal' if k['equal'] else 'not run' if k['equal'] is None else 'differ'})"
                          for k in r["kept"]) or "none"
         if r["before"] is None:
-            out.append(f"| {r['program']} | {r['judge']} | 0 / 0 | | no site: untouched | |")
+            out.append(f"| {r['program']} | {r['judge']} | 0 / 0 / 0 | | no site: untouched | |")
             continue
         after = r["kept"][-1]["total"] if r["kept"] else r["before"]
-        out.append(f"| {r['program']} | {r['judge']} | {r['pool_lines']} / {r['attention_lines']} "
+        out.append(f"| {r['program']} | {r['judge']} | {r['pool_lines']} / {r.get('scale_lines', 0)} / {r['attention_lines']} "
                    f"| {r['before'] / MiB:.1f} | {kept} | {after / r['before']:.3f} |")
     return "\n".join(out)
 

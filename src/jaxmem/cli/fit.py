@@ -167,8 +167,11 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
 
     # piped into a file or a log, each policy name stays on one line, as it is pasted
     console = report_console(highlight=False)
+    best = result.policies.best if result.policies is not None else None
     if result.policy_fits and not (result.fits and result.fn is not result.original_fn):
-        verdict = "[green]fits with the jax.checkpoint policy below[/green]"
+        verdict = ("[green]fits with the source rewrites below, no jax.checkpoint[/green]"
+                   if result.rewrites and best is not None and best.policy == "none" and not best.order
+                   else "[green]fits with the jax.checkpoint policy below[/green]")
     else:
         verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
     from jaxmem.reports.escape import markup

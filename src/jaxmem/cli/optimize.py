@@ -1,9 +1,10 @@
 """Memory for free: run a function in jaxmem's planned order, no recompute, and report XLA's total: `jaxmem optimize TARGET`.
 
 TARGET is `path/to/file.py:factory` or `package.module:factory`, where `factory()` returns
-`(fn, args)`. First, two patterns of the source are rewritten where XLA's total drops and the
+`(fn, args)`. First, three patterns of the source are rewritten where XLA's total drops and the
 values stay (`fitting.rewrites`: differentiated max pools as strided slices and a pairwise max,
-long `jax.nn.dot_product_attention` in blocks of queries), each printed as plain JAX to paste;
+an activation's small scaling factors multiplied together first, long
+`jax.nn.dot_product_attention` in blocks of queries), each printed as plain JAX to paste;
 the order then starts from them. Each stored step is chained after the one before it with
 `lax.optimization_barrier`, so XLA follows jaxmem's order; for a GPU preset the orders of
 jaxmem's GPU plan and CPU-model plan are both judged and the lower kept (the original when
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> int:
                 bar.update(task, description=label, advance=1)
 
         # First the rewrites of the source that lower XLA's total (max pools whose gradient XLA
-        # expands into index arrays, long attention in blocks), each kept only where the values
+        # expands into index arrays, a batch norm's factors, long attention in blocks), each kept only where the values
         # stay; then the order.
         step("original")
         original = judge.total(fn, fn_args, donate)

@@ -211,7 +211,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         progress: called with a short label before each XLA compile.
         source_rewrites: first rewrite the user's source where XLA's total drops, the values stay
             and the FLOPs stay within the cap (`fitting.rewrites`: max pools as strided slices
-            and a pairwise max, long attention in blocks of queries); every search then starts
+            and a pairwise max, an activation's small scaling factors multiplied together first,
+            long attention in blocks of queries); every search then starts
             from what was kept (`FitResult.rewrites`).
 
     Returns:
@@ -233,7 +234,8 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     budget_bytes = resolve_budget(budget, original)
     xla_before = original.total
     # Before any recompute: rewrites of the user's source that lower XLA's total (max pools whose
-    # gradient XLA expands into index arrays; long attention in blocks of queries), each judged
+    # gradient XLA expands into index arrays; a batch norm's factors, whose gradient XLA fuses
+    # beside the input gradient; long attention in blocks of queries), each judged
     # and its values checked. Every search below starts from what was kept; its lines print first.
     user_fn, rewrites = fn, []
     if source_rewrites:

@@ -1,6 +1,8 @@
 """Rewrites of the user's source that lower XLA's total before any checkpoint policy: a
-differentiated max pool as strided slices and a pairwise max (`fitting.pools`), long attention
-in blocks of queries (`fitting.attention`). Each is judged by XLA's total, its values compared
+differentiated max pool as strided slices and a pairwise max (`fitting.pools`), an activation's
+small scaling factors multiplied together first (`fitting.scales`: a batch norm's
+`x * rsqrt(var + eps) * gain` as `x * (rsqrt(var + eps) * gain)`), long attention in blocks of
+queries (`fitting.attention`). Each is judged by XLA's total, its values compared
 with the step as written (at the precision the step computes in), and kept only where the
 total drops within the FLOP cap; fit's policies and `jaxmem optimize`'s order then start from
 what was kept, and their answers print these lines first.
@@ -23,7 +25,7 @@ from jaxmem.fitting.bound import FLOP_CAP
 class SourceRewrite:
     """One rewrite kept: `fn` is the step with it and every rewrite kept before it."""
 
-    kind: str                   # "max pools", "attention in blocks"
+    kind: str                   # "max pools", "scale factors", "attention in blocks"
     lines: list[str]            # what to write in the user's code
     fn: Callable[..., Any]
     xla_total_bytes: int        # the judge's total for `fn`
@@ -43,6 +45,7 @@ def rewrite_first(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[
     from jaxmem.fitting.judge import compute_dtype, values_equal
     from jaxmem.fitting.policy import _flops  # counted as fit's policy candidates are: the shift is exact
     from jaxmem.fitting.pools import pool_lines, pool_sites, pools_rewritten
+    from jaxmem.fitting.scales import scale_lines, scale_sites, scales_combined
 
     note = progress or (lambda label: None)
     concrete = not any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(args))
@@ -77,9 +80,11 @@ def rewrite_first(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[
             return []
 
     current = fn
-    sites = found_in(pool_sites)
-    if sites:
-        found = judged("max pools", pools_rewritten(current, sites), pool_lines(sites))
+    # In this order: the batch norm's factors pay only once the pools' index arrays are gone.
+    for kind, find, rewrite, lines in (("max pools", pool_sites, pools_rewritten, pool_lines),
+                                       ("scale factors", scale_sites, scales_combined, scale_lines)):
+        sites = found_in(find)
+        found = judged(kind, rewrite(current, sites), lines(sites)) if sites else None
         if found is not None:
             kept.append(found)
             current = found.fn

@@ -6,10 +6,14 @@ it meets convnet_bn_train's budget) and fit's answer."""
 
 from __future__ import annotations
 
+import math
+
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
 from jax._src.interpreters import partial_eval as pe
 
 from jaxmem.compiler.remat import fit
@@ -60,6 +64,34 @@ def test_each_chain_scales_the_activation_once_with_the_same_values(name):
              for f in (fn, rewritten)]
     for want, got in zip(*grads):   # a rounding apart, relative to the largest entry
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(want))))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_any_chain_of_small_factors_keeps_its_values(data):
+    """A random chain of 2-4 `*` and `/` by small factors (scalars, per-channel, per-row, on
+    either side of `*`): the rewrite's values are JAX's as written, a rounding apart, and it
+    never makes more full-size ops; where every factor combines with the others it makes one."""
+    shapes = [(), (6,), (1, 1, 6), (1, 5, 1), (4, 1, 1), (1, 5, 6)]
+    steps = data.draw(st.lists(st.tuples(st.sampled_from(["*", "r*", "/"]), st.sampled_from(range(len(shapes)))),
+                               min_size=2, max_size=4))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
+    factors = [jnp.asarray(rng.uniform(0.5, 2.0, size=shapes[k]), jnp.float32) for _, k in steps]
+
+    def chain(x, *fs):
+        for (op, _), f in zip(steps, fs):
+            x = x * f if op == "*" else f * x if op == "r*" else x / f
+        return x
+
+    sites = scale_sites(chain, (X, *factors))
+    rewritten = scales_combined(chain, sites)
+    want = jax.jit(chain)(X, *factors)
+    np.testing.assert_allclose(jax.jit(rewritten)(X, *factors), want, rtol=1e-5, atol=1e-6 * float(np.max(np.abs(want))))
+    written, now = _full_size_ops(chain, X, *factors), _full_size_ops(rewritten, X, *factors)
+    assert now <= written == len(steps)
+    together = np.broadcast_shapes(*[shapes[k] for _, k in steps])
+    if sites and math.prod(together) < math.prod(X.shape):
+        assert now == 1
 
 
 def test_factors_that_make_a_full_size_factor_or_widen_the_dtype_are_left_as_written():

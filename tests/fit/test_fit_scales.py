@@ -105,6 +105,20 @@ def test_factors_that_make_a_full_size_factor_or_widen_the_dtype_are_left_as_wri
     assert int(jnp.multiply.reduce(jnp.arange(1, 5))) == 24 and float((X * A * B)[0, 0, 0]) == float(X[0, 0, 0] * A[0] * B[0, 0, 0])
 
 
+def test_with_the_hook_installed_jax_still_names_the_users_line():
+    """JAX names an equation (and XLA's metadata) after the innermost frame it takes for the
+    user's: the hook between the user's `*` and JAX must not be taken for it."""
+    from jax._src import source_info_util
+
+    scale_sites(CHAINS["x * a * b"][0], (X, A, B))     # installs the hook
+    eqn = jax.make_jaxpr(lambda x: x * 2.0)(X).jaxpr.eqns[0]
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    assert frame is not None and frame.file_name == __file__
+    from jaxmem.fitting import scales
+
+    assert scales.__file__ not in jax.jit(lambda x: x * 2.0).lower(X).as_text(debug_info=True)
+
+
 def test_grouped_line_writes_the_factors_first():
     assert grouped_line("return (x - mean) * jax.lax.rsqrt(var + eps) * gain + bias") == \
         "return (x - mean) * (jax.lax.rsqrt(var + eps) * gain) + bias"

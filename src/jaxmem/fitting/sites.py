@@ -221,6 +221,7 @@ def _install_own() -> None:
         remat = _remat_primitive()
         if getattr(remat.bind, "__jaxmem_original__", None) is not None:
             return
+        _outside_user_frames()
         original = remat.bind
 
         def bind(*args: Any, **params: Any) -> Any:
@@ -317,8 +318,25 @@ def _hook(module: Any, name: str, make: Callable[[Callable[..., Any]], Callable[
     if current is None:
         return False
     if getattr(current, "__jaxmem_original__", None) is None:
+        _outside_user_frames()
         setattr(module, name, make(current))
     return True
+
+
+def _outside_user_frames() -> None:
+    """Once per process, before any hook is installed: this package's frames are not the user's
+    code in JAX's source information. A hook runs between the user's line and JAX (`x * a` goes
+    through `fitting.scales`' multiply), and JAX names an equation, and XLA's metadata, after
+    the innermost frame it takes for the user's: without this, every product traced in the
+    process afterwards would name the hook's line instead of the user's."""
+    import os
+
+    from jax._src import source_info_util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    register = getattr(source_info_util, "register_exclusion", None)
+    if register is not None and here not in getattr(source_info_util, "_exclude_paths", []):
+        register(here)
 
 
 def _install() -> None:

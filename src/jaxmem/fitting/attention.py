@@ -20,7 +20,6 @@ so the values are the same up to the order of a sum.
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 import linecache
 import threading
@@ -176,18 +175,11 @@ def _function_at(line: tuple[str, int]) -> str:
 def attention_chunked(fn: Callable[..., Any], sites: Sequence[AttentionSite], chunk: int) -> Callable[..., Any]:
     """`fn` with the attention calls made on `sites`' lines in blocks of `chunk` queries (as if
     the user had written `chunked_dot_product_attention` there)."""
+    from jaxmem.fitting.sites import while_set
+
     _install()
     lines = frozenset(s.key for s in sites)
-
-    @functools.wraps(fn)
-    def chunked(*args: Any, **kwargs: Any) -> Any:
-        token = _MODE.set(("chunk", (lines, chunk)))
-        try:
-            return fn(*args, **kwargs)   # as in `pools_rewritten`, a call the user jitted stays
-        finally:
-            _MODE.reset(token)
-
-    return chunked
+    return while_set(fn, _MODE, lambda: ("chunk", (lines, chunk)))
 
 
 def chunk_sizes(sites: Sequence[AttentionSite]) -> list[int]:

@@ -24,7 +24,6 @@ traced, as the user would write `reshape_max_pool` there), the function to paste
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 import threading
 from dataclasses import dataclass
@@ -152,21 +151,11 @@ def _install() -> None:
 def pools_rewritten(fn: Callable[..., Any], sites: Sequence[PoolSite]) -> Callable[..., Any]:
     """`fn` with the max pools made on `sites`' lines computed by `reshape_max_pool`, as if the user had
     written it there (what `jax.jit` traces; the hook is active only while `fn` runs)."""
+    from jaxmem.fitting.sites import while_set
+
     _install()
     lines = frozenset(s.key for s in sites)
-
-    @functools.wraps(fn)
-    def rewritten(*args: Any, **kwargs: Any) -> Any:
-        token = _ACTIVE.set(lines)
-        try:
-            # A pool inside a function the user jitted themselves, traced before, comes from
-            # JAX's cache and stays as written (jax.disable_jit would inline it, but would also
-            # unroll every lax.scan).
-            return fn(*args, **kwargs)
-        finally:
-            _ACTIVE.reset(token)
-
-    return rewritten
+    return while_set(fn, _ACTIVE, lambda: lines)
 
 
 def pool_lines(sites: Sequence[PoolSite]) -> list[str]:

@@ -14,8 +14,8 @@ chain `x * a * b` (or `x / a * b`, ...) where `a` and `b` are broadcast along `x
 first, the chain is one multiply of `x`, one fewer elementwise pass each way.
 
 `scale_sites` finds such chains of a step by the user's line; `scales_combined` returns the step
-with them combined (the `mul` and `div` primitives' `bind` hooked while the step is traced, as
-the user would write the parentheses there). The values move by a rounding (the factors are
+with them combined (`jnp.multiply` and `jnp.true_divide`, which JAX arrays' `*` and `/` call,
+hooked while the step is traced, as the user would write the parentheses there). The values move by a rounding (the factors are
 multiplied in another order), which `fitting.rewrites` checks at the step's precision before
 fit and optimize use it.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import contextvars
-import functools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -257,18 +256,11 @@ def _install() -> None:
 def scales_combined(fn: Callable[..., Any], sites: Sequence[ScaleSite]) -> Callable[..., Any]:
     """`fn` with the chains on `sites`' lines scaling their activation once, by the product of
     the factors, as if the user had grouped them there (the hook is active only while `fn` runs)."""
+    from jaxmem.fitting.sites import while_set
+
     _install()
     lines = frozenset(s.key for s in sites)
-
-    @functools.wraps(fn)
-    def rewritten(*args: Any, **kwargs: Any) -> Any:
-        token = _ACTIVE.set(_Trace(lines))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _ACTIVE.reset(token)
-
-    return rewritten
+    return while_set(fn, _ACTIVE, lambda: _Trace(lines))
 
 
 def scale_lines(sites: Sequence[ScaleSite]) -> list[str]:

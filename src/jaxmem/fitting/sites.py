@@ -323,6 +323,23 @@ def _hook(module: Any, name: str, make: Callable[[Callable[..., Any]], Callable[
     return True
 
 
+def while_set(fn: Callable[..., Any], var: contextvars.ContextVar[Any], value: Callable[[], Any]) -> Callable[..., Any]:
+    """`fn`, each call run with `var` set to a fresh `value()`: what a rewrite's hook reads while
+    the step traces (outside a call, the hook is JAX's own). A call inside a function the user
+    jitted themselves, that JAX traced before, comes from JAX's cache and stays as written
+    (`jax.disable_jit` would inline it, but would also unroll every `lax.scan`)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        token = var.set(value())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            var.reset(token)
+
+    return wrapped
+
+
 def _outside_user_frames() -> None:
     """Once per process, before any hook is installed: this package's frames are not the user's
     code in JAX's source information. A hook runs between the user's line and JAX (`x * a` goes

@@ -88,7 +88,8 @@ def scanned_lm(policy: str | None = "default", layers: int = 4, seq: int = 512) 
     """The small transformer with its layers stacked and run under `lax.scan`, the body under
     `jax.checkpoint` with `policy` (a name in `jax.checkpoint_policies`, "default" for none
     given, "offload_carry" for the layer's input offloaded to pinned host memory as MaxText
-    does, None for no checkpoint): the variants of one scanned step a policy can make."""
+    does, "offload_dots_with_no_batch_dims" and "offload_every_dot" for GEMM results offloaded,
+    None for no checkpoint): the variants of one scanned step a policy can make."""
     from jaxmem.examples import zoo
     from jax.ad_checkpoint import checkpoint_name
 
@@ -107,6 +108,17 @@ def scanned_lm(policy: str | None = "default", layers: int = 4, seq: int = 512) 
             offload_src="device", offload_dst="pinned_host")
         body = jax.checkpoint(lambda x, p: layer(checkpoint_name(x, "scan_carry"), p),
                               policy=offload)
+    elif policy == "offload_dots_with_no_batch_dims":
+        body = jax.checkpoint(layer, policy=jax.checkpoint_policies.offload_dot_with_no_batch_dims(
+            "device", "pinned_host"))
+    elif policy == "offload_every_dot":
+        # Every GEMM's result to pinned host memory, the attention scores' batched ones included.
+        from jax._src.interpreters.partial_eval import Offloadable
+
+        def every_dot(prim: Any, *_: Any, **__: Any) -> Any:
+            return Offloadable(src="device", dst="pinned_host") if prim is jax.lax.dot_general_p else False
+
+        body = jax.checkpoint(layer, policy=every_dot)
     elif policy is not None:
         body = jax.checkpoint(layer, policy=getattr(jax.checkpoint_policies, policy))
     else:

@@ -27,6 +27,10 @@ Why it holds (read from XLA's buffer assignment, `service/buffer_assignment.cc`)
   two runs later writes its result while a value made from the other's instance, on its way to
   C, is live (`_pair_bound`). This holds for every policy and order: recomputation only adds
   instances, and C reads one of each.
+- The same pair counted at C's own kernel, which holds for offload policies too
+  (`_pair_at_reader`): C is in neither GEMM's kernel, so the kernel reads a materialized value
+  from each, on the device, distinct where the second's path avoids every value made from the
+  first. `lower_bound(host_offload=True)` keeps only this form, and no residual stack.
 - A free argument/output allocation holds at most one of the buffers counted at a moment, and
   only one no larger than itself (`MaybeAssignBuffer`: a buffer goes whole, at offset 0, into an
   allocation no smaller, whose other buffers' live ranges do not interfere), so a 2 MiB
@@ -65,6 +69,7 @@ offload, and fit's line says so. Checked against XLA:GPU's totals of variants wi
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -114,6 +119,8 @@ class LowerBound:
     loop_state_bytes: int = 0
     residual_bytes: int = 0               # ... and the residual stack it reads (without offload)
     inner: "LowerBound | None" = None
+    at_reader: bool = False               # a pair counted at the op reading both (`_pair_at_reader`)
+    host_offload: bool = False            # terms offload escapes left out (`lower_bound(host_offload=True)`)
 
     def describe(self) -> str:
         from jaxmem.units import format_size
@@ -145,6 +152,11 @@ class LowerBound:
             return (f"{moment} {self.op}{where} {ends}, {self.crossings} buffers made from distinct GEMMs, "
                     f"convolutions or scatters, {format_size(self.held_bytes)}, are live unless their GEMM "
                     f"runs again, and +{self.flop_cap:.0%} FLOPs recompute only part of them")
+        if self.other and self.at_reader:
+            other = f" at {self.other_source}" if self.other_source is not None else ""
+            reader = f" at {self.reader_source}" if self.reader_source is not None else ""
+            return (f"{self.reader}{reader} reads values made from {self.op}{where} and from {self.other}{other}: "
+                    f"as its kernel runs both are on the device, {format_size(self.held_bytes)}")
         if self.other:
             other = f" at {self.other_source}" if self.other_source is not None else ""
             reader = f" at {self.reader_source}" if self.reader_source is not None else ""
@@ -446,6 +458,79 @@ def _pair_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always:
                                   a + r2 if second is d2 else b + r1, sum(free), other=first.primitive,
                                   other_source=first.source, reader=p.ops[c].primitive,
                                   reader_source=p.ops[c].source)
+    return best
+
+
+def _pair_at_reader(p: Program, heroes: list[bool], is_out: list[bool], free_always: list[int],
+                    pinned: list[tuple[int, set[int]]], best: "LowerBound") -> "LowerBound":
+    """`_pair_bound`'s two GEMMs/convolutions/scatters d1, d2 read by one later op C, counted where
+    no policy can move a value to host memory: at C's own kernel. C is in neither's kernel
+    (`_region`), so the kernel reads materialized values made from each, and a kernel reads the
+    device's memory (XLA moves an offloaded value back before its reader: the host offloader's
+    MoveToDevice). On every path from d1 into C the kernel reads some value of the path, so at
+    least the widest path's narrowest value; likewise from d2, over paths that avoid every value
+    made from d1, so the two are distinct buffers (one is made from d1, the other not). C's own
+    result may be written over either, and is not counted. Recomputation only adds instances, and
+    C reads one of each. It holds for offload policies, which `_pair_bound` does not (there, the
+    earlier GEMM's value may sit in pinned host memory while the later one writes), and it can
+    count more: transformer_train's log-softmax backward reads the cross-entropy scatter's 16 MiB
+    and a 16 MiB value made from the logits' GEMM, where `_pair_bound` counts only a narrower
+    path's."""
+    floor = best.floor_bytes
+    own = [0 if is_out[v] else p.nbytes[v] for v in range(p.num_values)]
+    cands = [op for op in p.ops if _is_counted_hero(op, heroes)]
+    if len(cands) < 2:
+        return best
+    # A path's narrowest value is at most its hero's own result: a pair holds at most both sizes.
+    size = np.array([max((own[v] for v in op.outputs if v is not None), default=0) for op in cands],
+                    dtype=np.int64)
+    ceiling = size[:, None] + size[None, :]
+    np.fill_diagonal(ceiling, 0)
+    if not (floor + ceiling > best.bytes).any():
+        return best
+    anyhow = _widest(p, cands, own, set()).T            # [k, op]: paths from cands[k], anywhere
+    # Estimates with both paths free to pass anywhere (never below the exact figure): only pairs
+    # that could beat `best` are evaluated, the most promising first.
+    reached = np.where(anyhow >= 0, anyhow, -(1 << 60))
+    estimates = []
+    for i in range(len(cands)):
+        if (floor + ceiling[i] > best.bytes).any():
+            top = (reached[i][None, :] + reached).max(axis=1)
+            top[i] = -1
+            estimates.append((int(top.max()), i, top))
+    estimates.sort(key=lambda e: -e[0])
+    regions: dict[int, set[int]] = {}
+    for estimate, i, top in estimates:
+        if floor + estimate <= best.bytes:
+            break
+        d1 = cands[i]
+        partners = np.flatnonzero(floor + np.minimum(top, ceiling[i]) > best.bytes)
+        if not len(partners):
+            continue
+        made = _descendants(p, d1)
+        partners = [j for j in partners if not any(v in made for v in cands[j].outputs if v is not None)]
+        if not partners:
+            continue
+        # Paths from every other hero that avoid the values made from d1.
+        apart = _widest(p, cands, own, {p.producer[v] for v in made}).T
+        for j in partners:
+            d2 = cands[j]
+            for k, d in ((i, d1), (j, d2)):
+                if k not in regions:
+                    regions[k] = _region(p, d, heroes)
+            ok = (anyhow[i] >= 0) & (apart[j] >= 0)
+            ok[list(regions[i] | regions[j] | {d1.index, d2.index})] = False
+            if not ok.any():
+                continue
+            touched = made | _descendants(p, d2)
+            free = free_always + [size_ for size_, chain in pinned if chain & touched]
+            for c in np.flatnonzero(ok)[np.unique(np.stack([anyhow[i], apart[j]])[:, ok], axis=1, return_index=True)[1]]:
+                a, b = int(anyhow[i][c]), int(apart[j][c])
+                held = a + b - _saving([a, b], free)
+                if floor + held > best.bytes:
+                    best = LowerBound(floor + held, floor, d1.primitive, d1.source, a + b, sum(free),
+                                      other=d2.primitive, other_source=d2.source, reader=p.ops[c].primitive,
+                                      reader_source=p.ops[c].source, at_reader=True)
     return best
 
 
@@ -832,9 +917,11 @@ def _step_program(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: S
 
 
 def _program_bound(p: Program, heroes: list[bool], is_out: list[bool], free_always: list[int],
-                   pinned: list[tuple[int, set[int]]], floor_bytes: int) -> LowerBound:
+                   pinned: list[tuple[int, set[int]]], floor_bytes: int, host_offload: bool = False) -> LowerBound:
     """The one-op, pair and loop terms over one program (a step, or a loop's body with `floor`
-    0: its inputs and outputs are the loop's state, counted by the loop term)."""
+    0: its inputs and outputs are the loop's state, counted by the loop term). `host_offload`:
+    only terms that hold for offload policies too (the one-op term does as it is: an offloaded
+    operand is back on the device when the op reads it)."""
     cost = _cut_costs(p, heroes, is_out)
     best = LowerBound(floor_bytes, floor_bytes)
     for op in p.ops:
@@ -853,8 +940,10 @@ def _program_bound(p: Program, heroes: list[bool], is_out: list[bool], free_alwa
         total = floor_bytes + sum(buffers) - saved
         if total > best.bytes:
             best = LowerBound(total, floor_bytes, op.primitive, op.source, sum(buffers), sum(free))
-    best = _pair_bound(p, heroes, is_out, free_always, pinned, best)
-    return _loop_bound(p, is_out, free_always, pinned, best)
+    if not host_offload:
+        best = _pair_bound(p, heroes, is_out, free_always, pinned, best)
+    best = _pair_at_reader(p, heroes, is_out, free_always, pinned, best)
+    return _loop_bound(p, is_out, free_always, pinned, best, host_offload)
 
 
 # Loops whose body the loop term reads: `lax.scan` and `lax.while_loop` (`fori_loop`).
@@ -881,10 +970,10 @@ def _body_program(op: Any) -> Program | None:
     return None if body is None else drop_dead(ja.inline(body))
 
 
-def _body_bound(bp: Program) -> LowerBound:
+def _body_bound(bp: Program, host_offload: bool = False) -> LowerBound:
     """The bound over a loop's body as a program of its own: its inputs (the state, the slices
     of stacked inputs) and outputs cost nothing; what its heaviest kernel must hold beside them."""
-    return _program_bound(bp, [_is_hero(o) for o in bp.ops], _is_output(bp), [], [], 0)
+    return _program_bound(bp, [_is_hero(o) for o in bp.ops], _is_output(bp), [], [], 0, host_offload)
 
 
 def _carry_stacks(p: Program, op: Any) -> list[int] | None:
@@ -950,7 +1039,7 @@ def _residual_stack(p: Program, op: Any, bp: Program) -> tuple[int, int]:
 
 
 def _loop_bound(p: Program, is_out: list[bool], free_always: list[int],
-                pinned: list[tuple[int, set[int]]], best: LowerBound) -> LowerBound:
+                pinned: list[tuple[int, set[int]]], best: LowerBound, host_offload: bool = False) -> LowerBound:
     """While a loop runs, its state is held (`_loop_state`: the backward scan's stacked weight
     gradients and its carried gradient), and inside an iteration its body's heaviest kernel holds
     what `_body_bound` finds, in buffers of the body's own (XLA's while body shares buffers with
@@ -961,7 +1050,10 @@ def _loop_bound(p: Program, is_out: list[bool], free_always: list[int],
     scan's carried inputs, its residual stack is held too (`_residual_stack`, without host
     offload): the other iterations' slots, and the running one's or the body's buffers,
     whichever is more (the body's may be in that slot). Free argument/output allocations may
-    hold state buffers (one each) and at most their bytes of the body's."""
+    hold state buffers (one each) and at most their bytes of the body's. With `host_offload`
+    the stack is not counted (an offload policy keeps it in pinned host memory, as MaxText's
+    offloaded decoder inputs), nor is any term of the body that offload escapes; the state
+    stays: no policy offloads what the loop computes, only what it saves."""
     floor = best.floor_bytes
     for op in p.ops:
         if op.primitive not in LOOP_BODIES:
@@ -970,8 +1062,8 @@ def _loop_bound(p: Program, is_out: list[bool], free_always: list[int],
         if bp is None:
             continue
         state = _loop_state(p, op, is_out)
-        inner = _body_bound(bp)
-        iterations, slot = _residual_stack(p, op, bp)
+        inner = _body_bound(bp, host_offload)
+        iterations, slot = (0, 0) if host_offload else _residual_stack(p, op, bp)
         others = max(iterations - 1, 0) * slot
         running = max(slot, inner.bytes)
         if floor + sum(state) + others + running <= best.bytes:
@@ -984,13 +1076,17 @@ def _loop_bound(p: Program, is_out: list[bool], free_always: list[int],
         if total > best.bytes:
             best = LowerBound(total, floor, inner.op, inner.source, sum(state) + others + running,
                               sum(free), loop=op.primitive, loop_source=op.source,
-                              loop_state_bytes=sum(state), residual_bytes=iterations * slot, inner=inner)
+                              loop_state_bytes=sum(state), residual_bytes=iterations * slot, inner=inner,
+                              host_offload=host_offload)
     return best
 
 
 def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
-                floor_bytes: int | None = None) -> LowerBound:
-    """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization or order.
+                floor_bytes: int | None = None, host_offload: bool = False) -> LowerBound:
+    """A lower bound on XLA:GPU's total for `fn(*args)` under any rematerialization or order;
+    with `host_offload`, also under policies that offload to pinned host memory (never higher:
+    the terms that hold a value across a moment, which offload escapes, are left out, and a
+    pair of GEMMs is counted only where the op reading both runs, `_pair_at_reader`).
 
     >>> lower_bound(step, args, donate_argnums=(0, 1)).bytes   # doctest: +SKIP
 
@@ -998,11 +1094,13 @@ def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Seq
         fn, args, donate_argnums: the step, its example arguments and donated positions.
         floor_bytes: XLA's arguments + outputs - aliases, where measured (else counted here from
             the jaxpr and JAX's lowering).
+        host_offload: count only terms that offload policies cannot escape.
     """
     traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
     p, heroes, is_out, aliases, donors, floor_bytes = _step_program(fn, args, donate_argnums, traced, floor_bytes)
     free_always, pinned = _allocations(p, heroes, aliases, donors)
-    return _program_bound(p, heroes, is_out, free_always, pinned, floor_bytes)
+    bound = _program_bound(p, heroes, is_out, free_always, pinned, floor_bytes, host_offload)
+    return dataclasses.replace(bound, host_offload=host_offload)
 
 
 def flop_lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int] = (),
@@ -1038,8 +1136,8 @@ def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
         return None
     from jaxmem.units import format_size
 
-    which = "any checkpoint policy or order"
-    if bound.flop_cap or bound.other or bound.residual_bytes or (bound.inner is not None and bound.inner.other):
+    which = "any checkpoint policy, host offload included, or order"
+    if _offload_may_escape(bound):
         # Values held across a moment may instead sit in host memory under an offload policy
         # (`save_and_offload_only_these_names`): these terms do not count that case. The
         # one-op term does: an offloaded operand is back on the device when the op reads it.
@@ -1050,12 +1148,28 @@ def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
             f"({judge}, {which}: {bound.describe()})")
 
 
+def _offload_may_escape(bound: LowerBound) -> bool:
+    """Whether the bound counts a value held across a moment, which an offload policy could keep
+    in pinned host memory instead (the pair, residual-stack and FLOP-cap terms)."""
+    def held_across(b: LowerBound) -> bool:
+        return bool(b.other) and not b.at_reader
+
+    return bool(bound.flop_cap or bound.residual_bytes or held_across(bound)
+                or (bound.inner is not None and held_across(bound.inner)))
+
+
 def verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int], budget: int,
             floor_bytes: int, judge: str) -> str | None:
     """fit's hook: the infeasibility line for an XLA:GPU judge, or None (the bound does not
-    exceed the budget, or it could not be read: the search then runs as before)."""
+    exceed the budget, or it could not be read: the search then runs as before). Where the bound
+    rests on terms an offload policy could escape, the offload-proof bound is tried too, and
+    its line (which claims more) is given where it also exceeds the budget."""
     try:
         bound = lower_bound(fn, args, donate_argnums, floor_bytes)
+        if bound.bytes > budget and _offload_may_escape(bound):
+            offloaded = lower_bound(fn, args, donate_argnums, floor_bytes, host_offload=True)
+            if offloaded.bytes > budget:
+                bound = offloaded
     except Exception:  # noqa: BLE001 - a bound is an extra proof; its failure must not stop fit
         return None
     return infeasible_line(budget, bound, judge)

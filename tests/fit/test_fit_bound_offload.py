@@ -1,0 +1,159 @@
+"""Issue 12: the lower bound over offload policies (`fitting.bound.lower_bound(host_offload=True)`).
+A policy that offloads to pinned host memory escapes every term that holds a value across a
+moment (the residual stack, the pair term at the later GEMM), but not what a kernel reads: the
+pair term is counted at the op that reads both GEMMs' values instead. Sound: never above XLA:GPU's
+own total (deviceless memory_analysis()) of a scanned step under offload policies, the carry's,
+GEMM results' without batch dimensions and every GEMM result's (the attention scores included);
+never above the bound without offload; and it proves scanned_checkpoint_train's half-temp budget
+infeasible for offload policies too."""
+
+from __future__ import annotations
+
+import pytest
+
+CHILD = r"""
+import json, sys
+sys.path.insert(0, "{tests}")
+from bound_programs import scanned_lm
+from jaxmem.fitting.bound import lower_bound, verdict
+from jaxmem.fitting.judge import Judge
+
+judge = Judge("h100-80gb")
+fn, args = scanned_lm("default")
+figures = judge.figures(fn, args, (0, 1))
+plain = lower_bound(fn, args, (0, 1), figures.floor)
+bound = lower_bound(fn, args, (0, 1), figures.floor, host_offload=True)
+totals = {{}}
+for policy in {policies!r}:
+    f, a = scanned_lm(policy)
+    totals[str(policy)] = judge.total(f, a, (0, 1))
+    print(policy, totals[str(policy)], file=sys.stderr, flush=True)
+out = {{"floor": figures.floor, "bound": bound.bytes, "plain": plain.bytes, "line": bound.describe(),
+        "residual": bound.residual_bytes, "totals": totals}}
+print(json.dumps(out))
+"""
+
+FEW = ["offload_carry", "offload_every_dot"]
+EVERY = FEW + ["default", "offload_dots_with_no_batch_dims", "nothing_saveable", "dots_saveable", None]
+
+
+def _check(got: dict) -> None:
+    for label, total in got["totals"].items():
+        assert got["bound"] <= total, (label, got["bound"], total, got["line"])
+    assert got["floor"] < got["bound"] <= got["plain"]
+    assert got["residual"] == 0
+    # The body's softmax backward: its mul reads the recomputed scores' values and the incoming
+    # gradient's GEMM result, [1, 2, 512, 512] f32 (2 MiB) each, both on the device.
+    assert "as its kernel runs both are on the device" in got["line"], got["line"]
+
+
+def test_the_offload_bound_never_exceeds_xla_gpu_totals_of_offload_policies(run_gpu_script):
+    """Three XLA:GPU compiles of a 4-layer scanned transformer: the step as written, its layer
+    input offloaded, every GEMM result offloaded."""
+    _check(run_gpu_script(CHILD.replace("{policies!r}", repr(FEW))))
+
+
+@pytest.mark.slow
+def test_the_offload_bound_never_exceeds_xla_gpu_totals_of_every_body_policy(run_gpu_script):
+    _check(run_gpu_script(CHILD.replace("{policies!r}", repr(EVERY))))
+
+
+def _pair_program():
+    """d1 = x @ a and d2 = y @ b, [512, 512] f32 (1 MiB) each, read by one multiply after a row
+    reduction of the product (so the multiply cannot be d2's epilogue)."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, y, a, b):
+        p = x @ a
+        q = y @ b
+        s = jnp.sum(p * q, axis=1, keepdims=True)
+        return jnp.sum(p * (q - s))
+
+    keys = jax.random.split(jax.random.key(0), 4)
+    return f, tuple(jax.random.normal(k, (512, 512)) for k in keys)
+
+
+def test_the_reader_holds_both_gemms_values_and_a_path_through_both_is_not_counted_twice():
+    """By hand: the final multiply reads p (from d1) and q - s (from d2, and from d1 through s).
+    Counted at that multiply: p on the path from d1 that avoids d2's values, q - s or q on every
+    path from d2 (1 MiB each), so 2 MiB beside the floor. The older pair term counts the later
+    GEMM's result beside a value of the other's path: 2 MiB as well."""
+    from jaxmem.fitting.bound import lower_bound
+
+    f, args = _pair_program()
+    plain = lower_bound(f, args)
+    bound = lower_bound(f, args, host_offload=True)
+    mib = 2 ** 20
+    assert bound.host_offload and bound.other == "dot_general" and bound.reader == "mul"
+    assert bound.bytes - bound.floor_bytes == 2 * mib, bound.describe()
+    assert plain.bytes - plain.floor_bytes == 2 * mib, plain.describe()
+
+
+def test_values_made_from_both_gemms_are_not_counted_as_two_buffers():
+    """Where every path from d2 into the reader passes through a value made from d1 and
+    vice versa (the reader reads only r = p * q's descendants), no pair is counted at the
+    reader: r alone may be all its kernel reads."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxmem.fitting.bound import lower_bound
+
+    def f(x, y, a, b):
+        r = (x @ a) * (y @ b)
+        t = jnp.sum(r, axis=1, keepdims=True)
+        return jnp.sum(r * t)
+
+    keys = jax.random.split(jax.random.key(1), 4)
+    args = tuple(jax.random.normal(k, (512, 512)) for k in keys)
+    bound = lower_bound(f, args, host_offload=True)
+    assert not bound.other, bound.describe()
+
+
+def test_the_offload_bound_drops_the_residual_stack_and_keeps_the_loop_state():
+    import jax
+    from bound_programs import scanned_lm
+
+    from jaxmem.fitting.bound import lower_bound
+
+    fn, args = scanned_lm("default", layers=4, seq=128)
+    plain = lower_bound(fn, args, (0, 1))
+    bound = lower_bound(fn, args, (0, 1), host_offload=True)
+    stacked = sum(leaf.nbytes for leaf in jax.tree.leaves(args[0]["layers"]))
+    assert plain.residual_bytes > 0 and bound.residual_bytes == 0
+    assert bound.loop == "scan" and bound.loop_state_bytes == plain.loop_state_bytes >= stacked
+    assert bound.bytes <= plain.bytes
+
+
+@pytest.mark.parametrize("name", ["transformer_train", "attention_train", "cnn_train", "moe_train",
+                                  "mlp_train_donated"])
+def test_the_offload_bound_is_never_above_the_bound_without_offload(name):
+    from jaxmem.examples.suite import ALL_PROGRAMS
+    from jaxmem.fitting.bound import lower_bound
+
+    program = ALL_PROGRAMS[name]
+    fn, args = program.factory()
+    plain = lower_bound(fn, args, program.donate_argnums)
+    bound = lower_bound(fn, args, program.donate_argnums, host_offload=True)
+    assert bound.floor_bytes == plain.floor_bytes < bound.bytes <= plain.bytes, (bound.describe(), plain.describe())
+
+
+@pytest.mark.slow
+def test_scanned_checkpoint_train_is_infeasible_for_offload_policies_too(run_gpu_script):
+    """fit's verdict at the half-temp budget on H100: the offload-proof bound exceeds it
+    (the backward scan's stacked gradients beside its softmax backward's two 8 MiB operands)."""
+    got = run_gpu_script(r'''
+import json
+from jaxmem.examples.suite import ALL_PROGRAMS
+from jaxmem.fitting.bound import lower_bound, verdict
+from jaxmem.fitting.judge import Judge
+program = ALL_PROGRAMS["scanned_checkpoint_train"]
+fn, args = program.factory()
+judge = Judge("h100-80gb")
+figures = judge.figures(fn, args, program.donate_argnums)
+bound = lower_bound(fn, args, program.donate_argnums, figures.floor, host_offload=True)
+print(json.dumps({{"bound": bound.bytes, "budget": figures.half_temp,
+                  "verdict": verdict(fn, args, program.donate_argnums, figures.half_temp, figures.floor, judge.name)}}))
+''')
+    assert got["bound"] > got["budget"], got
+    assert "host offload included" in got["verdict"], got["verdict"]

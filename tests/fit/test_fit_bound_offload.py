@@ -157,3 +157,28 @@ print(json.dumps({{"bound": bound.bytes, "budget": figures.half_temp,
 ''')
     assert got["bound"] > got["budget"], got
     assert "host offload included" in got["verdict"], got["verdict"]
+
+
+@pytest.mark.slow
+def test_where_only_offload_is_unproven_fit_measures_offload_outside_loops(run_gpu_script):
+    """mlp_train_donated at its H100 half-temp budget: the bound within the FLOP cap holds
+    without host offload only, so fit also compiles `offload_dot_with_no_batch_dims` on the
+    layers' loop and on the differentiated function (sites it skips otherwise), and shows each
+    over the budget: XLA:GPU copies such a value out just before it copies it back."""
+    got = run_gpu_script(r'''
+import json
+from jaxmem.compiler.remat import fit
+from jaxmem.examples.suite import ALL_PROGRAMS
+from jaxmem.fitting.policy import OFFLOAD
+program = ALL_PROGRAMS["mlp_train_donated"]
+fn, args = program.factory()
+r = fit(fn, *args, budget="half-temp", donate_argnums=program.donate_argnums, device="h100-80gb", rewrite=False)
+offloads = [(c.kind, c.xla_total_bytes) for c in r.policies.candidates if c.policy == OFFLOAD]
+print(json.dumps({{"infeasible": r.infeasible, "budget": r.budget_bytes, "original": r.xla_total_bytes_before,
+                  "offloads": offloads}}))
+''')
+    assert "without host offload" in got["infeasible"], got["infeasible"]
+    kinds = {kind for kind, _ in got["offloads"]}
+    assert {"loop", "grad"} <= kinds, got["offloads"]
+    compiled = [total for _, total in got["offloads"] if total is not None]
+    assert compiled and all(total > got["budget"] for total in compiled), got

@@ -558,6 +558,9 @@ VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "bitcast_co
                    "optimization_barrier", "broadcast_in_dim", "slice", "dynamic_slice", "convert_element_type",
                    "reduce_precision", "real", "imag"})
 
+# How a verdict names the policies it does not cover (fit then measures offload candidates).
+WITHOUT_OFFLOAD = "without host offload"
+
 # The issue's cap: at most this fraction of the original's FLOPs recomputed.
 FLOP_CAP = 0.15
 
@@ -1141,7 +1144,7 @@ def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
         # Values held across a moment may instead sit in host memory under an offload policy
         # (`save_and_offload_only_these_names`): these terms do not count that case. The
         # one-op term does: an offloaded operand is back on the device when the op reads it.
-        which = "any checkpoint policy without host offload, or order"
+        which = f"any checkpoint policy {WITHOUT_OFFLOAD}, or order"
     if bound.flop_cap:
         which += f", with at most +{bound.flop_cap:.0%} FLOPs"
     return (f"infeasible: lower bound {format_size(bound.bytes)} > budget {format_size(budget)} "

@@ -411,7 +411,7 @@ def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSi
 
 def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequence[int], judge: Judge,
                     budget: int, original_total: int | None = None, offload: bool | None = None,
-                    progress: Callable[[str], None] | None = None, exhaustive: bool = False,
+                    offload_outside_loops: bool = False, progress: Callable[[str], None] | None = None, exhaustive: bool = False,
                     deadline: float | None = None, reorder: bool | None = None,
                     base_flops: int | None = None, base_label: str = "") -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated
@@ -430,6 +430,10 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
             (`offload_dot_with_no_batch_dims`) and offloading the carry and the dots fit names
             (`save_and_offload_only_these_names`, nothing saved on the device); default: on
             XLA:GPU. Only on scan sites: there XLA:GPU keeps them off the device.
+        offload_outside_loops: also try `offload_dot_with_no_batch_dims` on the other sites
+            (a layer, a loop of layers, the differentiated function), where XLA:GPU measured
+            only adds a buffer; fit asks for it where its lower bound proves the budget
+            infeasible without host offload only, so that the answer shows what offload gives.
         progress: called with a short label before each compile.
         exhaustive: compile every alternative; otherwise stop at the first (least extra FLOPs,
             in the planner's ranking) that XLA confirms within the budget.
@@ -512,7 +516,7 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
                 continue
             # The user's own checkpoint inside a scan body offloads as a scan site does.
             stacked = kind == "scan" or (kind == "own" and "scan" in kinds and name == OFFLOAD)
-            if is_offload(name) and (first or not stacked):
+            if is_offload(name) and (first or not stacked) and not (offload_outside_loops and name == OFFLOAD):
                 # XLA:GPU moves a residual off the device only where a scan stacks it: each
                 # iteration's value is written into a pinned-host buffer (S(5)
                 # dynamic-update-slice). A value saved once (a loop's, a layer's, the

@@ -19,29 +19,20 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts: deviceless XLA:GPU compiles
 
 import argparse
-import importlib
 import json
 import sys
 import time
 
-from jaxmem.examples.suite import ALL_PROGRAMS
-from jaxmem.fitting.bound import _offload_may_escape, lower_bound
-from jaxmem.fitting.judge import Judge
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "outside_models"))
+
+from bench_outside_models import MODELS  # noqa: E402
+from bench_rewrites import load  # noqa: E402  (a suite program, or an outside model as module:factory[@donated])
+from jaxmem.examples.suite import ALL_PROGRAMS  # noqa: E402
+from jaxmem.fitting.bound import offload_may_escape, lower_bound  # noqa: E402
+from jaxmem.fitting.judge import Judge  # noqa: E402
 
 MiB = 2 ** 20
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load(name: str):
-    """A suite program by name, or an outside model as module:factory[@donated]."""
-    if ":" not in name:
-        program = ALL_PROGRAMS[name]
-        fn, args = program.factory()
-        return fn, args, tuple(program.donate_argnums)
-    target, _, donate = name.partition("@")
-    module, _, factory = target.partition(":")
-    fn, args = getattr(importlib.import_module(module), factory)()
-    return fn, args, tuple(int(d) for d in donate.split(",") if d)
 
 
 def training_steps() -> list[str]:
@@ -58,10 +49,6 @@ def main() -> None:
     judge = Judge(args.device)
     names = args.programs.split(",")
     if args.outside:
-        sys.path.insert(0, os.path.join(HERE, "outside_models"))
-        sys.path.insert(0, HERE)
-        from bench_outside_models import MODELS
-
         names = list(MODELS)
     print(f"{'program':28s} {'as written':>10s} {'budget':>9s} {'bound':>9s} {'offload':>9s}  verdict "
           f"(MiB; XLA:GPU {args.device})")
@@ -77,7 +64,7 @@ def main() -> None:
         if offload.bytes > budget:
             verdict = "infeasible, host offload included"
         elif plain.bytes > budget:
-            verdict = "infeasible without host offload" if _offload_may_escape(plain) else "infeasible"
+            verdict = "infeasible without host offload" if offload_may_escape(plain) else "infeasible"
         else:
             verdict = "not proven"
         if plain.bytes > figures.total:   # the step as written is below its own bound: unsound

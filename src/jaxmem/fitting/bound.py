@@ -1140,7 +1140,7 @@ def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
     from jaxmem.units import format_size
 
     which = "any checkpoint policy, host offload included, or order"
-    if _offload_may_escape(bound):
+    if offload_may_escape(bound):
         # Values held across a moment may instead sit in host memory under an offload policy
         # (`save_and_offload_only_these_names`): these terms do not count that case. The
         # one-op term does: an offloaded operand is back on the device when the op reads it.
@@ -1151,7 +1151,7 @@ def infeasible_line(budget: int, bound: LowerBound, judge: str) -> str | None:
             f"({judge}, {which}: {bound.describe()})")
 
 
-def _offload_may_escape(bound: LowerBound) -> bool:
+def offload_may_escape(bound: LowerBound) -> bool:
     """Whether the bound counts a value held across a moment, which an offload policy could keep
     in pinned host memory instead (the pair, residual-stack and FLOP-cap terms)."""
     def held_across(b: LowerBound) -> bool:
@@ -1169,7 +1169,7 @@ def verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequenc
     its line (which claims more) is given where it also exceeds the budget."""
     try:
         bound = lower_bound(fn, args, donate_argnums, floor_bytes)
-        if bound.bytes > budget and _offload_may_escape(bound):
+        if bound.bytes > budget and offload_may_escape(bound):
             offloaded = lower_bound(fn, args, donate_argnums, floor_bytes, host_offload=True)
             if offloaded.bytes > budget:
                 bound = offloaded
@@ -1189,4 +1189,5 @@ def capped_verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: 
     return None if bound is None else infeasible_line(budget, bound, judge)
 
 
-__all__ = ["LowerBound", "lower_bound", "flop_lower_bound", "infeasible_line", "verdict", "capped_verdict"]
+__all__ = ["LowerBound", "lower_bound", "flop_lower_bound", "infeasible_line", "offload_may_escape", "verdict", "capped_verdict",
+           "WITHOUT_OFFLOAD"]

@@ -132,3 +132,35 @@ def scanned_lm(policy: str | None = "default", layers: int = 4, seq: int = 512) 
         return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
     return _step(loss_fn), args
+
+
+def scanned_bounds_script(policies: list) -> str:
+    """The XLA:GPU child script of the scanned-step bound tests (`run_gpu_script` fills `{tests}`):
+    the 4-layer scanned step as written, its H100 floor and half-temp budget, both bounds (without
+    and with offload policies), fit's verdict, and XLA:GPU's total under each body policy."""
+    return SCANNED_BOUNDS_CHILD.replace("{policies!r}", repr(policies))
+
+
+SCANNED_BOUNDS_CHILD = r"""
+import json, sys
+sys.path.insert(0, "{tests}")
+from bound_programs import scanned_lm
+from jaxmem.fitting.bound import lower_bound, verdict
+from jaxmem.fitting.judge import Judge
+
+judge = Judge("h100-80gb")
+fn, args = scanned_lm("default")
+figures = judge.figures(fn, args, (0, 1))
+bound = lower_bound(fn, args, (0, 1), figures.floor)
+offload = lower_bound(fn, args, (0, 1), figures.floor, host_offload=True)
+totals = {{}}
+for policy in {policies!r}:
+    f, a = scanned_lm(policy)
+    totals[str(policy)] = judge.total(f, a, (0, 1))
+    print(policy, totals[str(policy)], file=sys.stderr, flush=True)
+out = {{"floor": figures.floor, "half_temp": figures.half_temp, "bound": bound.bytes, "line": bound.describe(),
+        "residual": bound.residual_bytes, "state": bound.loop_state_bytes,
+        "offload": offload.bytes, "offload_line": offload.describe(), "offload_residual": offload.residual_bytes,
+        "totals": totals, "verdict": verdict(fn, args, (0, 1), figures.half_temp, figures.floor, judge.name)}}
+print(json.dumps(out))
+"""

@@ -9,28 +9,8 @@ offload of the layer input included; and it proves the half-temp budget of a sca
 from __future__ import annotations
 
 import pytest
+from bound_programs import scanned_bounds_script
 
-CHILD = r"""
-import json, sys
-sys.path.insert(0, "{tests}")
-from bound_programs import scanned_lm
-from jaxmem.fitting.bound import lower_bound, verdict
-from jaxmem.fitting.judge import Judge
-
-judge = Judge("h100-80gb")
-fn, args = scanned_lm("default")
-figures = judge.figures(fn, args, (0, 1))
-bound = lower_bound(fn, args, (0, 1), figures.floor)
-totals = {{}}
-for policy in {policies!r}:
-    f, a = scanned_lm(policy)
-    totals[str(policy)] = judge.total(f, a, (0, 1))
-    print(policy, totals[str(policy)], file=sys.stderr, flush=True)
-out = {{"floor": figures.floor, "half_temp": figures.half_temp, "bound": bound.bytes, "line": bound.describe(),
-        "residual": bound.residual_bytes, "state": bound.loop_state_bytes, "totals": totals,
-        "verdict": verdict(fn, args, (0, 1), figures.half_temp, figures.floor, judge.name)}}
-print(json.dumps(out))
-"""
 
 # The body's own policy (as written), the layer input offloaded to the host, dots saved.
 FEW = ["default", "offload_carry", "dots_with_no_batch_dims_saveable"]
@@ -51,12 +31,12 @@ def _check(got: dict) -> None:
 def test_the_loop_term_never_exceeds_xla_gpu_totals_and_proves_a_scanned_step_infeasible(run_gpu_script):
     """Three XLA:GPU compiles of a 4-layer scanned transformer: the body as written, its input
     offloaded, the dots saved."""
-    _check(run_gpu_script(CHILD.replace("{policies!r}", repr(FEW))))
+    _check(run_gpu_script(scanned_bounds_script(FEW)))
 
 
 @pytest.mark.slow
 def test_the_loop_term_never_exceeds_xla_gpu_totals_of_every_body_policy(run_gpu_script):
-    _check(run_gpu_script(CHILD.replace("{policies!r}", repr(EVERY))))
+    _check(run_gpu_script(scanned_bounds_script(EVERY)))
 
 
 def test_the_loop_state_and_residual_stack_are_the_parameters_gradients_and_the_layer_inputs():

@@ -10,28 +10,8 @@ infeasible for offload policies too."""
 from __future__ import annotations
 
 import pytest
+from bound_programs import scanned_bounds_script
 
-CHILD = r"""
-import json, sys
-sys.path.insert(0, "{tests}")
-from bound_programs import scanned_lm
-from jaxmem.fitting.bound import lower_bound, verdict
-from jaxmem.fitting.judge import Judge
-
-judge = Judge("h100-80gb")
-fn, args = scanned_lm("default")
-figures = judge.figures(fn, args, (0, 1))
-plain = lower_bound(fn, args, (0, 1), figures.floor)
-bound = lower_bound(fn, args, (0, 1), figures.floor, host_offload=True)
-totals = {{}}
-for policy in {policies!r}:
-    f, a = scanned_lm(policy)
-    totals[str(policy)] = judge.total(f, a, (0, 1))
-    print(policy, totals[str(policy)], file=sys.stderr, flush=True)
-out = {{"floor": figures.floor, "bound": bound.bytes, "plain": plain.bytes, "line": bound.describe(),
-        "residual": bound.residual_bytes, "totals": totals}}
-print(json.dumps(out))
-"""
 
 FEW = ["offload_carry", "offload_every_dot"]
 EVERY = FEW + ["default", "offload_dots_with_no_batch_dims", "nothing_saveable", "dots_saveable", None]
@@ -39,23 +19,23 @@ EVERY = FEW + ["default", "offload_dots_with_no_batch_dims", "nothing_saveable",
 
 def _check(got: dict) -> None:
     for label, total in got["totals"].items():
-        assert got["bound"] <= total, (label, got["bound"], total, got["line"])
-    assert got["floor"] < got["bound"] <= got["plain"]
-    assert got["residual"] == 0
+        assert got["offload"] <= total, (label, got["offload"], total, got["offload_line"])
+    assert got["floor"] < got["offload"] <= got["bound"]
+    assert got["offload_residual"] == 0
     # The body's softmax backward: its mul reads the recomputed scores' values and the incoming
     # gradient's GEMM result, [1, 2, 512, 512] f32 (2 MiB) each, both on the device.
-    assert "as its kernel runs both are on the device" in got["line"], got["line"]
+    assert "as its kernel runs both are on the device" in got["offload_line"], got["offload_line"]
 
 
 def test_the_offload_bound_never_exceeds_xla_gpu_totals_of_offload_policies(run_gpu_script):
     """Three XLA:GPU compiles of a 4-layer scanned transformer: the step as written, its layer
     input offloaded, every GEMM result offloaded."""
-    _check(run_gpu_script(CHILD.replace("{policies!r}", repr(FEW))))
+    _check(run_gpu_script(scanned_bounds_script(FEW)))
 
 
 @pytest.mark.slow
 def test_the_offload_bound_never_exceeds_xla_gpu_totals_of_every_body_policy(run_gpu_script):
-    _check(run_gpu_script(CHILD.replace("{policies!r}", repr(EVERY))))
+    _check(run_gpu_script(scanned_bounds_script(EVERY)))
 
 
 def _pair_program():

@@ -261,14 +261,13 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
 
     found = None
     if policies:
+        from jaxmem.fitting.bound import WITHOUT_OFFLOAD
         from jaxmem.fitting.policy import search_policies
 
         # Half the time limit: the rewriting search after it must not be left without time.
-        from jaxmem.fitting.bound import WITHOUT_OFFLOAD
-
         found = search_policies(fn, args, donate=donate, judge=judge_, budget=budget_bytes,
-                                original_total=base_total,
-                                offload_outside_loops=bool(infeasible) and WITHOUT_OFFLOAD in infeasible, progress=lambda l: note(f"policy: {l}"),
+                                original_total=base_total, progress=lambda l: note(f"policy: {l}"),
+                                offload_outside_loops=bool(infeasible) and WITHOUT_OFFLOAD in infeasible,
                                 base_flops=rewrites[-1].flops - rewrites[-1].extra_flops if rewrites else None,
                                 base_label=" and ".join(r.kind for r in rewrites) + " rewritten" if rewrites else "",
                                 exhaustive=exhaustive,

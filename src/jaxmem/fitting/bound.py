@@ -1099,10 +1099,20 @@ def lower_bound(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Seq
             the jaxpr and JAX's lowering).
         host_offload: count only terms that offload policies cannot escape.
     """
+    return _bound_of(_prepared(fn, args, donate_argnums, floor_bytes), host_offload)
+
+
+def _prepared(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequence[int],
+              floor_bytes: int | None) -> tuple[Any, ...]:
+    """The step's program and what the bound reads of it, traced once for both bounds."""
     traced = ja.trace(fn, tuple(args), {}, tuple(donate_argnums))
     p, heroes, is_out, aliases, donors, floor_bytes = _step_program(fn, args, donate_argnums, traced, floor_bytes)
     free_always, pinned = _allocations(p, heroes, aliases, donors)
-    bound = _program_bound(p, heroes, is_out, free_always, pinned, floor_bytes, host_offload)
+    return p, heroes, is_out, free_always, pinned, floor_bytes
+
+
+def _bound_of(prepared: tuple[Any, ...], host_offload: bool) -> LowerBound:
+    bound = _program_bound(*prepared, host_offload)
     return dataclasses.replace(bound, host_offload=host_offload)
 
 
@@ -1168,9 +1178,10 @@ def verdict(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: Sequenc
     rests on terms an offload policy could escape, the offload-proof bound is tried too, and
     its line (which claims more) is given where it also exceeds the budget."""
     try:
-        bound = lower_bound(fn, args, donate_argnums, floor_bytes)
+        prepared = _prepared(fn, args, donate_argnums, floor_bytes)
+        bound = _bound_of(prepared, False)
         if bound.bytes > budget and offload_may_escape(bound):
-            offloaded = lower_bound(fn, args, donate_argnums, floor_bytes, host_offload=True)
+            offloaded = _bound_of(prepared, True)
             if offloaded.bytes > budget:
                 bound = offloaded
     except Exception:  # noqa: BLE001 - a bound is an extra proof; its failure must not stop fit

@@ -411,7 +411,8 @@ def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSi
 
 def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequence[int], judge: Judge,
                     budget: int, original_total: int | None = None, offload: bool | None = None,
-                    offload_outside_loops: bool = False, progress: Callable[[str], None] | None = None, exhaustive: bool = False,
+                    offload_outside_loops: bool = False, progress: Callable[[str], None] | None = None,
+                    exhaustive: bool = False,
                     deadline: float | None = None, reorder: bool | None = None,
                     base_flops: int | None = None, base_label: str = "") -> PolicySearch:
     """Judge every standard policy on the scan bodies and, apart, on the differentiated

@@ -35,6 +35,7 @@ from jaxmem.xla.gpu_model import plan_on_gpu  # noqa: E402
 MIB = 2 ** 20
 _VALUE = re.compile(r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)")
 _RANGE = re.compile(r"^\s*(\S+):(\d+)-(\d+)$")
+_OTHER_SPACE = re.compile(r"^allocation \d+: size \d+, color [1-9]")
 
 
 def xla_live(dump_dir: str) -> dict:
@@ -49,6 +50,8 @@ def xla_live(dump_dir: str) -> dict:
             size = int(line.split("size ")[1].split(",")[0])
             kind = ("temp" if "preallocated-temp" in line else "param" if " parameter " in line
                     else "out" if "live-out" in line else "")
+            if _OTHER_SPACE.match(line):
+                kind = ""   # another memory space (color 5: pinned host memory), not the device's
             temp = size if kind == "temp" else temp
             params += size if kind == "param" else 0
             continue

@@ -599,8 +599,9 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
     fitting = [c for c in ok if c.xla_total_bytes <= budget]
     if (reorder if reorder is not None else judge.device is not None) and (exhaustive or not fitting):
-        # One reordering: a trace and two plans (CPU model, GPU fusion), then three compiles.
-        cost = 2 * costs["plan"] + 3 * costs["compile"]
+        # One reordering: a trace and two plans (CPU model, GPU fusion), then three compiles,
+        # and on a GPU up to two more (the plans' orders with values held in host memory).
+        cost = 2 * costs["plan"] + (5 if judge.device is not None else 3) * costs["compile"]
         # The lowest group as well: its values between iterations are recomputed from the saved
         # dots inside the backward's kernels, which the plan's order can use where XLA's own
         # does not (mlp_train: every iteration in one checkpoint saving the dots, 97.8 MiB in

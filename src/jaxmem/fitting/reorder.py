@@ -7,8 +7,10 @@ has run: the planned order becomes a chain XLA's scheduler must follow (XLA:GPU 
 until after scheduling; XLA:CPU removes them before its last CSE, so on CPU the order is a
 request, not a constraint). Elementwise steps the plan fuses are left free, so XLA still fuses
 them. Scalar constants are tied too, so XLA's CSE cannot merge a forward constant with a
-backward one (`ordered_function`). `reorder` judges a few such candidates by XLA's total and
-keeps the lowest, or the original.
+backward one (`ordered_function`). On a GPU target the same orders are also tried with the
+values idle across the plan's peak held in pinned host memory (`offloaded_gaps`), each copy
+tied into the order. `reorder` judges these candidates by XLA's total and keeps the lowest, or
+the original.
 
 >>> result = reorder(step, params, batch, donate_argnums=(0,), device="h100-80gb")  # doctest: +SKIP
 >>> result.xla_total_bytes_before, result.xla_total_bytes_after                       # doctest: +SKIP
@@ -41,6 +43,7 @@ class ReorderResult:
     order: str = ""                  # the candidate kept ("gpu plan order", "constants only"), or
                                      # "original" when no candidate was lower
     candidates: dict[str, int] = field(default_factory=dict)   # XLA's total per order tried
+    offloaded_bytes: int = 0         # held in pinned host memory between uses (an "offloaded" order)
 
     @property
     def saved_bytes(self) -> int:
@@ -54,7 +57,8 @@ class ReorderResult:
 
 
 def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_bytes: int = 0,
-                     tie_constants: bool = True, literals: str = "all", hoist: bool = True) -> Callable[..., Any]:
+                     tie_constants: bool = True, literals: str = "all", hoist: bool = True,
+                     offload: bool = False) -> Callable[..., Any]:
     """A function of the original arguments that binds the plan's steps in its order, each
     stored step whose outputs hold at least `min_bytes` chained after the one before it
     (`chain=False`: the order is only the trace's order).
@@ -78,6 +82,17 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     With `hoist` (and `chain`), the other readers of what a max-pool gradient reads run before
     it, stored (`readers_first`): XLA widens that step where jaxmem's plan does not.
 
+    With `offload` (and `chain`), the values `offloaded_gaps` picks go to pinned host memory
+    after the step that last uses them before their longest idle stretch, and come back before
+    the step that ends it. Both copies are tied into the chain: out before the next chained
+    step runs, back after the chained step before the reader. Left to XLA:GPU, every copy back
+    runs at the start of the backward pass (mlp_train_donated's offload policies: 84-89 MiB,
+    more than the step as written). The chain is then tighter, or XLA undoes the order (each
+    rule from mlp_train_donated's dumps, BENCHMARKS.md): only steps writing at least
+    `OFFLOAD_MIN_SHARE` of the plan's peak are chained; the next chained step also waits for
+    the small steps that read a large value since; ties go on stored values only; and a step
+    that reads only fused values has its result wait instead of an operand.
+
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
     """
@@ -88,6 +103,33 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
                     if outvars[j] is None and ja.is_literal(v)}
     nbytes = {vid: info.nbytes for vid, info in plan.values.items()}
     last_read = _last_reads(schedule, outvars)
+    gaps = offloaded_gaps(plan, schedule, outvars) if offload and chain else {}
+    reads_large: set[int] = set()
+    if gaps:
+        # Only large steps in the chain: a small step's outputs are often read by nobody after
+        # the next step, which leaves that link untied and lets XLA run a later GEMM (the next
+        # layer's input gradient) before an earlier one (this layer's weight gradient). Small
+        # readers of a large value are waited for (`readers_done` below): left free, a bias
+        # gradient's sum runs at the end, holding the gradient it reads until then.
+        min_bytes = max(min_bytes, int(plan.peak_bytes * OFFLOAD_MIN_SHARE))
+        readers: dict[int, list[int]] = {}
+        for pos, step in enumerate(schedule):
+            for v in step.inputs:
+                readers.setdefault(v, []).append(pos)
+        for pos, step in enumerate(schedule):
+            if not any(nbytes.get(v, 0) >= min_bytes for v in step.inputs):
+                continue
+            while step.fused:         # the stored step the fused one is computed inside
+                later = [r for v in step.outputs if v is not None for r in readers.get(v, ())]
+                if not later:
+                    break
+                step = schedule[min(later)]
+            reads_large.add(id(step))
+    leaving: dict[int, list[int]] = {}
+    returning: dict[int, list[int]] = {}
+    for v, (a, b) in gaps.items():
+        leaving.setdefault(a, []).append(v)
+        returning.setdefault(b, []).append(v)
 
     def chained(step: Any) -> bool:
         if id(step) in hoisted:
@@ -95,6 +137,10 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
         if not chain or step.fused:
             return False
         return sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
+
+    def materialized(v: int) -> bool:
+        info = plan.values.get(v)
+        return info is None or info.producer is None or info.buffer is not None
 
     def ordered(*args: Any) -> Any:
         flat = jax.tree.leaves(args)
@@ -108,34 +154,84 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
             return x
 
         previous: list[int] = []                      # outputs of the previous chained step
+        readers_done: list[int] = []                  # ... and of small readers of large values since
         made: Any = None                              # an output of the last stored step
+        host: dict[int, Any] = {}                     # offloaded values, in host memory
+        copying: list[int] = []                       # ... whose copy out the next step waits for
         for pos, step in enumerate(schedule):
-            ins = [read(v) for v in step.operands]
             stored = chained(step)
             # the smallest output of the previous chained step that someone reads after this one
-            later = [v for v in previous if last_read.get(v, -1) > pos]
+            later = [v for v in previous if last_read.get(v, -1) > pos and v in env]
             anchor = min(later, key=lambda v: nbytes.get(v, 0)) if later else None
+            for v in returning.get(pos, ()):
+                copy = host.pop(v)
+                if v in copying:  # back before any chained step ran: no tie for the copy out
+                    copying.remove(v)
+                waits = [u for u in previous if last_read.get(u, -1) >= pos and u in env]
+                if waits:         # back only once the step before this one has run
+                    copy, env[waits[0]] = jax.lax.optimization_barrier((copy, env[waits[0]]))
+                env[v] = jax.device_put(copy, jax.memory.Space.Device)
+            ins = [read(v) for v in step.operands]
+            arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
+            if gaps:
+                # a tie on a value the plan fuses away makes XLA store it (the second moment's
+                # `b2 * v`, 4 MiB per layer in mlp_train_donated): tie stored values only
+                arrays = [k for k in arrays if materialized(step.operands[k])]
+            if copying and stored and arrays:       # out before this step runs
+                k = arrays[0]
+                ins[k], copies = jax.lax.optimization_barrier((ins[k], [host[v] for v in copying]))
+                host.update(zip(copying, copies))
+                copying = []
             if tie_constants and made is not None and (literals == "all" or not step.inputs):
                 for k, v in enumerate(step.operands):
                     if isinstance(v, Const) and _is_scalar(v) and not _folded(step.primitive, v):
                         ins[k], _ = jax.lax.optimization_barrier((_array(v), made))
+            after: list[int] = []     # anchors tied to this step's result (no operand could take them)
             if stored and anchor is not None and not set(previous) & set(step.inputs):
-                arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
                 if arrays:
                     k = min(arrays, key=lambda k: nbytes.get(step.operands[k], 0))
                     ins[k] = tie(ins[k], anchor)
+                elif gaps:
+                    after.append(anchor)
+            small = [v for v in readers_done if last_read.get(v, -1) > pos and v in env and v not in step.inputs]
+            if stored and small and arrays:
+                k = min(arrays, key=lambda k: nbytes.get(step.operands[k], 0))
+                ins[k], waited = jax.lax.optimization_barrier((ins[k], [env[v] for v in small]))
+                env.update(zip(small, waited))
+            elif stored and small and gaps:
+                after += small
             outs = ja.bind(step.eqn, ins)
             for vid, val in zip(step.outputs, outs):
                 if vid is not None:
                     env[vid] = val
+            if after:
+                # the step's operands are all fused values, which a tie would make XLA store
+                # (Adam's second moment reads `b2 * v` and `(1 - b2) * g * g`): its result
+                # waits for the anchors instead, so XLA cannot fold their steps into a later
+                # kernel (the first moment's update, fused into the weights' update, held each
+                # layer's weight gradient until then)
+                out = next(v for v in step.outputs if v is not None)
+                env[out], waited = jax.lax.optimization_barrier((env[out], [env[v] for v in after]))
+                env.update(zip(after, waited))
             if stored:
                 previous = [v for v in step.outputs if v is not None]
+                readers_done = []
+            elif id(step) in reads_large or set(step.inputs) & set(readers_done):
+                # a small reader of a large value, or a step after one (a bias gradient is two
+                # sums, then Adam's arithmetic): the next chained step waits for what it made;
+                # its operands are not tied, so XLA fuses around it as before
+                readers_done += [v for v in step.outputs if v is not None and nbytes.get(v, 0) < min_bytes]
             if stored or (not step.fused and any(v is not None for v in step.outputs)):
                 made = env[next(v for v in step.outputs if v is not None)]
+            for v in leaving.get(pos, ()):
+                host[v] = jax.device_put(env.pop(v), jax.memory.Space.Host)
+                copying.append(v)
         leaves = [literal_outs[j] if v is None else env[v] for j, v in enumerate(outvars)]
         return jax.tree.unflatten(traced.out_tree, leaves)
 
     ordered.__name__ = "reordered"
+    ordered.chained_steps = sum(1 for step in schedule if chained(step))        # type: ignore[attr-defined]
+    ordered.offloaded_bytes = sum(nbytes.get(v, 0) for v in gaps)               # type: ignore[attr-defined]
     return ordered
 
 
@@ -193,6 +289,60 @@ def readers_first(plan: Plan) -> tuple[list[Any], set[int]]:
     return schedule, hoisted
 
 
+# Values smaller than this share of the plan's peak stay on the device: a copy each way costs
+# PCIe time and a tie in the chain, for little memory.
+OFFLOAD_MIN_SHARE = 1 / 128
+
+
+def offloaded_gaps(plan: Plan, schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, tuple[int, int]]:
+    """Which values to hold in host memory, and when: value -> (a, b), the positions in
+    `schedule` of its last use before its longest idle stretch and of the step that ends it.
+
+    Greedy, at the schedule's peak: of the stored temporaries (not arguments, not outputs) at
+    least `OFFLOAD_MIN_SHARE` of the plan's peak whose idle stretch spans the moment of most live
+    bytes, the largest goes to the host for that stretch; the profile drops by its bytes there,
+    and the new peak is looked at, until no idle value spans it. The moment a value is read it
+    is on the device, so a kernel's own operands and result always count (what the bound with
+    host offload counts, `fitting.bound.lower_bound(host_offload=True)`)."""
+    import numpy as np
+
+    n = len(schedule)
+    outs = {v for v in outvars if v is not None}
+    events: dict[int, list[int]] = {}
+    for pos, step in enumerate(schedule):
+        for v in step.outputs:
+            if v is not None:
+                events.setdefault(v, []).append(pos)
+        for v in step.inputs:
+            if v in events:                   # made by a step: not an argument
+                events[v].append(pos)
+    profile = np.zeros(n + 1, dtype=np.int64)
+    idle: dict[int, tuple[int, int]] = {}
+    smallest = max(1, int(plan.peak_bytes * OFFLOAD_MIN_SHARE))
+    for v, at in events.items():
+        info = plan.values.get(v)
+        if info is None or info.buffer is None:          # fused away
+            continue
+        at = sorted(set(at))
+        profile[at[0]] += info.nbytes
+        profile[at[-1] + 1] -= info.nbytes
+        if v in outs or info.nbytes < smallest or len(at) < 2:
+            continue
+        k = int(np.argmax(np.diff(at)))
+        if at[k + 1] - at[k] >= 2:
+            idle[v] = (at[k], at[k + 1])
+    live = np.cumsum(profile)[:n]
+    chosen: dict[int, tuple[int, int]] = {}
+    while True:
+        peak = int(np.argmax(live))
+        spanning = [v for v, (a, b) in idle.items() if a < peak < b and v not in chosen]
+        if not spanning:
+            return chosen
+        v = max(spanning, key=lambda u: (plan.values[u].nbytes, -u))
+        a, b = chosen[v] = idle[v]
+        live[a + 1:b] -= plan.values[v].nbytes
+
+
 def _last_reads(schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, int]:
     """Per value, the position of the last step that reads it (past the end: an output)."""
     out: dict[int, int] = {}
@@ -238,13 +388,19 @@ def _array(c: Const) -> Any:
     return np.asarray(c.value, dtype=dtype) if dtype is not None else np.asarray(c.value)
 
 
-def candidates(plans: dict[str, Plan]) -> list[tuple[str, Plan, bool]]:
-    """(name, plan, chain) per candidate: each plan's order with every stored step chained and
-    scalar constants tied; then the first plan's steps with only the constants tied (XLA's
-    CSE can no longer merge a forward constant with a backward one, and XLA orders freely)."""
-    out = [(f"{name} order", plan, True) for name, plan in plans.items()]
+def candidates(plans: dict[str, Plan], offload: bool = False) -> list[tuple[str, Plan, bool, bool]]:
+    """(name, plan, chain, offload) per candidate: each plan's order with every stored step
+    chained and scalar constants tied; then the first plan's steps with only the constants tied
+    (XLA's CSE can no longer merge a forward constant with a backward one, and XLA orders
+    freely); with `offload` (a target with pinned host memory), each plan's order again with
+    the values idle across its peak held in host memory (`offloaded_gaps`), where it has any."""
+    out = [(f"{name} order", plan, True, False) for name, plan in plans.items()]
     first = next(iter(plans.items()))
-    return out + [("constants only", first[1], False)]
+    out.append(("constants only", first[1], False, False))
+    if offload:
+        out += [(f"{name} order, offloaded", plan, True, True) for name, plan in plans.items()
+                if offloaded_gaps(plan, readers_first(plan)[0], plan.outvars)]
+    return out
 
 
 def _plans(traced: ja.Traced, device: str | None) -> dict[str, Plan]:
@@ -264,7 +420,8 @@ def _plans(traced: ja.Traced, device: str | None) -> dict[str, Plan]:
     return {"cpu plan": cpu}
 
 
-ORDERS = ("gpu plan order", "cpu plan order", "constants only")
+ORDERS = ("gpu plan order", "cpu plan order", "constants only", "gpu plan order, offloaded",
+          "cpu plan order, offloaded")
 
 
 def reordered(fn: Callable[..., Any], *args: Any, order: str, donate_argnums: int | Sequence[int] = (),
@@ -287,14 +444,14 @@ def reordered(fn: Callable[..., Any], *args: Any, order: str, donate_argnums: in
     donate = ja.donate_positions(len(args), donate_argnums)
     traced = ja.trace(fn, args, donate_argnums=donate)
     plans = _plans(traced, device)
-    for name, plan, chain in candidates(plans):
+    for name, plan, chain, offload in candidates(plans, offload=device is not None):
         if name == order:
             min_bytes = int(min_share * next(iter(plans.values())).peak_bytes)
-            return ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all")
+            return ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all", offload=offload)
     from jaxmem.errors import ConfigError
 
     raise ConfigError(f"order {order!r} is not one for this target (device {device!r}): "
-                      f"{', '.join(name for name, _, _ in candidates(plans))}")
+                      f"{', '.join(c[0] for c in candidates(plans, offload=device is not None))}")
 
 
 def reordered_line(name: str, order: str, donate: Sequence[int], device: str | None) -> str:
@@ -314,9 +471,11 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
 
     The candidates (`candidates`): the order of the plan for the judge's target (for a GPU
     preset, `plan_on_gpu`: planned with XLA:GPU's fusion rules) and, where it differs, of the
-    CPU-model plan, each with every scalar constant tied; and the constants tied alone. XLA
-    judges each and the lowest is kept; when none is below the original, the original is
-    returned. `reordered(fn, *args, order=result.order, ...)` rebuilds the one kept.
+    CPU-model plan, each with every scalar constant tied; and the constants tied alone; for a
+    GPU preset, each plan's order again with values held in pinned host memory between uses
+    (mlp_train_donated on H100: 72.42 -> 60.45 MiB). XLA judges each and the lowest is kept;
+    when none is below the original, the original is returned. `reordered(fn, *args,
+    order=result.order, ...)` rebuilds the one kept.
 
     Args:
         fn, args: the function and its example arguments.
@@ -328,7 +487,9 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
         before: XLA's total for `fn` itself, when already known (one compile fewer).
 
     Returns:
-        A `ReorderResult`; `fn` computes the same values as the original.
+        A `ReorderResult`; `fn` computes the same values as the original (an order held in
+        host memory keeps values out of XLA's fusions, so a bfloat16 step's may round as a
+        checkpointed one's does: equal at that dtype's precision, `judge.values_equal`).
     """
     note = progress or (lambda label: None)
     judge = Judge(device)
@@ -341,23 +502,18 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
     if before is None:
         note("original")
         before = judge.total(fn, args, donate)
-    best = ("original", fn, before, None)
+    best = ("original", fn, before, planned)
     totals: dict[str, int] = {}
-    for name, plan, chain in candidates(plans):
+    for name, plan, chain, offload in candidates(plans, offload=device is not None):
         note(name)
-        ordered = ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all")
+        ordered = ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all", offload=offload)
         totals[name] = judge.total(ordered, args, donate)
         if totals[name] < best[2]:
-            best = (name, ordered, totals[name], plan if chain else None)
+            best = (name, ordered, totals[name], plan)
     name, kept, after, plan = best
-    if plan is None:     # the original, or constants tied with no step chained
-        return ReorderResult(kept, judge.name, planned.peak_bytes, before, after, 0,
-                             len(planned.schedule), planned.scheduler, name, totals)
-    sizes = {vid: info.nbytes for vid, info in plan.values.items()}
-    chained = sum(1 for s in plan.schedule if not s.fused and
-                  sum(sizes.get(o, 0) for o in s.outputs if o is not None) >= max(min_bytes, 1))
-    return ReorderResult(kept, judge.name, planned.peak_bytes, before, after, chained,
-                         len(plan.schedule), plan.scheduler, name, totals)
+    return ReorderResult(kept, judge.name, planned.peak_bytes, before, after, getattr(kept, "chained_steps", 0),
+                         len(plan.schedule), plan.scheduler, name, totals, getattr(kept, "offloaded_bytes", 0))
 
 
-__all__ = ["reorder", "reordered", "ReorderResult", "ordered_function", "candidates", "FOLDED", "ORDERS", "reordered_line", "readers_first", "WIDENED"]
+__all__ = ["reorder", "reordered", "ReorderResult", "ordered_function", "candidates", "FOLDED", "ORDERS", "reordered_line",
+           "readers_first", "WIDENED", "offloaded_gaps"]

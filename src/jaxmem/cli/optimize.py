@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _same_values(fn: Any, new: Any, args: tuple) -> bool:
     """As fit judges values (`judge.values_equal`): at f32's tolerance, or at the narrower dtype's
-    where the step computes in one (an order held in host memory keeps a value out of a fusion,
-    so XLA rounds it to bfloat16 where it kept float32 before, as a checkpoint does)."""
+    where the step computes in one (an order with values held in host memory can move where XLA
+    rounds a bfloat16 step's values, as a checkpoint can: bf16_train's GPU-plan order)."""
     import jax
 
     from jaxmem.fitting.judge import compute_dtype, values_equal

@@ -105,8 +105,10 @@ class PolicyCandidate:
         """What to write in the user's code, one line per site (then the reordering, if any)."""
         lines = self._policy_lines()
         if self.order:
+            held = (", values held in pinned host memory between uses, each copy tied into the order"
+                    if self.order.endswith("offloaded") else "")
             lines.append(f"then run the step in jaxmem's {self.order} (no recompute; the order is enforced "
-                         f"by data dependencies XLA:GPU keeps): {self.reorder_call}")
+                         f"by data dependencies XLA:GPU keeps{held}): {self.reorder_call}")
         return "\n".join(lines)
 
     def _policy_lines(self) -> list[str]:

@@ -59,3 +59,40 @@ def test_fit_table_prints_every_policy_name_whole_when_piped(capsys):
     assert "dots_with_no_batch_dims_saveable" in shown and "nothing_saveable" in shown, table
     assert "…" not in table and "extra FLOPs" in table and " fits " in table
     assert max(len(line) for line in table.splitlines() if "│" in line) <= 160
+
+
+def _rendered(candidates, best, budget):
+    """`fit`'s text answer for a search that judged `candidates` against `budget`."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from jaxmem.cli.fit import _render_policies
+    from jaxmem.fitting.policy import PolicySearch
+
+    found = PolicySearch(judge="XLA:GPU h100-80gb", budget_bytes=budget, candidates=candidates, best=best)
+    out = io.StringIO()
+    _render_policies(Console(file=out, width=200), SimpleNamespace(policies=found, budget_bytes=budget,
+                                                                   judge=found.judge))
+    return " ".join(out.getvalue().split())
+
+
+def test_over_the_budget_the_answer_names_the_least_at_no_extra_flops():
+    from jaxmem.fitting.policy import PolicyCandidate
+
+    def cand(kind, policy, total, extra, order=""):
+        return PolicyCandidate(kind, policy, [], total, 1000 + extra, extra, order=order)
+
+    original = cand("none", "none", 4096, 0)
+    reordered = cand("none", "none", 3072, 0, order="gpu plan order")
+    checkpointed = cand("grad", "nothing_saveable", 2048, 72)
+    candidates = [original, checkpointed, reordered]
+    # Nothing fits: the smallest costs 7.2% FLOPs; the reordered step is the least of those at none.
+    text = _rendered(candidates, checkpointed, budget=1024)
+    assert "is the smallest, over the budget" in text
+    assert ("at no extra FLOPs the least is (original), run in jaxmem's gpu plan order: "
+            "XLA:GPU h100-80gb total 3.00 KiB (1.00 KiB more)") in text
+    # It fits, or the smallest is free already: nothing more to say.
+    assert "at no extra FLOPs" not in _rendered(candidates, checkpointed, budget=2048)
+    assert "at no extra FLOPs" not in _rendered([original, reordered], reordered, budget=1024)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from jaxmem.accelerators import capacities
 from jaxmem.errors import ConfigError
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
@@ -16,26 +17,9 @@ _UNITS = {
     "t": 1000**4, "tb": 1000**4, "tib": TiB,
 }
 
-# Usable device memory as the driver reports it (memory.total), in bytes. Where the vendor's
-# marketing size and the reported size differ (H100 80GB reports 81559 MiB), the reported one wins.
-PRESETS: dict[str, int] = {
-    "h100-80gb": 81559 * MiB,
-    "h100-94gb": 95830 * MiB,
-    "h200-141gb": 143771 * MiB,
-    "a100-40gb": 40960 * MiB,
-    "a100-80gb": 81920 * MiB,
-    "v100-16gb": 16384 * MiB,
-    "v100-32gb": 32768 * MiB,
-    "l4-24gb": 23034 * MiB,
-    "a10g-24gb": 23028 * MiB,
-    "rtx3090-24gb": 24576 * MiB,
-    "rtx4090-24gb": 24564 * MiB,
-    "t4-16gb": 15360 * MiB,
-    "tpu-v4-32gb": 32 * GiB,
-    "tpu-v5e-16gb": 16 * GiB,
-    "tpu-v5p-95gb": 95 * GiB,
-    "tpu-v6e-32gb": 32 * GiB,
-}
+# Device presets -> their memory as the runtime reports it, in bytes (`jaxmem.accelerators`,
+# where every fact about a preset lives).
+PRESETS: dict[str, int] = capacities()
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 

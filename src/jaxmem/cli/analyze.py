@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from jaxmem.cli import OneLineParser, report_console
 from jaxmem.errors import ConfigError, JaxmemError, PlanError
+from jaxmem.accelerators import find as find_accelerator, tpu_presets
 from jaxmem.units import PRESETS, format_size, parse_size
 
 DEFAULT_TARGET = "jaxmem.examples.gpt:default_example"
@@ -65,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=TOP_BUFFERS, metavar="N",
                         help=f"how many of the largest buffers live at the peak to list (default {TOP_BUFFERS})")
     parser.add_argument("--no-xla", action="store_true", help="skip compiling with XLA for its reference figures")
-    parser.add_argument("--xla", choices=("auto", "gpu", "cpu"), default="auto",
-                        help="which XLA to compare with: auto (default: XLA:GPU for a GPU preset, compiled "
-                             "deviceless, and XLA:CPU here), gpu (XLA:GPU only) or cpu (XLA:CPU here only)")
+    parser.add_argument("--xla", choices=("auto", "gpu", "tpu", "cpu"), default="auto",
+                        help="which XLA to compare with: auto (default: XLA:GPU for a GPU preset, XLA:TPU for a "
+                             "TPU preset, compiled deviceless, and XLA:CPU here), gpu or tpu (that one only) or "
+                             "cpu (XLA:CPU here only)")
     parser.add_argument("--cpu-scheduler", choices=("default", "dfs", "bfs", "both"), default="default",
                         help="XLA:CPU's scheduler to compare with: default (compiled in this process), dfs "
                              "(memory-optimized) or bfs (concurrency-optimized), each compiled in a fresh "
@@ -251,7 +253,8 @@ def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any]) -> list[dict[str, An
 
 def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str, int], top: int,
               gpu: Any = None, pool: Any = None, fraction: float = PREALLOCATE_FRACTION,
-              note: str | None = None, predicted: Any = None) -> dict[str, Any]:
+              note: str | None = None, predicted: Any = None, tpu: Any = None,
+              accelerator: Any = None) -> dict[str, Any]:
     """The analysis as one plain dict: what `--json` prints and what the tables render.
 
     Args:
@@ -261,8 +264,12 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         device: (name, capacity bytes) for the fit check.
         top: how many buffers live at the peak to list.
     """
+    from jaxmem.xla.tpu import summary as tpu_summary
+
     name, capacity = device
-    usable = int(capacity * fraction)
+    on_tpu = accelerator is not None and accelerator.is_tpu
+    # JAX's TPU runtime preallocates nothing: a program may use the whole chip.
+    usable = capacity if on_tpu else int(capacity * fraction)
     peak_step, rows = peak_buffers(plan, args, top)
     xla = plan.xla
     xla_total = xla.total_bytes if xla is not None else None
@@ -295,13 +302,19 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "unknown_primitives": sorted(set(plan.unknown_primitives)),
         "peak_step": peak_step,
         "top_buffers": rows,
-        "device": {"name": name, "capacity_bytes": capacity, "preallocated_fraction": fraction,
-                   "usable_bytes": usable, "fits": plan.peak_bytes <= usable},
+        "device": {"name": name, "capacity_bytes": capacity, "preallocated_fraction": None if on_tpu else fraction,
+                   "usable_bytes": usable, "fits": plan.peak_bytes <= usable,
+                   "platform": accelerator.platform if accelerator is not None else None,
+                   "pool_rules": accelerator.pool_rules if accelerator is not None else "gpu_client"},
         "fits": plan.peak_bytes <= usable if pool is None else bool(pool.fits),
         "xla_gpu": None if gpu is None else gpu.summary(),
         "xla_gpu_peak_buffers": [] if gpu is None else gpu_peak_rows(gpu, plan, args),
         "xla_gpu_peak_live_bytes": None if gpu is None else gpu.peak_live_bytes,
+        "xla_tpu": None if tpu is None else tpu_summary(tpu),
+        "xla_tpu_peak_buffers": [] if tpu is None else gpu_peak_rows(tpu, plan, args),
+        "xla_tpu_peak_live_bytes": None if tpu is None else tpu.peak_live_bytes,
         "pool": None if pool is None else {**pool.summary(), "judged_on": "xla_gpu" if gpu is not None else
+                                           "xla_tpu" if tpu is not None else
                                            "predicted_xla_gpu" if predicted is not None else "xla_cpu"},
         "xla_note": note,
     }
@@ -370,12 +383,26 @@ def start_gpu_reference(target: str, device: str, donate: tuple[int, ...], top: 
     ("ref" or "err") after planning."""
     from jaxmem.xla.gpu import xla_gpu_reference
 
+    return start_reference(lambda on_start: xla_gpu_reference(target, device=device, donate_argnums=donate,
+                                                              top=top, on_start=on_start))
+
+
+def start_tpu_reference(target: str, accelerator: Any, donate: tuple[int, ...], top: int) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start XLA:TPU's deviceless compile (a subprocess) in a thread, as `start_gpu_reference`."""
+    from jaxmem.xla.tpu import xla_tpu_reference
+
+    return start_reference(lambda on_start: xla_tpu_reference(target, accelerator, donate_argnums=donate,
+                                                              top=top, on_start=on_start))
+
+
+def start_reference(compile: Callable[[Callable[[Any], None]], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `compile(on_start)` (a deviceless compile in a child process) in a thread; `box`
+    gets "proc" (the child, so that it can be killed), then "ref" or "err"."""
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            box["ref"] = xla_gpu_reference(target, device=device, donate_argnums=donate, top=top,
-                                           on_start=lambda proc: box.__setitem__("proc", proc))
+            box["ref"] = compile(lambda proc: box.__setitem__("proc", proc))
         except BaseException as err:  # handed to the main thread
             box["err"] = err
 
@@ -587,6 +614,9 @@ def render(data: dict[str, Any], console: Any) -> None:
                         + ("cached" if gpu.get("cached") else f"compiled deviceless in {gpu['compile_seconds']:.1f} s"))
         if gpu.get("note"):
             summary.add_row("", "", Text(gpu["note"][:160], style="yellow"))
+    tpu = data.get("xla_tpu")
+    if tpu:
+        render_tpu_row(tpu, peak, summary)
     predicted = data.get("predicted_xla")
     if predicted:
         against = f"; {predicted['total_bytes'] / gpu['total_bytes']:.3f}x of XLA:GPU's" if gpu and gpu["total_bytes"] else ""
@@ -596,9 +626,11 @@ def render(data: dict[str, Any], console: Any) -> None:
                         f"jaxmem's model of XLA:GPU's fusion in {predicted['seconds']:.2f} s{against}")
     pool = data.get("pool")
     if pool:
-        on = {"xla_gpu": "XLA:GPU", "predicted_xla_gpu": "the predicted XLA:GPU"}.get(pool.get("judged_on"), "XLA:CPU")
-        mode = (f"{pool['allocator']}, preallocate {str(pool['preallocate']).lower()}, "
-                f"fraction {pool['mem_fraction']:g}")
+        on = {"xla_gpu": "XLA:GPU", "xla_tpu": "XLA:TPU",
+              "predicted_xla_gpu": "the predicted XLA:GPU"}.get(pool.get("judged_on"), "XLA:CPU")
+        mode = ("TPU runtime: no preallocation, temporaries reserved, code resident" if pool.get("rules") == "tpu_runtime"
+                else f"{pool['allocator']}, preallocate {str(pool['preallocate']).lower()}, "
+                     f"fraction {pool['mem_fraction']:g}")
         if pool["fits"]:
             summary.add_row("pool", Text("fits", style="bold green"),
                             f"{pool['steps']} steps of {on}'s buffers: peak {_size(pool['peak_bytes'])} of limit "
@@ -621,9 +653,13 @@ def render(data: dict[str, Any], console: Any) -> None:
                     f"schedule {data['scheduler'] or '?'}, placement {data['placement'] or '?'}")
     dev = data["device"]
     fit = Text("fits", style="bold green") if dev["fits"] else Text("does not fit", style="bold red")
-    summary.add_row("jaxmem's plan" if pool else "device", fit,
-                    f"{dev['name']}: {_size(dev['capacity_bytes'])}, JAX preallocates "
-                    f"{int(100 * dev['preallocated_fraction'])}% = {_size(dev['usable_bytes'])}")
+    if dev.get("pool_rules") == "tpu_runtime":
+        held = (f"{dev['name']}: {_size(dev['capacity_bytes'])}, all of it a program's (JAX's TPU runtime "
+                "preallocates nothing; XLA_PYTHON_CLIENT_* are the GPU client's)")
+    else:
+        held = (f"{dev['name']}: {_size(dev['capacity_bytes'])}, JAX preallocates "
+                f"{int(100 * dev['preallocated_fraction'])}% = {_size(dev['usable_bytes'])}")
+    summary.add_row("jaxmem's plan" if pool else "device", fit, held)
     unknown = data["unknown_primitives"]
     summary.add_row("unknown primitives", Text(str(len(unknown)), style="yellow" if unknown else ""),
                     ", ".join(unknown) + (" (planned conservatively)" if unknown else ""))
@@ -657,17 +693,37 @@ def render(data: dict[str, Any], console: Any) -> None:
     console.print(table)
     if data.get("xla_gpu_peak_buffers"):
         render_gpu_peak(data, console)
+    if data.get("xla_tpu_peak_buffers"):
+        render_gpu_peak(data, console, platform="tpu")
 
 
-def render_gpu_peak(data: dict[str, Any], console: Any) -> None:
-    """XLA:GPU's largest buffers live at its peak, as a rich table."""
+def render_tpu_row(tpu: dict[str, Any], peak: int, summary: Any) -> None:
+    """XLA:TPU's figures (or its refusal) as one row of the summary table."""
+    from rich.text import Text
+
+    from jaxmem.reports.escape import markup
+
+    how = "cached" if tpu.get("cached") else f"compiled deviceless in {tpu['compile_seconds']:.1f} s"
+    if tpu.get("oom"):
+        summary.add_row(f"XLA:TPU {tpu['target']}", Text("does not fit", style="bold red"),
+                        markup(f"{tpu['oom'][:200]} ({how})"))
+        return
+    ratio = peak / tpu["total_bytes"] if tpu["total_bytes"] else 0.0
+    summary.add_row(f"XLA:TPU {tpu['target']}", Text(_size(tpu["total_bytes"]), style="bold"),
+                    f"arguments {_size(tpu['argument_bytes'])} + outputs {_size(tpu['output_bytes'])} + temp "
+                    f"{_size(tpu['temp_bytes'])} - aliased {_size(tpu['alias_bytes'])}; code "
+                    f"{_size(tpu['generated_code_bytes'])} beside it; jaxmem {ratio:.3f}x of it; {how}")
+
+
+def render_gpu_peak(data: dict[str, Any], console: Any, platform: str = "gpu") -> None:
+    """XLA:GPU's (or XLA:TPU's) largest buffers live at its peak, as a rich table."""
     from rich.table import Table
 
     from jaxmem.reports.escape import markup
 
     console.print()
-    live = data.get("xla_gpu_peak_live_bytes")
-    title = f"What XLA:GPU holds at its peak on {data['xla_gpu']['target']}"
+    live = data.get(f"xla_{platform}_peak_live_bytes")
+    title = f"What XLA:{platform.upper()} holds at its peak on {data[f'xla_{platform}']['target']}"
     if live:
         title += f" ({_size(live)} live there)"
     narrow = console.width < 140
@@ -679,7 +735,7 @@ def render_gpu_peak(data: dict[str, Any], console: Any) -> None:
     table.add_column("jaxpr array", overflow="fold")
     table.add_column("XLA op", overflow="fold")
     table.add_column("source line", overflow="fold")
-    for i, row in enumerate(data["xla_gpu_peak_buffers"], 1):
+    for i, row in enumerate(data[f"xla_{platform}_peak_buffers"], 1):
         op = short_op(row["op_name"]) or row["hlo"]
         cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
                  short_label(row["jaxpr_array"], narrow) or "—", "…" + op[-27:] if narrow and len(op) > 28 else op,
@@ -759,6 +815,52 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def gpu_pool(args: argparse.Namespace, capacity: int, gpu: Any, predicted: Any, plan: Any, fn: Callable[..., Any],
+             fn_args: Sequence[Any], donate: tuple[int, ...], target: str) -> Any:
+    """The GPU client's pool verdict over N steps: on XLA:GPU's figures, else the predicted
+    XLA:GPU figures, else XLA:CPU's; None when the environment holds a setting jaxmem cannot
+    model (said in one line) or there are no figures."""
+    from jaxmem.runtime.steps import program_from_reference, simulate_steps
+
+    try:
+        dev = pool_device(args, capacity)
+    except ConfigError as err:
+        if any(v is not None for v in (args.mem_fraction, args.preallocate, args.allocator)):
+            raise
+        # The environment holds a setting jaxmem cannot model: the plan and XLA's figures stand,
+        # the pool is not simulated, and the user is told in one line.
+        print(f"jaxmem analyze: the pool is not simulated: {err}", file=sys.stderr)
+        return None
+    if gpu is not None:
+        return simulate_steps(program_from_reference(gpu), dev, args.steps)
+    if predicted is not None:
+        # A GPU preset with no XLA:GPU compile here: the pool over the predicted XLA:GPU figures.
+        return simulate_steps(program_from_reference(predicted), dev, args.steps)
+    if plan.xla is not None:
+        program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
+        return simulate_steps(program, dev, args.steps)
+    return None
+
+
+def tpu_pool(args: argparse.Namespace, accelerator: Any, tpu: Any, plan: Any, fn: Callable[..., Any],
+             fn_args: Sequence[Any], donate: tuple[int, ...], target: str) -> Any:
+    """The TPU runtime's verdict over N steps (`runtime/tpu_pool.py`): on XLA:TPU's figures (its
+    out-of-memory message, when its compile refused the program), else on XLA:CPU's."""
+    from jaxmem.runtime.steps import program_from_reference
+    from jaxmem.runtime.tpu_pool import check_tpu_flags, compile_refused, simulate_tpu_steps
+
+    check_tpu_flags(args.mem_fraction, args.preallocate, args.allocator, args.steps)
+    if tpu is not None:
+        if tpu.oom:
+            return compile_refused(tpu, accelerator, args.steps)
+        return simulate_tpu_steps(program_from_reference(tpu), accelerator.capacity_bytes, args.steps,
+                                  code_bytes=tpu.generated_code_bytes, reserved_bytes=tpu.reserved_bytes)
+    if plan.xla is not None:
+        program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
+        return simulate_tpu_steps(program, accelerator.capacity_bytes, args.steps)
+    return None
+
+
 def main(argv: list[str]) -> int:
     """`jaxmem analyze`: see the module docstring. Returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -780,8 +882,12 @@ def main(argv: list[str]) -> int:
                         "(no values); plan and compile it without --execute")
 
     started = time.perf_counter()
-    gpu, pool, note = None, None, None
+    gpu, tpu, pool, note = None, None, None, None
+    accelerator = find_accelerator(device[0])
     want_gpu = not args.no_xla and args.xla in ("auto", "gpu")
+    want_tpu = not args.no_xla and args.xla in ("auto", "tpu") and accelerator is not None and accelerator.is_tpu
+    if args.xla == "tpu" and not want_tpu and not args.no_xla:
+        raise PlanError(f"--xla tpu needs a TPU preset ({', '.join(tpu_presets())}), not {device[0]!r}")
     worker = box = None
     if want_gpu:
         from jaxmem.xla.gpu import GpuUnavailable, spec_for, unavailable_reason
@@ -796,11 +902,21 @@ def main(argv: list[str]) -> int:
             want_gpu = False
         else:
             worker, box = start_gpu_reference(target, device[0].strip().lower(), donate, args.top)
-    cpu_reference = not args.no_xla and (args.xla != "gpu" or not want_gpu)
+    if want_tpu:
+        from jaxmem.xla.tpu import unavailable_reason as tpu_unavailable
+
+        reason = tpu_unavailable()
+        if reason:
+            note = f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU"
+            want_tpu = False
+        else:
+            worker, box = start_tpu_reference(target, accelerator, donate, args.top)
+    cpu_reference = not args.no_xla and (args.xla not in ("gpu", "tpu") or not (want_gpu or want_tpu))
     schedulers, scheduled = [], {}
     if cpu_reference and args.cpu_scheduler != "default":
         schedulers, scheduled = start_cpu_schedulers(target, donate, args.cpu_scheduler)
-    label = f"planning · compiling for XLA:GPU ({device[0]})" if want_gpu else "planning"
+    label = (f"planning · compiling for XLA:GPU ({device[0]})" if want_gpu else
+             f"planning · compiling for XLA:TPU ({device[0]})" if want_tpu else "planning")
     with progress_after(1.0, label):
         try:
             plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=cpu_reference and not schedulers),
@@ -826,49 +942,34 @@ def main(argv: list[str]) -> int:
         best, cpu_totals = better_schedule(scheduled)
         plan = dataclasses.replace(plan, xla=best)
     if box is not None:
+        from jaxmem.xla.gpu import GpuUnavailable
+        from jaxmem.xla.tpu import TpuUnavailable
+
         if "err" in box:
             err = box["err"]
-            if isinstance(err, GpuUnavailable):
-                note = f"XLA:GPU is not available here ({err}); comparing with XLA:CPU"
+            if isinstance(err, (GpuUnavailable, TpuUnavailable)):
+                which = "XLA:TPU" if want_tpu else "XLA:GPU"
+                note = f"{which} is not available here ({err}); comparing with XLA:CPU"
                 if plan.xla is None:
                     with progress_after(1.0, "compiling with XLA:CPU"):
                         plan = dataclasses.replace(plan, xla=_guarded(lambda: _cpu_reference(fn, fn_args, donate),
                                                                       f"cannot compile {target}"))
             else:
                 raise err
+        elif want_tpu:
+            tpu = box["ref"]
         else:
             gpu = box["ref"]
     if note:
         print(f"jaxmem analyze: {note}", file=sys.stderr)
-    try:
-        dev = pool_device(args, device[1])
-    except ConfigError as err:
-        if any(v is not None for v in (args.mem_fraction, args.preallocate, args.allocator)):
-            raise
-        # The environment holds a setting jaxmem cannot model: the plan and XLA's figures stand,
-        # the pool is not simulated, and the user is told in one line.
-        print(f"jaxmem analyze: the pool is not simulated: {err}", file=sys.stderr)
-        dev = None
-    if dev is None:
-        pass
-    elif gpu is not None:
-        from jaxmem.runtime.steps import program_from_reference, simulate_steps
-
-        pool = simulate_steps(program_from_reference(gpu), dev, args.steps)
-    elif predicted is not None:
-        # A GPU preset with no XLA:GPU compile here: the pool over the predicted XLA:GPU figures.
-        from jaxmem.runtime.steps import program_from_reference, simulate_steps
-
-        pool = simulate_steps(program_from_reference(predicted), dev, args.steps)
-    elif plan.xla is not None:
-        from jaxmem.runtime.steps import simulate_steps
-
-        program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
-        pool = simulate_steps(program, dev, args.steps)
+    if accelerator is not None and accelerator.is_tpu:
+        pool = tpu_pool(args, accelerator, tpu, plan, fn, fn_args, donate, target)
+    else:
+        pool = gpu_pool(args, device[1], gpu, predicted, plan, fn, fn_args, donate, target)
     data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
                      device=device, top=args.top, gpu=gpu, pool=pool,
-                     fraction=dev.mem_fraction if dev is not None else PREALLOCATE_FRACTION, note=note,
-                     predicted=predicted)
+                     fraction=getattr(pool, "mem_fraction", None) or PREALLOCATE_FRACTION, note=note,
+                     predicted=predicted, tpu=tpu, accelerator=accelerator)
     data["predicted_xla_bytes"] = None if predicted is None else predicted.total_bytes
     data["predicted_xla"] = None if predicted is None else predicted.summary()
     data["xla_cpu_schedulers"] = cpu_totals
@@ -890,7 +991,7 @@ def main(argv: list[str]) -> int:
             render_execute(data["execute"], data["eager"], data["peak_bytes"], console)
     from jaxmem.reports.cli import write_plan_reports
 
-    write_plan_reports(args, plan, gpu=data if gpu is not None or pool is not None else None)
+    write_plan_reports(args, plan, gpu=data if gpu is not None or tpu is not None or pool is not None else None)
     if not plan.valid:
         print("jaxmem analyze: the checker found the plan invalid", file=sys.stderr)
         return 1

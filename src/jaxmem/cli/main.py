@@ -30,7 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
 # Commands that start JAX: it is started first with the CUDA plugin's start-up lines filtered
 # (see jaxmem.xla.start), so that errors stay one line on stderr.
 JAX_COMMANDS = {"analyze", "fit", "maxbatch", "optimize"}
-# Commands whose --device judges candidates by XLA:GPU in this process (JAX_PLATFORMS=cpu).
+# Commands whose --device judges candidates by XLA:GPU or XLA:TPU in this process (JAX_PLATFORMS=cpu).
 DEVICELESS_COMMANDS = {"fit", "optimize"}
 
 
@@ -75,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
 
         if name in DEVICELESS_COMMANDS and any(a == "--device" or a.startswith("--device=") for a in rest) \
                 and "jax" not in sys.modules:
-            # XLA:GPU judges deviceless: the CUDA plugin gives compile-only devices when CPU is
-            # JAX's only platform, which must be set before JAX starts.
+            # XLA:GPU and XLA:TPU judge deviceless: the CUDA plugin and libtpu give compile-only
+            # devices when CPU is JAX's only platform, which must be set before JAX starts, as
+            # must libtpu's settings for a machine without a TPU.
             os.environ.setdefault("JAX_PLATFORMS", "cpu")
+            from jaxmem.xla.tpu import DEVICELESS_ENV
+
+            for key, value in DEVICELESS_ENV.items():
+                os.environ.setdefault(key, value)
         # analyze: a factory may lay out its arguments on a mesh of this host's devices (one
         # 8-GPU node's worth), so the CPU backend starts with 8 unless the user chose a number.
         quiet_jax_start(host_devices=8 if name == "analyze" else None)

@@ -1,13 +1,15 @@
-"""Find the largest batch (or any integer argument) that fits a GPU: `jaxmem maxbatch TARGET --arg NAME`.
+"""Find the largest batch (or any integer argument) that fits a GPU or TPU: `jaxmem maxbatch TARGET --arg NAME`.
 
 TARGET's factory takes the keyword argument NAME (`batch_size`, a sequence length, ...) and
-returns `(fn, args)`. The answer is judged by XLA:GPU, compiled deviceless for the device, and
-the pool over N training steps as `jaxmem analyze` runs it: `value` fits and `value + 1` does
-not. jaxmem's model of XLA:GPU (`xla.gpu_model.predict`: no compile) finds the largest value
-whose predicted total fits, the first guess; XLA:GPU compiles confirm it (and its neighbour).
-Where the model cannot say, jaxmem's planner at two small values makes the guess.
+returns `(fn, args)`. The answer is judged by XLA, compiled deviceless for the device (XLA:GPU
+for a GPU preset, XLA:TPU for a TPU preset), and the runtime over N training steps as `jaxmem
+analyze` runs it (the GPU client's pool; the TPU runtime's rules): `value` fits and `value + 1`
+does not. On a GPU, jaxmem's model of XLA:GPU (`xla.gpu_model.predict`: no compile) finds the
+largest value whose predicted total fits, the first guess; XLA's compiles confirm it (and its
+neighbour). Elsewhere jaxmem's planner at two small values makes the guess.
 
     jaxmem maxbatch jaxmem.examples.gpt:batch_example --arg batch_size --device h100-80gb
+    jaxmem maxbatch jaxmem.examples.gpt:batch_example --arg batch_size --device tpu-v5e-16gb
     jaxmem maxbatch my_model.py:make_step --arg seq_len --device a100-40gb --donate 0,1 --json
 """
 
@@ -17,12 +19,12 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from jaxmem.cli import OneLineParser, report_console
 from jaxmem.cli.analyze import add_pool_arguments, parse_donate, pool_device
 from jaxmem.errors import PlanError
-from jaxmem.units import PRESETS, format_size
+from jaxmem.units import format_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("target", metavar="TARGET")
     parser.add_argument("--arg", required=True, metavar="NAME", help="the factory's integer keyword argument to maximize")
     parser.add_argument("--device", default="h100-80gb", metavar="PRESET",
-                        help="a GPU preset (default h100-80gb)")
+                        help="a GPU or TPU preset (default h100-80gb; tpu-v5e-16gb: judged by XLA:TPU)")
     parser.add_argument("--donate", default="", metavar="0,1",
                         help="positional arguments of fn to donate (default: those its own jax.jit donates)")
     parser.add_argument("--min", type=int, default=1, dest="minimum", help="the smallest value searched (default 1)")
@@ -136,55 +138,101 @@ class _Bar:
             self.progress.stop()
 
 
+def judge_for(args: argparse.Namespace, accelerator: Any, donate: tuple[int, ...], counts: dict[str, int],
+              bar: "_Bar") -> Callable[[int], Any]:
+    """The judge of one value: XLA's deviceless compile for the device (XLA:GPU or XLA:TPU) and
+    its runtime's verdict over `--steps` steps (the GPU client's pool or the TPU runtime's rules)."""
+    from jaxmem.runtime.steps import program_from_reference, simulate_steps
+    from jaxmem.xla.maxbatch import Judgement
+
+    bracket: dict[str, int] = {}
+
+    def judge(value: int) -> Judgement:
+        known = ", ".join(f"{k} {v}" for k, v in (("fits at", bracket.get("lo")), ("not at", bracket.get("hi")))
+                          if v is not None)
+        bar.update(f"{accelerator.xla_name} compile {counts['compiles'] + counts['cached'] + 1}: {args.arg}={value}"
+                   + (f" ({known})" if known else ""))
+        if accelerator.is_tpu:
+            from jaxmem.runtime.tpu_pool import compile_refused, simulate_tpu_steps
+            from jaxmem.xla.tpu import xla_tpu_reference
+
+            ref = xla_tpu_reference(args.target, accelerator, donate_argnums=donate, kwargs={args.arg: value}, top=0)
+            verdict = (compile_refused(ref, accelerator, args.steps) if ref.oom else
+                       simulate_tpu_steps(program_from_reference(ref), accelerator.capacity_bytes, args.steps,
+                                          code_bytes=ref.generated_code_bytes, reserved_bytes=ref.reserved_bytes))
+        else:
+            from jaxmem.xla.gpu import xla_gpu_reference
+
+            ref = xla_gpu_reference(args.target, device=accelerator.name, donate_argnums=donate,
+                                    kwargs={args.arg: value}, top=0)
+            verdict = simulate_steps(program_from_reference(ref), pool_device(args, accelerator.capacity_bytes),
+                                     args.steps)
+        counts["cached" if ref.cached else "compiles"] += 1
+        if verdict.fits:
+            bracket["lo"] = max(value, bracket.get("lo", value))
+        else:
+            bracket["hi"] = min(value, bracket.get("hi", value))
+        return Judgement(value, verdict.fits, ref.total_bytes, ref.cached)
+
+    return judge
+
+
+def resolve_device(text: str) -> Any:
+    """`--device` as an `Accelerator` whose XLA compiles deviceless here; else one line."""
+    from jaxmem.accelerators import find, gpu_presets, tpu_presets
+
+    accelerator = find(text)
+    if accelerator is None:
+        raise PlanError(f"--device must be a GPU or TPU preset ({', '.join(gpu_presets() + tpu_presets())}), "
+                        f"got {text!r}")
+    if accelerator.is_tpu:
+        from jaxmem.xla.tpu import TpuUnavailable, unavailable_reason as tpu_reason
+
+        reason = tpu_reason()
+        if reason:
+            raise TpuUnavailable(f"maxbatch needs XLA:TPU for {accelerator.name}, which is not available here: {reason}")
+    else:
+        from jaxmem.xla.gpu import GpuUnavailable, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise GpuUnavailable(f"maxbatch needs XLA:GPU, which is not available here: {reason}")
+    return accelerator
+
+
 def main(argv: list[str]) -> int:
     """`jaxmem maxbatch`: see the module docstring. Returns the exit code."""
     args = build_parser().parse_args(argv)
     from jaxmem.compiler.target import resolve_factory
-    from jaxmem.runtime.steps import program_from_reference, simulate_steps
-    from jaxmem.xla.gpu import GpuUnavailable, spec_for, unavailable_reason, xla_gpu_reference
-    from jaxmem.xla.maxbatch import Judgement, search
+    from jaxmem.xla.maxbatch import search
 
     if not args.arg.isidentifier():
         raise PlanError(f"--arg takes a keyword argument name, got {args.arg!r}")
-    device = args.device.strip().lower()
-    if spec_for(device) is None:
-        gpus = sorted(k for k in PRESETS if spec_for(k))
-        raise PlanError(f"--device must be a GPU preset ({', '.join(gpus)}), got {args.device!r}")
-    reason = unavailable_reason()
-    if reason:
-        raise GpuUnavailable(f"maxbatch needs XLA:GPU, which is not available here: {reason}")
+    accelerator = resolve_device(args.device)
+    device = accelerator.name
     resolve_factory(args.target)   # a bad TARGET fails here, in one line
-    capacity = PRESETS[device]
-    limit = pool_device(args, capacity).allocator.limit
+    if accelerator.is_tpu:
+        from jaxmem.runtime.tpu_pool import check_tpu_flags
+
+        check_tpu_flags(args.mem_fraction, args.preallocate, args.allocator, args.steps)
+        limit = accelerator.capacity_bytes
+    else:
+        limit = pool_device(args, accelerator.capacity_bytes).allocator.limit
     # `--donate` wins; else a TARGET already `jax.jit(..., donate_argnums=...)` keeps its own
     donate = parse_donate(args.donate, 1 << 16) or target_donation(args.target, args.arg, args.minimum)
     started = time.perf_counter()
     counts = {"compiles": 0, "cached": 0}
     bar = _Bar(f"planning {args.arg}={args.minimum}, {2 * args.minimum}")
     try:
-        guess, plan_seconds, predictions = predicted_guess(args.target, args.arg, args.minimum, args.maximum,
-                                                           limit, donate, device)
-        guess_from = "predicted_xla"
+        guess, plan_seconds, predictions, guess_from = None, 0.0, 0, "planner"
+        if accelerator.is_gpu:
+            guess, plan_seconds, predictions = predicted_guess(args.target, args.arg, args.minimum, args.maximum,
+                                                               limit, donate, device)
+            guess_from = "predicted_xla"
         if guess is None:
             guess, plan_seconds = planner_guess(args.target, args.arg, args.minimum, limit, donate)
             guess_from = "planner"
-
-        bracket: dict[str, int] = {}
-
-        def judge(value: int) -> Judgement:
-            known = ", ".join(f"{k} {v}" for k, v in (("fits at", bracket.get("lo")), ("not at", bracket.get("hi")))
-                              if v is not None)
-            bar.update(f"XLA:GPU compile {counts['compiles'] + counts['cached'] + 1}: {args.arg}={value}"
-                       + (f" ({known})" if known else ""))
-            ref = xla_gpu_reference(args.target, device=device, donate_argnums=donate, kwargs={args.arg: value}, top=0)
-            counts["cached" if ref.cached else "compiles"] += 1
-            verdict = simulate_steps(program_from_reference(ref), pool_device(args, capacity), args.steps)
-            if verdict.fits:
-                bracket["lo"] = max(value, bracket.get("lo", value))
-            else:
-                bracket["hi"] = min(value, bracket.get("hi", value))
-            return Judgement(value, verdict.fits, ref.total_bytes, ref.cached)
-
+        judge = judge_for(args, accelerator, donate, counts, bar)
         result = search(judge, limit_bytes=limit, guess=guess, minimum=args.minimum, maximum=args.maximum)
     finally:
         bar.close()
@@ -206,10 +254,12 @@ def main(argv: list[str]) -> int:
         console.print(f"[bold]{args.arg} = {result.value}[/bold] fits {device} (the largest value searched, --max)")
     else:
         console.print(f"[bold green]{args.arg} = {result.value}[/bold green] is the largest that fits {device}: "
-                      f"XLA:GPU total {format_size(result.total_bytes)}; at {result.value + 1}: "
-                      f"{format_size(result.next_total_bytes or 0)}, which the pool cannot hold over {args.steps} steps")
+                      f"{accelerator.xla_name} total {format_size(result.total_bytes)}; at {result.value + 1}: "
+                      f"{format_size(result.next_total_bytes or 0)}, which the "
+                      f"{'chip' if accelerator.is_tpu else 'pool'} cannot hold over {args.steps} steps")
     cached = f" + {counts['cached']} cached" if counts["cached"] else ""
-    console.print(f"pool limit {format_size(limit)}; {counts['compiles']} XLA:GPU compiles{cached}, "
+    console.print(f"{'chip' if accelerator.is_tpu else 'pool'} limit {format_size(limit)}; "
+                  f"{counts['compiles']} {accelerator.xla_name} compiles{cached}, "
                   f"guess {guess if guess is not None else '—'} from "
                   + ("the predicted XLA:GPU total" if guess_from == "predicted_xla" else "jaxmem's planner")
                   + f" ({plan_seconds:.1f} s); {seconds:.1f} s", style="dim")

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "last argument is the batch, sharded over data")
     group.add_argument("--compare-shardings", action="store_true",
                        help="per-device total and pool verdict under each standard layout")
+    group.add_argument("--topology", default=None, metavar="v5e:2x4",
+                       help="for a TPU preset: the TPU slice to compile the mesh on (default: the smallest "
+                            "slice of the preset's chip that holds the mesh)")
 
 
 def wanted(args: argparse.Namespace, fn_args: Sequence[Any]) -> bool:
@@ -41,9 +44,24 @@ def wanted(args: argparse.Namespace, fn_args: Sequence[Any]) -> bool:
 
 
 def _xla_kind(args: argparse.Namespace, device: str) -> tuple[str, str | None]:
-    """("gpu" or "cpu", a note when XLA:GPU was wanted but is not available)."""
+    """("gpu", "tpu" or "cpu", a note when XLA:GPU or XLA:TPU was wanted but is not available)."""
+    from jaxmem.accelerators import find
     from jaxmem.xla.gpu import spec_for, unavailable_reason
 
+    accelerator = find(device)
+    if args.topology and (accelerator is None or not accelerator.is_tpu):
+        raise PlanError(f"--topology is for a TPU preset, not {device!r}")
+    if accelerator is not None and accelerator.is_tpu and args.xla in ("auto", "tpu"):
+        from jaxmem.xla.tpu import unavailable_reason as tpu_reason
+
+        reason = tpu_reason()
+        if reason:
+            if args.xla == "tpu":
+                raise PlanError(f"XLA:TPU is not available here: {reason}")
+            return "cpu", f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU on host devices"
+        return "tpu", None
+    if args.xla == "tpu":
+        raise PlanError(f"--xla tpu needs a TPU preset, not {device!r}")
     if args.xla == "cpu" or spec_for(device) is None:
         if args.xla == "gpu":
             raise PlanError(f"--xla gpu needs a GPU preset with an XLA target description, not {device!r}")
@@ -57,16 +75,23 @@ def _xla_kind(args: argparse.Namespace, device: str) -> tuple[str, str | None]:
 
 
 def pool_verdict(ref: dict[str, Any], dev: Any, steps: int) -> Any:
-    """The per-device pool across `steps` training steps, from a sharded reference."""
+    """The per-device pool across `steps` training steps, from a sharded reference (per chip,
+    under the TPU runtime's rules, for an XLA:TPU reference)."""
     from jaxmem.runtime.steps import program_from_reference, simulate_steps
 
     view = SimpleNamespace(arguments=ref["arguments"], outputs=ref["outputs"], temp_bytes=ref["xla"]["temp_bytes"])
+    if ref["xla_kind"] == "tpu":
+        from jaxmem.accelerators import resolve
+        from jaxmem.runtime.tpu_pool import simulate_tpu_steps
+
+        return simulate_tpu_steps(program_from_reference(view), resolve(ref["xla"]["target"]).capacity_bytes, steps,
+                                  code_bytes=ref["xla"].get("generated_code_bytes", 0))
     return simulate_steps(program_from_reference(view), dev, steps)
 
 
 def summarize(ref: dict[str, Any], pool: Any, *, target: str, device: tuple[str, int]) -> dict[str, Any]:
     """The JSON object of one sharded analysis."""
-    key = "xla_gpu" if ref["xla_kind"] == "gpu" else "xla_cpu"
+    key = {"gpu": "xla_gpu", "tpu": "xla_tpu"}.get(ref["xla_kind"], "xla_cpu")
     return {
         "target": target, "device": device[0], "capacity_bytes": device[1], "devices": ref["devices"],
         "mesh": ref["mesh"], "layout": ref.get("layout"), "cached": bool(ref.get("cached")),
@@ -95,6 +120,12 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
     xla, note = _xla_kind(args, name)
     if note:
         print(f"jaxmem analyze: {note}", file=sys.stderr)
+    on = {"gpu": f"XLA:GPU {name}", "tpu": f"XLA:TPU {name}"}.get(xla, "XLA:CPU")
+    if xla == "tpu":
+        from jaxmem.runtime.tpu_pool import check_tpu_flags
+
+        check_tpu_flags(args.mem_fraction, args.preallocate, args.allocator, args.steps)
+        pool_device = _no_pool
     try:
         dev = pool_device(args, device[1])
     except ConfigError as err:
@@ -107,9 +138,9 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
         layouts = [layout for layout in LAYOUTS if layout != "fsdp_tp" or len(sizes) == 2]
         rows = []
         for layout in layouts:
-            with progress_after(1.0, f"compiling {layout} on {mesh} for {'XLA:GPU ' + name if xla == 'gpu' else 'XLA:CPU'}"):
+            with progress_after(1.0, f"compiling {layout} on {mesh} for {on}"):
                 ref = sharded_reference(target, device=name, xla=xla, mesh=mesh, layout=layout,
-                                        donate_argnums=donate, top=args.top)
+                                        donate_argnums=donate, top=args.top, topology=args.topology)
             # A fresh pool per layout: a simulation leaves its buffers in the device it ran in.
             pool = pool_verdict(ref, pool_device(args, device[1]), args.steps) if dev is not None else None
             rows.append(summarize(ref, pool, target=target, device=device))
@@ -117,9 +148,9 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
                 "total_seconds": time.perf_counter() - started}
         _emit(args, data, render_compare)
         return 0
-    with progress_after(1.0, f"compiling per device for {'XLA:GPU ' + name if xla == 'gpu' else 'XLA:CPU'}"):
+    with progress_after(1.0, f"compiling per device for {on}"):
         ref = sharded_reference(target, device=name, xla=xla, mesh=args.mesh, layout=args.layout,
-                                donate_argnums=donate, top=args.top)
+                                donate_argnums=donate, top=args.top, topology=args.topology)
     pool = pool_verdict(ref, dev, args.steps) if dev is not None else None
     data = summarize(ref, pool, target=target, device=device)
     data["total_seconds"] = time.perf_counter() - started
@@ -128,6 +159,11 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
         print("jaxmem analyze: the checker found the per-device plan invalid", file=sys.stderr)
         return 1
     return 0
+
+
+def _no_pool(args: argparse.Namespace, capacity: int) -> Any:
+    """A TPU has no GPU-client pool to set up: its verdict needs only the chip (`pool_verdict`)."""
+    return object()
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], renderer: Any) -> None:
@@ -150,9 +186,10 @@ def render(data: dict[str, Any], console: Any) -> None:
 
     from jaxmem.cli.analyze import _shape, short_op, short_source
 
-    key = "xla_gpu" if "xla_gpu" in data else "xla_cpu"
+    key = next(k for k in ("xla_gpu", "xla_tpu", "xla_cpu") if k in data)
     xla = data[key]
-    who = f"XLA:GPU ({xla['target']})" if key == "xla_gpu" else "XLA:CPU (host devices)"
+    who = {"xla_gpu": f"XLA:GPU ({xla['target']})", "xla_tpu": f"XLA:TPU ({xla['target']}, {xla.get('topology', '')})"
+           }.get(key, "XLA:CPU (host devices)")
     console.print(f"[bold]{escape(data['target'])}[/] on {data['devices']} devices ({_mesh_text(data['mesh'])})"
                   + (f", layout {data['layout']}" if data.get("layout") else ""))
     table = Table(title="Per device", title_justify="left")
@@ -166,7 +203,8 @@ def render(data: dict[str, Any], console: Any) -> None:
     if data.get("cached"):
         console.print("cached: XLA's figures and jaxmem's plan from an earlier compile of this program")
     if data.get("pool_line"):
-        console.print(f"pool per device ({data['device']}): {escape(data['pool_line'])}")
+        console.print(f"{'chip' if key == 'xla_tpu' else 'pool'} per device ({data['device']}): "
+                      f"{escape(data['pool_line'])}")
     if data["replicated"]:
         rep = Table(title=f"Replicated (> 1 MiB per device): {format_size(data['replicated_bytes'])} per device",
                     title_justify="left")
@@ -186,7 +224,7 @@ def render(data: dict[str, Any], console: Any) -> None:
         console.print(top)
     peak = data.get(f"{key}_peak_buffers") or []
     if peak:
-        gpu = Table(title="What XLA:GPU holds at its peak, per device", title_justify="left")
+        gpu = Table(title=f"What {who.split(' (')[0]} holds at its peak, per device", title_justify="left")
         for column in ("size", "array", "kind", "XLA op", "source line"):
             gpu.add_column(column, overflow="fold")
         for row in peak:
@@ -208,7 +246,7 @@ def render_compare(data: dict[str, Any], console: Any) -> None:
                             ("replicated", "right"), ("pool", "left"), ("compile", "right")):
         table.add_column(column, justify=justify, overflow="fold")
     for row in data["layouts"]:
-        xla = row.get("xla_gpu") or row.get("xla_cpu")
+        xla = row.get("xla_gpu") or row.get("xla_tpu") or row.get("xla_cpu")
         pool = row["pool"]
         verdict = "—" if pool is None else ("[green]fits[/]" if pool["fits"] else "[red]does not fit[/]")
         table.add_row(LAYOUT_NAMES.get(row["layout"], row["layout"]), format_size(xla["total_bytes"]),

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxmem.accelerators import is_gpu
 from jaxmem.compiler.jaxpr_adapter import donate_positions
 from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.compiler.remat_graph import Graph, as_function, trace
@@ -197,8 +198,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         max_rounds: how many rewrites XLA compiles at most to find the cheapest that fits.
         guard: how recomputation is kept from being merged back by XLA: "cond", "barrier", or
             "auto" (cond on CPU, barrier elsewhere; barrier when judged by XLA:GPU).
-        device: a GPU preset ("h100-80gb"): every candidate is judged by XLA:GPU's total,
-            compiled deviceless (JAX must run with JAX_PLATFORMS=cpu); None: XLA:CPU.
+        device: a GPU or TPU preset ("h100-80gb", "tpu-v5e-16gb"): every candidate is judged
+            by XLA:GPU's or XLA:TPU's total, compiled deviceless (JAX must run with
+            JAX_PLATFORMS=cpu); None: XLA:CPU.
         policies: also judge `jax.checkpoint` policies on the scan bodies, the layers called
             from a Python loop and the differentiated function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
         rewrite: also run the rewriting search (`FitResult.fn`): True (the default), False
@@ -248,7 +250,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
     base_total = rewrites[-1].xla_total_bytes if rewrites else xla_before
     infeasible = infeasible_line(budget_bytes, original.floor, judge_.name)
     capped = False  # proven only within the FLOP cap: a rewrite above it may still fit
-    if infeasible is None and judge_.device is not None:  # XLA:GPU: a bound over every remat and order
+    if infeasible is None and is_gpu(judge_.device):  # XLA:GPU: a bound over every remat and order
         from jaxmem.fitting.bound import capped_verdict, verdict
 
         infeasible = verdict(fn, args, donate, budget_bytes, original.floor, judge_.name)

@@ -41,29 +41,32 @@ class Figures:
 
 
 class Judge:
-    """XLA's total for a function: `device` a GPU preset (XLA:GPU, deviceless) or None (XLA:CPU).
+    """XLA's total for a function: `device` a GPU preset (XLA:GPU, deviceless), a TPU preset
+    (XLA:TPU, deviceless) or None (XLA:CPU).
 
-    A deviceless XLA:GPU compile needs JAX started with `JAX_PLATFORMS=cpu` (the CUDA plugin
-    then gives compile-only devices); `jaxmem fit --device` sets it before JAX starts.
+    A deviceless compile needs JAX started with `JAX_PLATFORMS=cpu` (the CUDA plugin and libtpu
+    then give compile-only devices); `jaxmem fit --device` sets it before JAX starts.
     """
 
     def __init__(self, device: str | None = None):
+        from jaxmem.accelerators import find, gpu_presets, tpu_presets
+
         self.device = device.strip().lower() if device else None
         self.spec = None
+        self.accelerator = None
         if self.device is not None:
-            from jaxmem.xla.gpu import GPU_TARGETS, spec_for
-
-            self.spec = spec_for(self.device)
-            if self.spec is None:
-                known = ", ".join(sorted(GPU_TARGETS))
-                if self.device in PRESETS:
-                    raise ConfigError(f"{self.device} is not a GPU preset XLA:GPU can compile for ({known})")
-                raise ConfigError(f"unknown device {device!r}: use a GPU preset ({known})")
+            self.accelerator = find(self.device)
+            if self.accelerator is None:
+                raise ConfigError(f"unknown device {device!r}: use a GPU or TPU preset "
+                                  f"({', '.join(gpu_presets() + tpu_presets())})")
+            self.spec = self.accelerator.gpu_spec or self.accelerator.topology
         self.compiles = 0
 
     @property
     def name(self) -> str:
-        return f"XLA:GPU {self.device}" if self.device else "XLA:CPU"
+        if self.accelerator is None:
+            return "XLA:CPU"
+        return f"{self.accelerator.xla_name} {self.device}"
 
     def figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
         self.compiles += 1
@@ -72,6 +75,8 @@ class Judge:
 
             ref = xla_reference(fn, args, donate_argnums=tuple(donate))
             return Figures(ref.argument_bytes, ref.output_bytes, ref.temp_bytes, ref.alias_bytes)
+        if self.accelerator is not None and self.accelerator.is_tpu:
+            return self._tpu_figures(fn, args, donate)
         from jaxmem.xla.gpu import GpuUnavailable, compile_for_gpu, unavailable_reason
 
         reason = unavailable_reason()
@@ -81,6 +86,21 @@ class Judge:
             raise GpuUnavailable("deviceless XLA:GPU compiles need JAX started with JAX_PLATFORMS=cpu "
                                  "(set it before importing jax, or use `jaxmem fit --device`)")
         data = compile_for_gpu(fn, args, spec=self.spec, device=self.device, donate_argnums=tuple(donate))
+        return Figures(int(data["argument_bytes"]), int(data["output_bytes"]), int(data["temp_bytes"]),
+                       int(data["alias_bytes"]))
+
+    def _tpu_figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
+        """XLA:TPU's figures, deviceless in this process. A program XLA:TPU refuses (over the
+        chip's memory) counts as its message's figure, above the chip: it does not fit."""
+        from jaxmem.xla.tpu import TpuUnavailable, compile_for_tpu, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise TpuUnavailable(reason)
+        if os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
+            raise TpuUnavailable("deviceless XLA:TPU compiles need JAX started with JAX_PLATFORMS=cpu "
+                                 "(set it before importing jax, or use `jaxmem fit --device`)")
+        data = compile_for_tpu(fn, args, accelerator=self.accelerator, donate_argnums=tuple(donate), top=0)
         return Figures(int(data["argument_bytes"]), int(data["output_bytes"]), int(data["temp_bytes"]),
                        int(data["alias_bytes"]))
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxmem.accelerators import is_gpu
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.jaxpr_adapter import checkpoint_names
 from jaxmem.compiler.plan_types import SourceLine
@@ -479,7 +480,8 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     policies = list(POLICIES)
     if names:  # the user's checkpoint_name tags: keep exactly those
         policies.insert(0, "save_only_these_names:" + ",".join(names))
-    offloading = offload if offload is not None else judge.device is not None
+    # Offload policies (to pinned host memory) are offered where XLA:GPU judges.
+    offloading = offload if offload is not None else is_gpu(judge.device)
     if offloading:
         policies.append(OFFLOAD)
     # Per kind, the dot lines a named-dots policy may keep: a scan body's, or (on the

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxmem.accelerators import is_gpu
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import Const, Plan
 from jaxmem.fitting.judge import Judge
@@ -411,7 +412,7 @@ def _plans(traced: ja.Traced, device: str | None) -> dict[str, Plan]:
 
     donated = [k in traced.donated for k in range(len(traced.in_avals))]
     cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
-    if device is not None:
+    if is_gpu(device):
         from jaxmem.xla.gpu_model import plan_on_gpu
 
         gpu = plan_on_gpu(cpu)
@@ -444,14 +445,14 @@ def reordered(fn: Callable[..., Any], *args: Any, order: str, donate_argnums: in
     donate = ja.donate_positions(len(args), donate_argnums)
     traced = ja.trace(fn, args, donate_argnums=donate)
     plans = _plans(traced, device)
-    for name, plan, chain, offload in candidates(plans, offload=device is not None):
+    for name, plan, chain, offload in candidates(plans, offload=is_gpu(device)):
         if name == order:
             min_bytes = int(min_share * next(iter(plans.values())).peak_bytes)
             return ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all", offload=offload)
     from jaxmem.errors import ConfigError
 
     raise ConfigError(f"order {order!r} is not one for this target (device {device!r}): "
-                      f"{', '.join(c[0] for c in candidates(plans, offload=device is not None))}")
+                      f"{', '.join(c[0] for c in candidates(plans, offload=is_gpu(device)))}")
 
 
 def reordered_line(name: str, order: str, donate: Sequence[int], device: str | None) -> str:
@@ -504,7 +505,7 @@ def reorder(fn: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[i
         before = judge.total(fn, args, donate)
     best = ("original", fn, before, planned)
     totals: dict[str, int] = {}
-    for name, plan, chain, offload in candidates(plans, offload=device is not None):
+    for name, plan, chain, offload in candidates(plans, offload=is_gpu(device)):
         note(name)
         ordered = ordered_function(plan, traced, chain=chain, min_bytes=min_bytes, literals="all", offload=offload)
         totals[name] = judge.total(ordered, args, donate)

@@ -34,25 +34,14 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Callable, Sequence
 
+from jaxmem.accelerators import ACCELERATORS
 from jaxmem.errors import JaxmemError, PlanError, ShardingError
 
-# jaxmem GPU preset -> XLA's target description (targets/<name>.txtpb). Capacity always
-# comes from jaxmem's preset (jaxmem.units.PRESETS); the description gives XLA the compute
-# capability, SM count, shared memory and so on that its fusion and layout choices read.
-GPU_TARGETS: dict[str, str] = {
-    "h100-80gb": "h100_sxm",
-    "h100-94gb": "h100_sxm",      # H100 NVL / SXM 94 GB: the SXM part's 132 SMs
-    "h200-141gb": "h200",
-    "a100-40gb": "a100_sxm_40",
-    "a100-80gb": "a100_sxm_80",
-    "v100-16gb": "v100",
-    "v100-32gb": "v100",
-    "t4-16gb": "v100",            # sm_75: XLA ships no Turing description; V100 (sm_70) is nearest
-    "l4-24gb": "a6000",           # sm_89: no Ada description; RTX A6000 (sm_86) is nearest
-    "a10g-24gb": "a6000",         # sm_86
-    "rtx3090-24gb": "a6000",      # sm_86
-    "rtx4090-24gb": "a6000",      # sm_89: as l4
-}
+# jaxmem GPU preset -> XLA's target description (targets/<name>.txtpb), from the one table of
+# presets (`jaxmem.accelerators`). Capacity always comes from the preset; the description gives
+# XLA the compute capability, SM count, shared memory and so on that its fusion and layout
+# choices read.
+GPU_TARGETS: dict[str, str] = {a.name: a.gpu_spec for a in ACCELERATORS.values() if a.gpu_spec}
 CACHE_VERSION = 1
 TOP_BUFFERS = 10
 
@@ -86,6 +75,8 @@ class XlaGpuReference:
     peak_buffers: list[dict[str, Any]] = field(default_factory=list)
     peak_live_bytes: int = 0
     note: str = ""
+    oom: str = ""   # XLA:TPU's out-of-memory message when its compile refused the program
+    reserved_bytes: int | None = None   # XLA:TPU: the reservation its runtime holds for the temporaries
 
     @property
     def total_bytes(self) -> int:
@@ -487,14 +478,16 @@ _FRAME_RE = re.compile(r"stack_frame_id=(\d+)")
 _PARAM_RE = re.compile(r"parameter\((\d+)\)")
 
 
-def _dump_files(dump_dir: str) -> tuple[str | None, str | None, str | None]:
-    """(live-range report, optimized HLO text, buffer assignment) of the GPU module in
-    `dump_dir`, the largest module when there are several; None for a file that is missing."""
+def _dump_files(dump_dir: str, live_range: str = "gpu_after_optimizations-live-range.txt"
+                ) -> tuple[str | None, str | None, str | None]:
+    """(live-range report, optimized HLO text, buffer assignment) of the module in `dump_dir`
+    whose live-range report ends in `live_range` (XLA:GPU's; XLA:TPU's names carry no platform),
+    the largest module when there are several; None for a file that is missing."""
     try:
         names = os.listdir(dump_dir)
     except OSError:
         return None, None, None
-    ranges = [n for n in names if n.endswith("gpu_after_optimizations-live-range.txt")]
+    ranges = [n for n in names if n.endswith(live_range)]
     if not ranges:
         return None, None, None
     ranges.sort(key=lambda n: os.path.getsize(os.path.join(dump_dir, n)), reverse=True)
@@ -535,9 +528,10 @@ _VALUE_RE = re.compile(r"^\s*value: <\d+ (\S+)( \(phi\))? @\d+> \(size=(\d+),off
 
 def parse_assignment(text: str, phis: set[str] | None = None) -> dict[str, tuple[int, int, str, str]]:
     """Per HLO value: (allocation, offset, kind, shape), kind being "argument" (a parameter's
-    allocation), "output" (live out) or "temporary", shape like `f32[2,3]` ("" for a tuple), from
-    XLA's buffer-assignment dump. The names of phi values (a loop's state, sharing the buffer of
-    what the body writes there) are added to `phis` when given.
+    allocation), "output" (live out), "temporary", or "on-chip" (an allocation in another memory
+    space than the device's main memory: `color 1` is a TPU's VMEM), shape like `f32[2,3]` (""
+    for a tuple), from XLA's buffer-assignment dump. The names of phi values (a loop's state,
+    sharing the buffer of what the body writes there) are added to `phis` when given.
 
     >>> parse_assignment("allocation 0: size 8, parameter 0, shape |f32[2]| at ShapeIndex {}:\\n"
     ...                  " value: <1 p.1 @0> (size=8,offset=0): f32[2]{0}")
@@ -550,7 +544,8 @@ def parse_assignment(text: str, phis: set[str] | None = None) -> dict[str, tuple
         if head:
             allocation = int(head.group(1))
             flags = head.group(3)
-            kind = "argument" if " parameter " in flags else "output" if "live-out" in flags else "temporary"
+            kind = ("on-chip" if re.search(r"\bcolor [1-9]", flags) else "argument" if " parameter " in flags
+                    else "output" if "live-out" in flags else "temporary")
             continue
         value = _VALUE_RE.match(line)
         if value and allocation >= 0:
@@ -630,11 +625,13 @@ def _split_shape(text: str) -> tuple[str, list[int]]:
     return m.group(1), [int(d) for d in m.group(2).split(",") if d]
 
 
-def peak_buffers_from_dump(dump_dir: str, top: int) -> tuple[list[dict[str, Any]], int]:
+def peak_buffers_from_dump(dump_dir: str, top: int, live_range: str = "gpu_after_optimizations-live-range.txt"
+                           ) -> tuple[list[dict[str, Any]], int]:
     """The `top` largest buffers live at XLA's peak (and the bytes live there in all), each with
     its HLO name, dtype and shape, kind (argument, output or temporary), op_name and source line.
-    Values that share storage (an output written in place of a donated argument) count once."""
-    live_path, hlo_path, assignment_path = _dump_files(dump_dir)
+    Values that share storage (an output written in place of a donated argument) count once;
+    values in on-chip memory (a TPU's VMEM) are not device memory and are left out."""
+    live_path, hlo_path, assignment_path = _dump_files(dump_dir, live_range)
     if live_path is None:
         return [], 0
     with open(live_path, encoding="utf-8", errors="replace") as f:
@@ -664,7 +661,7 @@ def peak_buffers_from_dump(dump_dir: str, top: int) -> tuple[list[dict[str, Any]
     for value, size in rows:
         where = slices.get(value)
         if where is not None:
-            if where[:2] in seen:
+            if where[:2] in seen or where[2] == "on-chip":
                 continue
             seen.add(where[:2])
         unique.append((value, size))

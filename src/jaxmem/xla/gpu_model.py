@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Sequence
 
+from jaxmem.accelerators import ACCELERATORS
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.fusion import fusion_of, forced_fusion
 from jaxmem.compiler.liveness import assign_buffers
@@ -84,9 +85,7 @@ DOT_OPERAND_PRODUCERS = frozenset({"reshape", "squeeze", "expand_dims", "transpo
 # cuBLAS's workspace (gemm_rewriter.cc: kHopperWorkspace / kDefaultWorkspace), a temporary
 # beside each GEMM. Per compute capability major version.
 CUBLAS_WORKSPACE = {9: 0, 8: 0, 7: 0}
-DEVICE_SM = {"h100-80gb": 9, "h100-94gb": 9, "h200-141gb": 9, "a100-40gb": 8, "a100-80gb": 8,
-             "v100-16gb": 7, "v100-32gb": 7, "t4-16gb": 7, "l4-24gb": 8, "a10g-24gb": 8,
-             "rtx3090-24gb": 8, "rtx4090-24gb": 8}
+DEVICE_SM = {a.name: a.compute_capability for a in ACCELERATORS.values() if a.compute_capability}
 
 
 def _absorbs(producer: str, consumer: str, operand_index: int, update_read_inside: bool = False) -> bool:

@@ -37,6 +37,9 @@ from jaxmem.errors import JaxmemError, PlanError, ShardingError
 MAX_GPU_DEVICES = 8
 MAX_CPU_DEVICES = 64
 REPLICATED_MIN_BYTES = 1 << 20
+# The passes whose output jaxmem's per-device plan reads (after sharding propagation and SPMD
+# partitioning, Shardy's or GSPMD's).
+PARTITIONING_PASSES = "shardy-xla|sharding-propagation|spmd-partitioning"
 LAYOUTS = ("dp", "fsdp", "fsdp_tp")
 LAYOUT_NAMES = {"dp": "replicated data parallel", "fsdp": "FSDP over data", "fsdp_tp": "FSDP + tensor parallel"}
 
@@ -582,12 +585,16 @@ def partitioning_dumps(dump_dir: str | None) -> tuple[str, str] | None:
 
 # -- the child side: compile on N devices --------------------------------------------------------
 
-def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, device: str) -> tuple[Any, str]:
-    """The mesh to compile on (compile-only GPUs of `device`, or host devices) and the target's
-    description (XLA's GpuTargetConfig text with the preset's memory, or "cpu")."""
+def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, device: str,
+                  topology: str | None = None) -> tuple[Any, str]:
+    """The mesh to compile on (compile-only GPUs of `device`, compile-only chips of a TPU
+    topology, or host devices) and the target's description (XLA's GpuTargetConfig text with the
+    preset's memory, the TPU topology, or "cpu")."""
     import jax
 
     n = math.prod(sizes)
+    if xla == "tpu":
+        return _tpu_mesh(sizes, names, device, topology)
     if xla == "gpu":
         from jax.experimental import topologies
 
@@ -617,9 +624,53 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes), devices=devices[:n]), "cpu"
 
 
+def tpu_topology_for(device: str, chips: int) -> str:
+    """The smallest standard slice of `device`'s chip that holds `chips` chips: `v5e:2x4` for 8
+    v5e chips, `v5p:2x2x2` for 8 v5p chips.
+
+    >>> tpu_topology_for("tpu-v5e-16gb", 8), tpu_topology_for("tpu-v5p-95gb", 8), tpu_topology_for("tpu-v6e-32gb", 1)
+    ('v5e:2x4', 'v5p:2x2x2', 'v6e:1x1')
+    """
+    from jaxmem.accelerators import resolve
+    from jaxmem.xla.tpu import parse_topology
+
+    chip, dims = parse_topology(resolve(device).topology or "")
+    shape = [1] * len(dims)
+    axis = 0
+    while math.prod(shape) < chips:
+        shape[axis] *= 2   # slices grow by doubling one axis at a time, the shortest first
+        axis = min(range(len(shape)), key=lambda i: (shape[i], i))
+    if len(shape) == 2:
+        shape.sort()
+    return f"{chip}:{'x'.join(str(d) for d in shape)}"
+
+
+def _tpu_mesh(sizes: tuple[int, ...], names: tuple[str, ...], device: str, topology: str | None) -> tuple[Any, str]:
+    """A mesh of `sizes` over the compile-only chips of a TPU topology (`topology`, else the
+    smallest slice of the preset's chip that holds it)."""
+    import numpy as np
+    from jax.sharding import AxisType, Mesh
+
+    from jaxmem.accelerators import resolve
+    from jaxmem.xla.tpu import parse_topology, topology_devices
+
+    n = math.prod(sizes)
+    acc = resolve(device)
+    topology = topology or tpu_topology_for(acc.name, n)
+    chip, _ = parse_topology(topology)
+    if chip != acc.tpu_version:
+        raise ShardingError(f"topology {topology} is of {chip} chips, and {acc.name} is a {acc.tpu_version}")
+    devices = topology_devices(topology)
+    if n > len(devices):
+        raise ShardingError(f"the mesh has {n} devices and topology {topology} {len(devices)}")
+    mesh = Mesh(np.array(devices[:n]).reshape(sizes), names, axis_types=(AxisType.Auto,) * len(sizes))
+    return mesh, f"tpu {topology} {acc.capacity_bytes}"
+
+
 def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, device: str,
                     donate_argnums: Sequence[int] = (), top: int = 10, dump_dir: str | None = None,
-                    mesh_text: str | None = None, layout: str | None = None, use_cache: bool = True) -> dict[str, Any]:
+                    mesh_text: str | None = None, layout: str | None = None, use_cache: bool = True,
+                    topology: str | None = None) -> dict[str, Any]:
     """Compile `fn(*args)` partitioned over the arguments' mesh and plan its per-device program;
     the JSON object the child prints (see `sharded_reference`)."""
     import jax
@@ -640,7 +691,7 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     sizes_t, names_t = found
     sizes = dict(zip(names_t, sizes_t))
     check_shardings(args, sizes)
-    cmesh, target_text = _compile_mesh(sizes_t, names_t, xla, device)
+    cmesh, target_text = _compile_mesh(sizes_t, names_t, xla, device, topology)
     structs = with_specs(args, [_spec_of(leaf) for leaf in jax.tree.leaves(tuple(args))], cmesh)
     flat = jax.tree.leaves(structs)
     donated: list[bool] = []
@@ -678,10 +729,17 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
             hit = sharded_cache_read(key)
             if hit is not None:
                 return hit
-        compiled = lowered.compile()
+        # libtpu reads no XLA_FLAGS: XLA:TPU's dumps are asked for in the compile's options.
+        options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True,
+                   "xla_dump_hlo_pass_re": PARTITIONING_PASSES} if xla == "tpu" and dump_dir else None
+        compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     except JaxmemError:
         raise
     except Exception as err:
+        message = " ".join(str(err).split())
+        if xla == "tpu" and "RESOURCE_EXHAUSTED" in message:
+            raise ShardingError(f"XLA:TPU: the per-chip program does not fit {device}: "
+                                f"{message[message.index('RESOURCE_EXHAUSTED'):][:300]}") from None
         raise _trace_error(err, sizes) from None
     stats = compiled.memory_analysis()
     seconds = time.perf_counter() - started
@@ -702,10 +760,15 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
         spec = out_specs[j] if j < len(out_specs) else ()
         outputs.append({"bytes": leaf_bytes(leaf, spec), "aliases": aliases.get(j),
                         "shape": f"{leaf.dtype}{list(local_shape(leaf.shape, spec, sizes))}"})
-    peak, live = peak_buffers_from_dump(dump_dir, top) if dump_dir and xla == "gpu" else ([], 0)
-    per = {"target": device if xla == "gpu" else "cpu", "argument_bytes": int(stats.argument_size_in_bytes),
+    peak, live = (peak_buffers_from_dump(dump_dir, top) if dump_dir and xla == "gpu" else
+                  peak_buffers_from_dump(dump_dir, top, live_range="after_optimizations-live-range.txt")
+                  if dump_dir and xla == "tpu" else ([], 0))
+    per = {"target": device if xla in ("gpu", "tpu") else "cpu", "argument_bytes": int(stats.argument_size_in_bytes),
            "output_bytes": int(stats.output_size_in_bytes), "temp_bytes": int(stats.temp_size_in_bytes),
            "alias_bytes": int(stats.alias_size_in_bytes), "compile_seconds": round(seconds, 3)}
+    if xla == "tpu":
+        per["generated_code_bytes"] = int(stats.generated_code_size_in_bytes)
+        per["topology"] = target_text.split()[1]
     per["total_bytes"] = per["argument_bytes"] + per["output_bytes"] + per["temp_bytes"] - per["alias_bytes"]
     dumps = partitioning_dumps(dump_dir)
     if ja.single_shard_map_body(closed) is None and dumps is not None:
@@ -808,17 +871,23 @@ def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None
     # The module after sharding propagation (Shardy's or GSPMD's pass) for jaxmem's per-device
     # plan; the GPU compile's buffer dumps for what XLA holds at its peak.
     flags.append(f"--xla_dump_to={dump_dir}")
-    flags.append("--xla_dump_hlo_pass_re=shardy-xla|sharding-propagation|spmd-partitioning")
+    flags.append(f"--xla_dump_hlo_pass_re={PARTITIONING_PASSES}")
     env["XLA_FLAGS"] = " ".join(flags)
+    if xla == "tpu":
+        from jaxmem.xla.tpu import DEVICELESS_ENV
+
+        for name, value in DEVICELESS_ENV.items():
+            env.setdefault(name, value)
     return env
 
 
 def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu", mesh: str | None = None,
                       layout: str | None = None, donate_argnums: Sequence[int] = (), top: int = 10,
-                      timeout: float = 1800.0, use_cache: bool = True) -> dict[str, Any]:
+                      timeout: float = 1800.0, use_cache: bool = True, topology: str | None = None) -> dict[str, Any]:
     """Per-device figures of a sharded TARGET, from a fresh Python: XLA's (`xla`: "gpu" for a
-    deviceless compile for the GPU preset `device`, "cpu" for host devices), jaxmem's per-device
-    plan, and what is replicated.
+    deviceless compile for the GPU preset `device`, "tpu" for the chips of a TPU topology,
+    `topology` or the smallest slice holding the mesh, "cpu" for host devices), jaxmem's
+    per-device plan, and what is replicated.
 
     >>> ref = sharded_reference("jaxmem.examples.sharded:dp_step", device="h100-80gb")  # doctest: +SKIP
     >>> ref["devices"], ref["xla"]["total_bytes"] >= ref["peak_bytes"]  # doctest: +SKIP
@@ -842,6 +911,12 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
         reason = unavailable_reason()
         if reason:
             raise GpuUnavailable(reason)
+    if xla == "tpu":
+        from jaxmem.xla.tpu import unavailable_reason as tpu_reason
+
+        reason = tpu_reason()
+        if reason:
+            raise GpuUnavailable(f"XLA:TPU is not available here: {reason}")
     devices = max(MAX_GPU_DEVICES, math.prod(parse_mesh(mesh)[0]) if mesh else 0)
     if devices > MAX_CPU_DEVICES:
         raise ShardingError(f"--mesh {mesh}: at most {MAX_CPU_DEVICES} devices")
@@ -851,6 +926,8 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
         cmd += ["--mesh", mesh]
     if layout:
         cmd += ["--layout", layout]
+    if topology:
+        cmd += ["--topology", topology]
     if donate_argnums:
         cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
     if not use_cache:
@@ -877,7 +954,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.sharding")
     parser.add_argument("target")
     parser.add_argument("--device", default="h100-80gb")
-    parser.add_argument("--xla", choices=("gpu", "cpu"), default="gpu")
+    parser.add_argument("--xla", choices=("gpu", "tpu", "cpu"), default="gpu")
+    parser.add_argument("--topology", default=None)
     parser.add_argument("--mesh", default=None)
     parser.add_argument("--layout", default=None)
     parser.add_argument("--donate", default="")
@@ -891,7 +969,7 @@ def main(argv: list[str] | None = None) -> int:
         fn, fn_args = load_with_kwargs(args.target, {})
         return compile_sharded(fn, fn_args, xla=args.xla, device=args.device, donate_argnums=_parse_donate(args.donate),
                                top=args.top, dump_dir=dump_dir, mesh_text=args.mesh, layout=args.layout,
-                               use_cache=not args.no_cache)
+                               use_cache=not args.no_cache, topology=args.topology)
 
     return child_reply(compile)
 

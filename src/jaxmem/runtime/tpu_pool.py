@@ -1,0 +1,130 @@
+"""A compiled program run for N steps as JAX's TPU runtime holds its memory.
+
+The TPU runtime is not the GPU client: nothing is preallocated and none of the
+`XLA_PYTHON_CLIENT_*` variables apply (they are read by JAX's GPU client only). What a v5e's
+`memory_stats()` shows (benchmarks/results/tpu_v5e_chip.jsonl, BENCHMARKS.md):
+
+- `bytes_limit` is the chip's memory a program may use (16,909,336,064 B on a v5e);
+- arguments and outputs are buffers (`bytes_in_use`, `peak_bytes_in_use`), placed and freed
+  as on any device: arguments resident, per step the outputs that take no donated argument's
+  buffer, the state outputs replacing their arguments afterwards (`runtime/steps.py`);
+- the program's code is a buffer from its first call on (`generated_code_size_in_bytes`), and
+  the runtime holds one buffer of its own (`RUNTIME_BYTES`) from the start;
+- the program's temporaries are not buffers: they are a reservation the program holds from its
+  first call (`bytes_reserved`, `peak_bytes_reserved`): XLA:TPU's preallocated temporaries in
+  device memory (`xla.tpu.reservation_bytes`), which is less than `temp_size_in_bytes`; buffers
+  share the chip with it.
+
+    verdict = simulate_tpu_steps(program, resolve("tpu-v5e-16gb").capacity_bytes, steps=3)
+    verdict.peak_bytes      # what peak_bytes_in_use + peak_bytes_reserved shows on the chip
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jaxmem.errors import PlanError
+from jaxmem.runtime.steps import Leaf, PoolVerdict, StepProgram, simulate_steps
+
+RULES = "tpu_runtime"
+# The one buffer JAX's TPU runtime holds before any array is made (26,624 B on a v5e, read
+# from memory_stats() at start; benchmarks/results/tpu_v5e_chip.jsonl).
+RUNTIME_BYTES = 26_624
+# The GPU client's variables, which JAX's TPU runtime does not read.
+GPU_CLIENT_VARIABLES = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                        "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+@dataclass
+class TpuVerdict(PoolVerdict):
+    """A `PoolVerdict` under the TPU runtime's rules (`summary()` says so); `message` is XLA:TPU's
+    own when its compile refused the program."""
+
+    reserved_bytes: int = 0
+    code_bytes: int = 0
+    message: str = ""
+
+    def line(self) -> str:
+        if self.message:
+            return f"does not fit: XLA:TPU refuses to compile it: {self.message}"
+        return super().line()
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "rules": RULES, "reserved_bytes": self.reserved_bytes,
+                "code_bytes": self.code_bytes, "allocator": "tpu", "preallocate": False, "mem_fraction": None,
+                "message": self.message or None}
+
+
+def check_tpu_flags(mem_fraction: Any, preallocate: Any, allocator: Any, steps: int) -> None:
+    """The pool flags that name GPU-client settings are refused on a TPU preset, in one line."""
+    if steps < 1:
+        raise PlanError(f"--steps must be 1 or more, got {steps}")
+    given = [flag for flag, value in (("--mem-fraction", mem_fraction), ("--preallocate", preallocate),
+                                      ("--allocator", allocator)) if value is not None]
+    if given:
+        raise PlanError(f"{given[0]} sets JAX's GPU client (XLA_PYTHON_CLIENT_*), which JAX's TPU runtime does "
+                        "not read: a TPU preallocates nothing and has one allocator")
+
+
+def _verdict(limit: int, steps: int, reserved: int, code: int) -> TpuVerdict:
+    verdict = TpuVerdict(fits=True, limit_bytes=int(limit), peak_bytes=0, steps=steps, allocator="tpu",
+                         preallocate=False, mem_fraction=1.0)
+    verdict.reserved_bytes, verdict.code_bytes = int(reserved), int(code)
+    return verdict
+
+
+def simulate_tpu_steps(program: StepProgram, limit: int, steps: int = 3, *, code_bytes: int = 0,
+                       reserved_bytes: int | None = None) -> TpuVerdict:
+    """Run `steps` steps of `program` under the TPU runtime's rules on a chip of `limit` bytes.
+
+    Resident: the runtime's own buffer (`RUNTIME_BYTES`), the arguments, and from the first call
+    the program's code (`code_bytes`). The program's reservation (`reserved_bytes`: XLA:TPU's
+    preallocated temporaries as the runtime reserves them, `xla.tpu.reservation_bytes`; else
+    its temp bytes) is held beside the buffers, which a best-fit pool places over the rest of
+    the chip. `peak_bytes` is the buffers' peak plus the reservation, as
+    `peak_bytes_in_use + peak_bytes_reserved` reads on the chip.
+
+    >>> from jaxmem.runtime.steps import Leaf
+    >>> prog = StepProgram([Leaf(1 << 20)], [Leaf(1 << 20, state_of=0)], temp_bytes=3 << 20)
+    >>> v = simulate_tpu_steps(prog, 16 << 20, steps=3)
+    >>> v.fits, v.peak_bytes == RUNTIME_BYTES + (2 << 20) + (3 << 20)
+    (True, True)
+    """
+    from jaxmem.runtime.device import Device
+
+    reserved = int(program.temp_bytes if reserved_bytes is None else reserved_bytes)
+    verdict = _verdict(limit, steps, reserved, code_bytes)
+    room = int(limit) - reserved
+    if room <= 0:
+        verdict.fits, verdict.failed_step, verdict.failed_bytes = False, 1, reserved
+        verdict.failed_allocation = "the program's reservation for its temporaries"
+        verdict.peak_bytes = reserved
+        return verdict
+    # The runtime's buffer and the code stay resident; appended, so that the program's own
+    # argument indices (aliases, state) are unchanged.
+    resident = [Leaf(RUNTIME_BYTES)] + ([Leaf(int(code_bytes))] if code_bytes else [])
+    # Each buffer exactly its size (the chip's counters add up exact buffer sizes: a BFC pool's
+    # chunks, larger than asked where a free chunk is not split, are not what it shows).
+    device = Device(room, allocator="platform")
+    buffers = simulate_steps(StepProgram(list(program.arguments) + resident, program.outputs, 0), device, steps)
+    for name in ("fits", "failed_step", "failed_allocation", "failed_bytes", "fragmentation",
+                 "largest_free_bytes", "in_use_at_failure", "events"):
+        setattr(verdict, name, getattr(buffers, name))
+    if verdict.failed_allocation and verdict.failed_allocation.startswith("argument "):
+        index = int(verdict.failed_allocation.split()[1])
+        if index >= len(program.arguments):
+            verdict.failed_allocation = "the program's code" if index > len(program.arguments) else "the runtime's buffer"
+    verdict.peak_bytes = buffers.peak_bytes + reserved
+    return verdict
+
+
+def compile_refused(ref: Any, accelerator: Any, steps: int) -> TpuVerdict:
+    """The verdict when XLA:TPU's own compile refused the program (over the chip's memory)."""
+    verdict = _verdict(accelerator.capacity_bytes, steps, ref.temp_bytes, 0)
+    verdict.fits, verdict.failed_step = False, 0
+    verdict.failed_allocation = "XLA:TPU's compile"
+    verdict.failed_bytes = int(ref.total_bytes)
+    verdict.peak_bytes = int(ref.total_bytes)
+    verdict.message = ref.oom
+    return verdict

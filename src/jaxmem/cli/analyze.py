@@ -847,9 +847,13 @@ def tpu_pool(args: argparse.Namespace, accelerator: Any, tpu: Any, plan: Any, fn
     """The TPU runtime's verdict over N steps (`runtime/tpu_pool.py`): on XLA:TPU's figures (its
     out-of-memory message, when its compile refused the program), else on XLA:CPU's."""
     from jaxmem.runtime.steps import program_from_reference
-    from jaxmem.runtime.tpu_pool import check_tpu_flags, compile_refused, simulate_tpu_steps
+    from jaxmem.runtime.tpu_pool import check_tpu_flags, compile_refused, ignored_gpu_variables, simulate_tpu_steps
 
     check_tpu_flags(args.mem_fraction, args.preallocate, args.allocator, args.steps)
+    ignored = ignored_gpu_variables()
+    if ignored:
+        print(f"jaxmem analyze: {', '.join(ignored)} set JAX's GPU client; JAX's TPU runtime does not read them "
+              "(ignored for this TPU)", file=sys.stderr)
     if tpu is not None:
         if tpu.oom:
             return compile_refused(tpu, accelerator, args.steps)

@@ -67,6 +67,18 @@ def check_tpu_flags(mem_fraction: Any, preallocate: Any, allocator: Any, steps: 
                         "not read: a TPU preallocates nothing and has one allocator")
 
 
+def ignored_gpu_variables(environ: Any = None) -> list[str]:
+    """The GPU client's variables set in `environ` (default: this process's), which a TPU ignores.
+
+    >>> ignored_gpu_variables({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5", "HOME": "/"})
+    ['XLA_PYTHON_CLIENT_MEM_FRACTION']
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    return [name for name in GPU_CLIENT_VARIABLES if name in environ]
+
+
 def _verdict(limit: int, steps: int, reserved: int, code: int) -> TpuVerdict:
     verdict = TpuVerdict(fits=True, limit_bytes=int(limit), peak_bytes=0, steps=steps, allocator="tpu",
                          preallocate=False, mem_fraction=1.0)

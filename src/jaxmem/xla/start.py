@@ -20,10 +20,12 @@ import os
 import sys
 import tempfile
 
-# Lines the CUDA plugin writes on a machine without a GPU; nothing else is filtered.
+# Lines the CUDA plugin and libtpu write on a machine without a GPU or TPU; nothing else is filtered.
 NOISE: tuple[str, ...] = (
     "cudart_stub.cc",
     "All log messages before absl::InitializeLog() is called are written to STDERR",
+    "Failed to find host bounds for accelerator type",
+    "Logging before InitGoogle() is written to STDERR",
 )
 _started = False
 

@@ -37,6 +37,8 @@ from jaxmem.xla import gpu as common
 from jaxmem.xla.gpu import XlaGpuReference
 
 TOP_BUFFERS = common.TOP_BUFFERS
+# The cached figures' form (per-leaf tiled bytes, the reservation): a new form is a new version.
+CACHE_VERSION = 2
 # What libtpu reads before it starts, on a machine with no TPU: without these it looks for a TPU
 # VM's metadata and prints warnings; several processes (the test workers, fit's judges) compile
 # at once, which libtpu's lock file refuses unless told.
@@ -271,7 +273,8 @@ def compile_for_tpu(fn: Callable[..., Any], args: Sequence[Any], *, accelerator:
     from importlib.metadata import version
 
     versions = f"jax {jax.__version__} libtpu {version('libtpu')}"
-    key = common.cache_key(stablehlo, f"tpu {accelerator.topology} {accelerator.capacity_bytes}", versions, "")
+    key = common.cache_key(stablehlo, f"tpu v{CACHE_VERSION} {accelerator.topology} {accelerator.capacity_bytes}",
+                           versions, "")
     directory = common.cache_dir()
     if use_cache:
         hit = common.cache_read(directory, key)

@@ -156,8 +156,8 @@ def test_half_temp_budget_and_bad_input_are_one_line_errors():
         resolve_budget("lots", figs)
     with pytest.raises(ConfigError, match="unknown device"):
         Judge("h900-1tb")
-    with pytest.raises(ConfigError, match="not a GPU preset"):
-        Judge("tpu-v5e-16gb")
+    # A TPU preset is judged by XLA:TPU (deviceless), no longer refused.
+    assert Judge("tpu-v5e-16gb").name == "XLA:TPU tpu-v5e-16gb" and Judge("h100-80gb").name == "XLA:GPU h100-80gb"
 
 
 def test_infeasible_budget_says_the_lower_bound_that_proves_it():

@@ -816,10 +816,11 @@ def _jsonable(obj: Any) -> Any:
 
 
 def gpu_pool(args: argparse.Namespace, capacity: int, gpu: Any, predicted: Any, plan: Any, fn: Callable[..., Any],
-             fn_args: Sequence[Any], donate: tuple[int, ...], target: str) -> Any:
-    """The GPU client's pool verdict over N steps: on XLA:GPU's figures, else the predicted
-    XLA:GPU figures, else XLA:CPU's; None when the environment holds a setting jaxmem cannot
-    model (said in one line) or there are no figures."""
+             fn_args: Sequence[Any], donate: tuple[int, ...], target: str) -> tuple[Any, float]:
+    """The GPU client's pool verdict over N steps (on XLA:GPU's figures, else the predicted
+    XLA:GPU figures, else XLA:CPU's; None when there are none) and the pool's share of the
+    device; (None, JAX's default share) when the environment holds a setting jaxmem cannot model
+    (said in one line)."""
     from jaxmem.runtime.steps import program_from_reference, simulate_steps
 
     try:
@@ -830,16 +831,16 @@ def gpu_pool(args: argparse.Namespace, capacity: int, gpu: Any, predicted: Any, 
         # The environment holds a setting jaxmem cannot model: the plan and XLA's figures stand,
         # the pool is not simulated, and the user is told in one line.
         print(f"jaxmem analyze: the pool is not simulated: {err}", file=sys.stderr)
-        return None
+        return None, PREALLOCATE_FRACTION
     if gpu is not None:
-        return simulate_steps(program_from_reference(gpu), dev, args.steps)
+        return simulate_steps(program_from_reference(gpu), dev, args.steps), dev.mem_fraction
     if predicted is not None:
         # A GPU preset with no XLA:GPU compile here: the pool over the predicted XLA:GPU figures.
-        return simulate_steps(program_from_reference(predicted), dev, args.steps)
+        return simulate_steps(program_from_reference(predicted), dev, args.steps), dev.mem_fraction
     if plan.xla is not None:
         program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
-        return simulate_steps(program, dev, args.steps)
-    return None
+        return simulate_steps(program, dev, args.steps), dev.mem_fraction
+    return None, dev.mem_fraction
 
 
 def tpu_pool(args: argparse.Namespace, accelerator: Any, tpu: Any, plan: Any, fn: Callable[..., Any],
@@ -967,12 +968,12 @@ def main(argv: list[str]) -> int:
     if note:
         print(f"jaxmem analyze: {note}", file=sys.stderr)
     if accelerator is not None and accelerator.is_tpu:
-        pool = tpu_pool(args, accelerator, tpu, plan, fn, fn_args, donate, target)
+        pool, fraction = tpu_pool(args, accelerator, tpu, plan, fn, fn_args, donate, target), 1.0
     else:
-        pool = gpu_pool(args, device[1], gpu, predicted, plan, fn, fn_args, donate, target)
+        pool, fraction = gpu_pool(args, device[1], gpu, predicted, plan, fn, fn_args, donate, target)
     data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
                      device=device, top=args.top, gpu=gpu, pool=pool,
-                     fraction=getattr(pool, "mem_fraction", None) or PREALLOCATE_FRACTION, note=note,
+                     fraction=fraction, note=note,
                      predicted=predicted, tpu=tpu, accelerator=accelerator)
     data["predicted_xla_bytes"] = None if predicted is None else predicted.total_bytes
     data["predicted_xla"] = None if predicted is None else predicted.summary()

@@ -255,17 +255,28 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
     reason = unavailable_reason()
     if reason:
         raise GpuUnavailable(reason)
-    cmd = [sys.executable, "-m", "jaxmem.xla.gpu", target, "--spec", spec, "--device", device,
-           "--top", str(int(top))]
+    cmd = [sys.executable, "-m", "jaxmem.xla.gpu", target, "--spec", spec, "--device", device]
+    return reference_from_json(run_compile_child(cmd, child_env, f"XLA:GPU compile of {target!r}", top=top,
+                                                 donate_argnums=donate_argnums, kwargs=kwargs, use_cache=use_cache,
+                                                 timeout=timeout, on_start=on_start))
+
+
+def run_compile_child(cmd: list[str], env_for: Callable[[str], dict[str, str]], what: str, *, top: int,
+                      donate_argnums: Sequence[int], kwargs: dict[str, int] | None, use_cache: bool,
+                      timeout: float, on_start: Callable[[Any], None] | None) -> dict[str, Any]:
+    """Run a deviceless compile child (`cmd`, the common flags added) with `env_for(dump_dir)`
+    as its environment and a fresh dump folder, and return its JSON answer (its error raised
+    again as its kind, `child_answer`)."""
+    cmd = [*cmd, "--top", str(int(top))]
     if donate_argnums:
         cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
     for name, value in (kwargs or {}).items():
         cmd += ["--kwarg", f"{name}={int(value)}"]
     if not use_cache:
         cmd.append("--no-cache")
-    dump_dir = tempfile.mkdtemp(prefix="jaxmem-xla-gpu-")
+    dump_dir = tempfile.mkdtemp(prefix="jaxmem-xla-")
     try:
-        proc = subprocess.Popen(cmd, env=child_env(dump_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, env=env_for(dump_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if on_start is not None:
             on_start(proc)
         try:
@@ -273,11 +284,10 @@ def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise PlanError(f"XLA:GPU compile of {target!r} took more than {timeout:.0f} s") from None
+            raise PlanError(f"{what} took more than {timeout:.0f} s") from None
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
-    return reference_from_json(child_answer(proc.returncode, stdout, stderr,
-                                            failed=f"XLA:GPU compile of {target!r} failed: "))
+    return child_answer(proc.returncode, stdout, stderr, failed=f"{what} failed: ")
 
 
 def reference_from_json(data: dict[str, Any]) -> XlaGpuReference:

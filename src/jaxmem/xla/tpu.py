@@ -25,7 +25,6 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -219,7 +218,7 @@ def leaf_bytes(leaves: Sequence[Any], formats: Sequence[Any]) -> list[int]:
 
 
 def reservation_bytes(assignment_text: str) -> int:
-    """The bytes the TPU runtime reserves for a program's temporaries: XLA:TPU's preallocated
+    r"""The bytes the TPU runtime reserves for a program's temporaries: XLA:TPU's preallocated
     temporary allocations in device memory (color 0: not on-chip memory, not another memory
     space), as its buffer-assignment dump lists them, plus the runtime's `RESERVATION_OVERHEAD`.
     Not `temp_size_in_bytes`, which also counts what the runtime does not reserve (on the v5e,
@@ -398,28 +397,11 @@ def xla_tpu_reference(target: str, accelerator: Accelerator | str, *, donate_arg
     reason = unavailable_reason()
     if reason:
         raise TpuUnavailable(reason)
-    cmd = [sys.executable, "-m", "jaxmem.xla.tpu", target, "--device", acc.name, "--top", str(int(top))]
-    if donate_argnums:
-        cmd += ["--donate", ",".join(str(int(i)) for i in donate_argnums)]
-    for name, value in (kwargs or {}).items():
-        cmd += ["--kwarg", f"{name}={int(value)}"]
-    if not use_cache:
-        cmd.append("--no-cache")
-    dump_dir = tempfile.mkdtemp(prefix="jaxmem-xla-tpu-")
+    cmd = [sys.executable, "-m", "jaxmem.xla.tpu", target, "--device", acc.name]
     try:
-        proc = subprocess.Popen(cmd, env=child_env(dump_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if on_start is not None:
-            on_start(proc)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise PlanError(f"XLA:TPU compile of {target!r} took more than {timeout:.0f} s") from None
-    finally:
-        shutil.rmtree(dump_dir, ignore_errors=True)
-    try:
-        data = common.child_answer(proc.returncode, stdout, stderr, failed=f"XLA:TPU compile of {target!r} failed: ")
+        data = common.run_compile_child(cmd, child_env, f"XLA:TPU compile of {target!r}", top=top,
+                                        donate_argnums=donate_argnums, kwargs=kwargs, use_cache=use_cache,
+                                        timeout=timeout, on_start=on_start)
     except common.GpuUnavailable as err:   # the child's "unavailable" exit code
         raise TpuUnavailable(str(err)) from None
     return reference_from_json(data)

@@ -58,11 +58,15 @@ def test_a_program_over_the_chip_is_a_verdict_not_an_error(capsys):
 
 
 @pytest.mark.usefixtures("needs_libtpu")
-def test_table_names_xla_tpu_and_the_tpu_rules(capsys):
-    code, out, err = _run(["analyze", f"{PROGRAMS}:narrow_columns", "--device", "tpu-v5e-16gb"], capsys)
+def test_table_and_report_name_xla_tpu_and_the_tpu_rules(capsys, tmp_path):
+    html = tmp_path / "report.html"
+    code, out, err = _run(["analyze", f"{PROGRAMS}:narrow_columns", "--device", "tpu-v5e-16gb", "--html", str(html)],
+                          capsys)
     assert code == 0, err
     assert "XLA:TPU tpu-v5e-16gb" in out and "TPU runtime: no preallocation" in out
     assert "JAX preallocates" not in out
+    page = html.read_text(encoding="utf-8")
+    assert "XLA:TPU total (tpu-v5e-16gb)" in page and "chip over 3 steps" in page
 
 
 def test_gpu_client_flags_on_a_tpu_are_one_line(capsys):

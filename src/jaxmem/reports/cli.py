@@ -92,22 +92,25 @@ def write_plan_reports(args: argparse.Namespace, plan: Any, gpu: dict[str, Any] 
 
 
 def add_gpu(data: ReportData, analysis: dict[str, Any]) -> None:
-    """Add XLA:GPU's totals and the pool verdict to the summary, and XLA:GPU's peak buffers as
-    a table, from `jaxmem analyze`'s JSON data."""
-    ref, pool = analysis.get("xla_gpu"), analysis.get("pool")
+    """Add XLA:GPU's (or XLA:TPU's) totals and the pool verdict to the summary, and the buffers
+    XLA holds at its peak as a table, from `jaxmem analyze`'s JSON data."""
+    platform = "tpu" if analysis.get("xla_tpu") else "gpu"
+    name = f"XLA:{platform.upper()}"
+    ref, pool = analysis.get(f"xla_{platform}"), analysis.get("pool")
     if ref:
-        data.summary.append((f"XLA:GPU total ({ref['target']})", f"{format_size(ref['total_bytes'])}: arguments "
+        data.summary.append((f"{name} total ({ref['target']})", f"{format_size(ref['total_bytes'])}: arguments "
                              f"{format_size(ref['argument_bytes'])}, outputs {format_size(ref['output_bytes'])}, temp "
                              f"{format_size(ref['temp_bytes'])}, aliased {format_size(ref['alias_bytes'])}"))
     if pool:
         verdict = "fits" if pool["fits"] else f"does not fit (step {pool['failed_step']})"
-        data.summary.append((f"pool over {pool['steps']} steps", f"{verdict}: peak {format_size(pool['peak_bytes'])} "
-                             f"of limit {format_size(pool['limit_bytes'])}"))
-    rows = analysis.get("xla_gpu_peak_buffers") or []
+        data.summary.append((f"{'chip' if pool.get('rules') == 'tpu_runtime' else 'pool'} over {pool['steps']} steps",
+                             f"{verdict}: peak {format_size(pool['peak_bytes'])} of limit "
+                             f"{format_size(pool['limit_bytes'])}"))
+    rows = analysis.get(f"xla_{platform}_peak_buffers") or []
     if rows:
         cells = [[str(i), format_size(r["size_bytes"]), f"{r['dtype']}[{','.join(map(str, r['shape']))}]", r["kind"],
                   r["jaxpr_array"] or "—", r["op_name"] or r["hlo"], r["source"] or "—"] for i, r in enumerate(rows, 1)]
-        data.tables.append((f"What XLA:GPU holds at its peak ({ref['target'] if ref else ''})",
+        data.tables.append((f"What {name} holds at its peak ({ref['target'] if ref else ''})",
                             ["#", "size", "array", "kind", "jaxpr array", "XLA op", "source"], cells))
 
 

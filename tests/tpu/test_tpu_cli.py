@@ -89,6 +89,8 @@ def test_missing_libtpu_is_one_line_and_xla_cpu_judges(capsys, monkeypatch):
     assert data["xla_tpu"] is None and data["pool"]["judged_on"] == "xla_cpu" and data["pool"]["rules"] == "tpu_runtime"
     code, out, err = _run(["maxbatch", f"{PROGRAMS}:rows_step", "--arg", "rows", "--device", "tpu-v5e-16gb"], capsys)
     assert code == 2 and err.count("\n") == 1 and "maxbatch needs XLA:TPU" in err
+    code, out, err = _run(["analyze", f"{PROGRAMS}:rows_step", "--device", "tpu-v5e-16gb", "--xla", "tpu"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--xla tpu: XLA:TPU is not available here: libtpu is not" in err
 
 
 def test_libtpu_of_another_version_is_one_line(capsys, monkeypatch):

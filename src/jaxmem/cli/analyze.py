@@ -911,6 +911,8 @@ def main(argv: list[str]) -> int:
         from jaxmem.xla.tpu import unavailable_reason as tpu_unavailable
 
         reason = tpu_unavailable()
+        if reason and args.xla == "tpu":
+            raise PlanError(f"--xla tpu: XLA:TPU is not available here: {reason}")
         if reason:
             note = f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU"
             want_tpu = False

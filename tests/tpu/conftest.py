@@ -8,14 +8,18 @@ import pytest
 from jaxmem.xla.tpu import unavailable_reason
 
 
-@pytest.fixture(scope="session", autouse=True)
-def tpu_cache_dir(tmp_path_factory):
-    """Every deviceless compile of this session caches into a fresh folder."""
-    mp = pytest.MonkeyPatch()
-    path = tmp_path_factory.mktemp("jaxmem-xla-tpu-cache")
-    mp.setenv("JAXMEM_CACHE_DIR", str(path))
-    yield str(path)
-    mp.undo()
+@pytest.fixture(scope="session")
+def tpu_cache_path(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("jaxmem-xla-tpu-cache"))
+
+
+@pytest.fixture(autouse=True)
+def tpu_cache_dir(tpu_cache_path, monkeypatch):
+    """Every deviceless compile of these tests caches into one fresh folder for the session, set
+    per test (and undone after it), so that another folder's session-wide cache setting (the GPU
+    tests') is never overridden in a worker that runs both."""
+    monkeypatch.setenv("JAXMEM_CACHE_DIR", tpu_cache_path)
+    return tpu_cache_path
 
 
 @pytest.fixture

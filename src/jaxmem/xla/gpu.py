@@ -389,7 +389,6 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     set before JAX started) and return the figures as the child prints them."""
     import jax
     from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxmem.units import PRESETS
 
@@ -402,12 +401,7 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
         raise GpuUnavailable(f"the CUDA plugin could not make a compile-only {device}: "
                              f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
     mesh = topologies.make_mesh(topo, (1,), ("x",))
-    structs = abstract_args(args, NamedSharding(mesh, PartitionSpec()))
-    try:
-        lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).trace(*structs).lower()
-        stablehlo = lowered.as_text(debug_info=True)
-    except Exception as err:  # JAX's own errors are many types; the user needs one line
-        raise PlanError(f"JAX could not lower the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+    structs, lowered, stablehlo = lower_on_one_device(fn, args, mesh, donate_argnums)
     import jaxlib
 
     versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')}"
@@ -466,6 +460,23 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     if use_cache:
         cache_write(directory, key, data)
     return data
+
+
+def lower_on_one_device(fn: Callable[..., Any], args: Sequence[Any], mesh: Any,
+                        donate_argnums: Sequence[int]) -> tuple[tuple[Any, ...], Any, str]:
+    """`fn` lowered for the one compile-only device of `mesh` (a GPU's or a TPU chip's): the
+    arguments as `ShapeDtypeStruct`s placed there, the lowered program and its StableHLO text
+    (the cache key's part); a failure to lower is one `PlanError` line."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    structs = abstract_args(args, NamedSharding(mesh, PartitionSpec()))
+    try:
+        lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).trace(*structs).lower()
+        stablehlo = lowered.as_text(debug_info=True)
+    except Exception as err:  # JAX's own errors are many types; the user needs one line
+        raise PlanError(f"JAX could not lower the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+    return structs, lowered, stablehlo
 
 
 def _kept_arguments(lowered: Any, count: int) -> list[int]:

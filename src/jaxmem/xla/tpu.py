@@ -259,16 +259,11 @@ def compile_for_tpu(fn: Callable[..., Any], args: Sequence[Any], *, accelerator:
     prints them. An over-HBM program returns its figures with `oom` set to XLA:TPU's message."""
     import jax
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import Mesh
 
     devices = topology_devices(accelerator.topology or "")
-    mesh = Mesh(np.array(devices[:1]), ("x",))
-    structs = common.abstract_args(args, NamedSharding(mesh, PartitionSpec()))
-    try:
-        lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).trace(*structs).lower()
-        stablehlo = lowered.as_text(debug_info=True)
-    except Exception as err:  # JAX's own errors are many types; the user needs one line
-        raise PlanError(f"JAX could not lower the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+    structs, lowered, stablehlo = common.lower_on_one_device(fn, args, Mesh(np.array(devices[:1]), ("x",)),
+                                                             donate_argnums)
     from importlib.metadata import version
 
     versions = f"jax {jax.__version__} libtpu {version('libtpu')}"

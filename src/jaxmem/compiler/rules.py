@@ -26,7 +26,7 @@ Adding a primitive is one row here (and, to run it without falling back to JAX, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jaxmem.compiler.jaxpr_adapter import CALL_PRIMITIVES
 
@@ -38,6 +38,8 @@ class Rule:
     absorbs: bool = False
     cost: str = ""
     recomputable: bool = True
+    # -- columns read by XLA:GPU's model (xla/gpu_*)
+    # -- columns read by fitting/ (bound, reorder), remat's search and the executor
 
     @property
     def cheap(self) -> bool:
@@ -115,6 +117,21 @@ RULES: dict[str, Rule] = {
                rng_bit_generator rng_uniform""",
             Rule("fresh", recomputable=False)),
 }
+
+
+
+def _facet(names: str, **columns: object) -> None:
+    """Set further columns on rows already in `RULES` (every name must have its row: a column
+    never adds a primitive the storage/fusion/cost columns above do not describe)."""
+    for name in names.split():
+        if name not in RULES:
+            raise KeyError(f"{name!r} has no row in RULES")
+        RULES[name] = replace(RULES[name], **columns)
+
+
+# -- facets read by XLA:GPU's model (xla/gpu_*)
+
+# -- facets read by fitting/ (bound, reorder), remat's search and the executor
 
 # The table's hot questions as sets (the planner and remat's search ask them per op, per trial).
 DOT_LIKE = frozenset(name for name, r in RULES.items() if r.dot_like)

@@ -46,11 +46,34 @@ def check_plan(plan: Plan) -> list[str]:
     n = len(plan.schedule)
     _check_buffers(plan, n, bad)
     _check_overlap(plan, bad)
-    values, schedule, buffers = plan.values, plan.schedule, plan.buffers
-    for i, step in enumerate(schedule):
+    _check_step_positions(plan, bad)
+    def_pos = _check_values(plan, n, bad)
+    _check_buffer_lists(plan, bad)
+    _check_arguments(plan, bad)
+    # Per step, the values it reads (`Step.inputs` builds a list per call: asked once here).
+    reads = [step.inputs for step in plan.schedule]
+    # Values computed inside their readers: no buffer, made by a step, and not a result written
+    # into memory outside the plan (a loop body's, in the loop's buffers).
+    outside = set(plan.external_outputs)
+    fused = {vid for vid, info in plan.values.items()
+             if info.buffer is None and info.producer is not None and vid not in outside}
+    writers = _writers(plan, def_pos, reads)
+    _check_steps(plan, def_pos, reads, fused, writers, bad)
+    _check_outputs(plan, n, def_pos, writers, outside, bad)
+    _check_totals(plan, n, bad)
+    return problems
+
+
+def _check_step_positions(plan: Plan, bad) -> None:
+    for i, step in enumerate(plan.schedule):
         if step.index != i:
             bad(f"step at position {i} says index {step.index}")
-    # Where and how each value is defined.
+
+
+def _check_values(plan: Plan, n: int, bad) -> dict[int, int]:
+    """Where and how each value is defined: its producer outputs it, its buffer lists it, holds
+    its bytes and is live where it is made. Returns each value's defining position (-1: entry)."""
+    values, schedule, buffers = plan.values, plan.schedule, plan.buffers
     def_pos: dict[int, int] = {}
     members: dict[int, set[int]] = {}   # buffer id -> its listed values, built when first asked
     for vid, info in values.items():
@@ -76,82 +99,112 @@ def check_plan(plan: Plan) -> list[str]:
                 bad(f"value {vid}: {info.nbytes} bytes do not fit buffer {buf.id} of {buf.size}")
             if not buf.start <= def_pos[vid] <= buf.end:
                 bad(f"value {vid}: defined at {def_pos[vid]} outside buffer {buf.id} [{buf.start}, {buf.end}]")
-    for buf in buffers:
+    return def_pos
+
+
+def _check_buffer_lists(plan: Plan, bad) -> None:
+    for buf in plan.buffers:
         for vid in buf.values:
-            info = values.get(vid)
+            info = plan.values.get(vid)
             if info is None or info.buffer != buf.id:
                 bad(f"buffer {buf.id} lists value {vid} that is not stored there")
+
+
+def _check_arguments(plan: Plan, bad) -> None:
+    """Arguments have no producer; exactly the donated ones have a buffer, live from entry."""
     donated = set(plan.donated)
     for k, vid in enumerate(plan.invars):
-        info = values[vid]
+        info = plan.values[vid]
         if info.producer is not None:
             bad(f"argument {k} has a producer")
         if (k in donated) != (info.buffer is not None):
             bad(f"argument {k}: donated={k in donated} but buffer={info.buffer}")
-        if info.buffer is not None and buffers[info.buffer].start != -1:
+        if info.buffer is not None and plan.buffers[info.buffer].start != -1:
             bad(f"donated argument {k}: buffer does not start on entry")
 
-    # Per step, the values it reads (`Step.inputs` builds a list per call: asked once here).
-    reads = [step.inputs for step in schedule]
-    # Values computed inside their readers: no buffer, made by a step, and not a result written
-    # into memory outside the plan (a loop body's, in the loop's buffers).
-    outside = set(plan.external_outputs)
-    fused = {vid for vid, info in values.items()
-             if info.buffer is None and info.producer is not None and vid not in outside}
-    writers = _writers(plan, def_pos, reads)
+
+def _check_steps(plan: Plan, def_pos: dict[int, int], reads: list[list[int]], fused: set[int],
+                 writers: dict[int, list[int]], bad) -> None:
+    """Per step: its fused flag matches its outputs, it reads only earlier values, its loop
+    scratch exists, and every value it reads from memory is intact there."""
+    schedule = plan.schedule
     fused_inputs: dict[int, list[int]] = {}
     gemm_inputs: dict[int, list[int]] = {}
     fused_gemms = any(s.fused and s.primitive in DOT_LIKE for s in schedule)
     scratch_at: dict[int, list] = {}   # step -> the scratch buffers starting there
-    for b in buffers:
+    for b in plan.buffers:
         if b.kind == "scratch":
             scratch_at.setdefault(b.start, []).append(b)
     for i, step in enumerate(schedule):
-        made = unstored = 0   # outputs, and those with no buffer
-        for v in step.outputs:
-            if v is not None:
-                made += 1
-                if v in fused:
-                    unstored += 1
-        all_fused = made > 0 and unstored == made
-        if step.fused != all_fused:
-            bad(f"step {i} ({step.primitive}): fused={step.fused} but outputs fused={all_fused}")
-        if not all_fused and unstored:
-            bad(f"step {i} ({step.primitive}): some outputs stored and some fused")
+        all_fused = _check_step_fusion(step, i, fused, bad)
         ins = reads[i]
-        for v in ins:
-            if v not in values:
-                bad(f"step {i} ({step.primitive}) reads unknown value {v}")
-            elif def_pos[v] >= i:
-                bad(f"step {i} ({step.primitive}) reads value {v} defined later, at {def_pos[v]}")
+        _check_read_order(plan, step, i, ins, def_pos, bad)
         if step.scratch_bytes > 0 and not any(
             b.start <= i <= b.end and b.size >= step.scratch_bytes for b in scratch_at.get(i, ())
         ):
             bad(f"step {i} ({step.primitive}): no scratch buffer of {step.scratch_bytes} bytes")
         if all_fused:
             continue
-        for u in ins:
-            if u in fused:
-                stored = _stored_reads(plan, ins, fused_inputs, fused, reads)
-                break
-        else:  # nothing computed inside: the operands themselves (`_stored_reads`' plain case)
-            stored = [u for u in dict.fromkeys(ins) if u in values]
-        for v in stored:
-            # `_check_read`'s passing case, inline (it runs per read); it reports the others
-            info = values[v]
-            if info.buffer is None:
-                continue
-            buf = buffers[info.buffer]
-            if buf.start <= i <= buf.end:
-                positions = writers.get(buf.id)
-                if positions is None:
-                    continue
-                k = bisect.bisect_right(positions, def_pos[v])
-                if k >= len(positions) or positions[k] >= i:
-                    continue
-            _check_read(plan, v, i, def_pos, writers, bad, f"step {i} ({step.primitive})")
+        _check_stored_reads(plan, step, i, ins, def_pos, reads, fused, fused_inputs, writers, bad)
         if fused_gemms:
             _check_fused_gemms(plan, step, i, fused_inputs, gemm_inputs, bad, fused, reads)
+
+
+def _check_step_fusion(step, i: int, fused: set[int], bad) -> bool:
+    """Whether every output of the step is computed inside its readers; reports a step whose
+    `fused` flag says otherwise, or whose outputs are partly stored and partly fused."""
+    made = unstored = 0   # outputs, and those with no buffer
+    for v in step.outputs:
+        if v is not None:
+            made += 1
+            if v in fused:
+                unstored += 1
+    all_fused = made > 0 and unstored == made
+    if step.fused != all_fused:
+        bad(f"step {i} ({step.primitive}): fused={step.fused} but outputs fused={all_fused}")
+    if not all_fused and unstored:
+        bad(f"step {i} ({step.primitive}): some outputs stored and some fused")
+    return all_fused
+
+
+def _check_read_order(plan: Plan, step, i: int, ins: list[int], def_pos: dict[int, int], bad) -> None:
+    for v in ins:
+        if v not in plan.values:
+            bad(f"step {i} ({step.primitive}) reads unknown value {v}")
+        elif def_pos[v] >= i:
+            bad(f"step {i} ({step.primitive}) reads value {v} defined later, at {def_pos[v]}")
+
+
+def _check_stored_reads(plan: Plan, step, i: int, ins: list[int], def_pos: dict[int, int],
+                        reads: list[list[int]], fused: set[int], fused_inputs: dict[int, list[int]],
+                        writers: dict[int, list[int]], bad) -> None:
+    """Every value step `i` reads from memory (through fused operands too) is intact there."""
+    values, buffers = plan.values, plan.buffers
+    for u in ins:
+        if u in fused:
+            stored = _stored_reads(plan, ins, fused_inputs, fused, reads)
+            break
+    else:  # nothing computed inside: the operands themselves (`_stored_reads`' plain case)
+        stored = [u for u in dict.fromkeys(ins) if u in values]
+    for v in stored:
+        # `_check_read`'s passing case, inline (it runs per read); it reports the others
+        info = values[v]
+        if info.buffer is None:
+            continue
+        buf = buffers[info.buffer]
+        if buf.start <= i <= buf.end:
+            positions = writers.get(buf.id)
+            if positions is None:
+                continue
+            k = bisect.bisect_right(positions, def_pos[v])
+            if k >= len(positions) or positions[k] >= i:
+                continue
+        _check_read(plan, v, i, def_pos, writers, bad, f"step {i} ({step.primitive})")
+
+
+def _check_outputs(plan: Plan, n: int, def_pos: dict[int, int], writers: dict[int, list[int]],
+                   outside: set[int], bad) -> None:
+    """Every output is stored, in a buffer that lasts to the exit, and intact there."""
     for k, v in enumerate(plan.outvars):
         if v is None:
             continue
@@ -165,6 +218,10 @@ def check_plan(plan: Plan) -> list[str]:
             bad(f"output {k} (value {v}): buffer {buf.id} ends at {buf.end}, before the exit")
         _check_read(plan, v, n, def_pos, writers, bad, f"output {k}")
 
+
+def _check_totals(plan: Plan, n: int, bad) -> None:
+    """The peak is the non-donated arguments plus the arena; the lower bound, the arguments plus
+    the most bytes live at once, and no higher than the peak."""
     external = sum(plan.values[v].nbytes for v in dict.fromkeys(plan.invars) if plan.values[v].buffer is None)
     if plan.peak_bytes != external + plan.arena_bytes:
         bad(f"peak {plan.peak_bytes} != non-donated arguments {external} + arena {plan.arena_bytes}")
@@ -173,7 +230,6 @@ def check_plan(plan: Plan) -> list[str]:
         bad(f"lower bound {plan.lower_bound_bytes} != arguments {external} + max live {live}")
     if plan.lower_bound_bytes > plan.peak_bytes:
         bad(f"lower bound {plan.lower_bound_bytes} above the peak {plan.peak_bytes}")
-    return problems
 
 
 def _check_buffers(plan: Plan, n: int, bad) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.compiler.plan_types import Const, Plan
+from jaxmem.compiler.plan_types import Const, Plan, Step
 from jaxmem.errors import PlanError
 from jaxmem.execution.primitives import Kernel, kernel_for, storage
 from jaxmem.execution.tracing import const_array
@@ -136,18 +136,28 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
         raise PlanError("the plan carries no jaxpr to run")
     avals = _avals(plan)
     ns: dict[str, Any] = {"copyto": np.copyto, "array": np.array}
-    consts: dict[int, str] = {}
+    region = _bind_values(plan, memory, avals, ns)
+    uses = _uses(plan)
+    writes: list[list[Region]] = [[region[v] for v in s.outputs if v is not None and v in region]
+                                  for s in plan.schedule]
+    gen = _Generator(plan=plan, avals=avals, ns=ns, region=region,
+                     arg_pos={vid: k for k, vid in enumerate(plan.invars)}, uses=uses, writes=writes)
+    gen.emit_arguments()
+    gen.kernels = [kernel_for(step.eqn) for step in plan.schedule]
+    for step in plan.schedule:
+        gen.emit_step(step)
+    source = gen.source()
+    code = compile(source, PLAN_FILE, "exec")
+    exec(code, ns)
+    return Program(plan=plan, memory=memory, run_flat=ns["run"], source=source, kernels=gen.kernels,
+                   temporaries=gen.temporaries, materialized=gen.materialized, elided=gen.elided,
+                   chained=gen.chained, line_steps=gen.line_steps())
 
-    def const_name(arr: np.ndarray) -> str:
-        key = id(arr)
-        if key not in consts:
-            consts[key] = f"C{len(consts)}"
-            ns[consts[key]] = arr
-        return consts[key]
 
-    # -- where each value lives -------------------------------------------------------------
+def _bind_values(plan: Plan, memory: np.ndarray, avals: dict[int, Any], ns: dict[str, Any]) -> dict[int, Region]:
+    """Where each value lives: a typed view `V<id>` of its arena bytes in `ns` for every value
+    with a slot; returns those values' byte ranges."""
     region: dict[int, Region] = {}          # values with a slot in the arena
-    arg_pos = {vid: k for k, vid in enumerate(plan.invars)}
     for vid, info in plan.values.items():
         loc = plan.location(vid)
         if loc is None:
@@ -164,7 +174,11 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
                             f"{dtype.itemsize * int(np.prod(shape, dtype=np.int64))}")
         ns[f"V{vid}"] = memory[off:off + nbytes].view(dtype).reshape(shape)
         region[vid] = (off, off + nbytes)
+    return region
 
+
+def _uses(plan: Plan) -> dict[int, list[int]]:
+    """Per value, the steps that read it, in order; an output is also read at the exit."""
     uses: dict[int, list[int]] = {}
     for step in plan.schedule:
         for op in step.operands:
@@ -174,140 +188,182 @@ def compile_plan(plan: Plan, memory: np.ndarray) -> Program:
     for vid in plan.outvars:
         if vid is not None:
             uses.setdefault(vid, []).append(end)
-    writes: list[list[Region]] = [[region[v] for v in s.outputs if v is not None and v in region]
-                                  for s in plan.schedule]
+    return uses
 
-    roots: dict[int, list[Region]] = {}     # arena bytes a transient may be a view of
 
-    def expr(op: Any, aval: Any) -> str:
+@dataclass
+class _Generator:
+    """The generated function as it is written, step by step: its lines, the namespace they run
+    in, and the arena bytes each transient may be a view of."""
+
+    plan: Plan
+    avals: dict[int, Any]
+    ns: dict[str, Any]
+    region: dict[int, Region]               # values with a slot in the arena
+    arg_pos: dict[int, int]
+    uses: dict[int, list[int]]
+    writes: list[list[Region]]              # per step, the arena bytes it writes
+    kernels: list[Kernel] = field(default_factory=list)
+    consts: dict[int, str] = field(default_factory=dict)
+    roots: dict[int, list[Region]] = field(default_factory=dict)   # arena bytes a transient may be a view of
+    lines: list[str] = field(default_factory=list)
+    first_line: list[tuple[int, int]] = field(default_factory=list)  # (index in `lines`, step) where each step's code starts
+    temporaries: int = 0
+    materialized: int = 0
+    elided: int = 0
+    chained: int = 0
+
+    def const_name(self, arr: np.ndarray) -> str:
+        key = id(arr)
+        if key not in self.consts:
+            self.consts[key] = f"C{len(self.consts)}"
+            self.ns[self.consts[key]] = arr
+        return self.consts[key]
+
+    def expr(self, op: Any, aval: Any) -> str:
         if isinstance(op, Const):
-            return const_name(const_array(op.value, aval))
-        if op in region:
+            return self.const_name(const_array(op.value, aval))
+        if op in self.region:
             return f"V{op}"
-        if op in arg_pos:
-            return f"a{arg_pos[op]}"
+        if op in self.arg_pos:
+            return f"a{self.arg_pos[op]}"
         return f"t{op}"
 
-    def roots_of(op: Any) -> list[Region]:
+    def roots_of(self, op: Any) -> list[Region]:
         if isinstance(op, Const):
             return []
-        if op in region:
-            return [region[op]]
-        return roots.get(op, [])
+        if op in self.region:
+            return [self.region[op]]
+        return self.roots.get(op, [])
 
-    lines: list[str] = []
-    for k, vid in enumerate(plan.invars):
-        if vid in region:  # donated: the argument's bytes move into the arena
-            lines.append(f"copyto(V{vid}, a{k})")
+    def emit_arguments(self) -> None:
+        for k, vid in enumerate(self.plan.invars):
+            if vid in self.region:  # donated: the argument's bytes move into the arena
+                self.lines.append(f"copyto(V{vid}, a{k})")
 
-    program_kernels: list[Kernel] = [kernel_for(step.eqn) for step in plan.schedule]
-    temporaries = materialized = elided = chained = 0
-    first_line: list[tuple[int, int]] = []   # (index in `lines`, step) where each step's code starts
-    for step in plan.schedule:
+    def emit_step(self, step: Step) -> None:
         i = step.index
-        first_line.append((len(lines), i))
-        kernel = program_kernels[i]
-        ns[f"K{i}"] = kernel.compute
+        self.first_line.append((len(self.lines), i))
+        kernel = self.kernels[i]
+        self.ns[f"K{i}"] = kernel.compute
         in_avals = ja.eqn_in_avals(step.eqn)
-        ins = [expr(op, a) for op, a in zip(step.operands, in_avals)]
-        in_roots = [roots_of(op) for op in step.operands]
+        args = ", ".join(self.expr(op, a) for op, a in zip(step.operands, in_avals))
+        in_roots = [self.roots_of(op) for op in step.operands]
         outs = step.outputs
-        live_outs = [o for o in outs if o is not None]
-        args = ", ".join(ins)
-
-        if len(outs) == 1 and outs[0] is not None and outs[0] in region:
-            o = outs[0]
-            oreg = region[o]
-            clash = [j for j, rs in enumerate(in_roots) if any(_overlaps(oreg, r) for r in rs)]
-            if (kernel.same_bytes and step.operands and not isinstance(step.operands[0], Const)
-                    and step.operands[0] in region and region[step.operands[0]] == oreg):
-                elided += 1
-                lines.append(f"pass  # {step.primitive}: in place")
-                continue
-            exact_ok = all(j in kernel.alias_ok and step.operands[j] in region
-                           and region[step.operands[j]] == oreg for j in clash)
-            if kernel.into is not None and (not clash or kernel.overlap_safe or exact_ok):
-                if kernel.ufunc is not None:
-                    ns[f"U{i}"] = kernel.ufunc
-                    lines.append(f"U{i}({args}, out=V{o})")
-                else:
-                    ns[f"I{i}"] = kernel.into
-                    lines.append(f"I{i}(V{o}{', ' if args else ''}{args})")
-            else:
-                if clash:
-                    temporaries += 1
-                lines.append(f"copyto(V{o}, K{i}({args}))")
+        if len(outs) == 1 and outs[0] is not None and outs[0] in self.region:
+            if self._emit_stored(step, kernel, args, in_roots):
+                return
         elif len(outs) == 1:
-            o = outs[0]
-            call = f"K{i}({args})"
-            dest = _chain_dest(plan, i, o, uses, region, program_kernels, avals, in_roots, roots_of)
-            if o is None:
-                lines.append(call)
-            elif dest is not None:
-                # Computed straight into the next step's output slot, which that elementwise
-                # step then updates in place: no fresh memory for the fused intermediate.
-                chained += 1
-                if kernel.ufunc is not None:
-                    ns[f"U{i}"] = kernel.ufunc
-                    lines.append(f"U{i}({args}, out=V{dest})")
-                else:
-                    ns[f"I{i}"] = kernel.into
-                    lines.append(f"I{i}(V{dest}{', ' if args else ''}{args})")
-                lines.append(f"t{o} = V{dest}")
-                roots[o] = [region[dest]]
-            else:
-                r = [reg for rs in in_roots for reg in rs] if kernel.views else []
-                if r and _reused_before_last_use(r, i, max(uses.get(o, [i])), writes):
-                    call, r = f"array({call})", []
-                    materialized += 1
-                roots[o] = r
-                lines.append(f"t{o} = {call}")
+            self._emit_transient(step, kernel, args, in_roots)
         else:
-            out_regions = [region[o] for o in live_outs if o in region]
-            all_roots = [reg for rs in in_roots for reg in rs]
-            clash = any(_overlaps(a, b) for a in out_regions for b in all_roots)
-            lines.append(f"r = K{i}({args})")
-            if clash:
-                temporaries += 1
-                lines.append("r = [array(x) for x in r]")
-            for j, o in enumerate(outs):
-                if o is None:
-                    continue
-                if o in region:
-                    lines.append(f"copyto(V{o}, r[{j}])")
-                else:
-                    r = all_roots if (kernel.views and not clash) else []
-                    call = f"r[{j}]"
-                    if r and _reused_before_last_use(r, i, max(uses.get(o, [i])), writes):
-                        call, r = f"array(r[{j}])", []
-                        materialized += 1
-                    roots[o] = r
-                    lines.append(f"t{o} = {call}")
-        # drop transients at their last use, as a fused kernel drops its registers
-        dead = sorted({op for op in step.operands if not isinstance(op, Const) and op not in region
-                       and op not in arg_pos and max(uses[op]) == i})
-        dead += [o for o in live_outs if o not in region and o not in uses]
-        if dead:
-            lines.append("del " + ", ".join(f"t{v}" for v in dead))
+            self._emit_several(step, kernel, args, in_roots)
+        self._emit_drops(step)
 
-    results = []
-    for j, vid in enumerate(plan.outvars):
-        if vid is None:
-            value, aval = ja.constant_output(plan.closed_jaxpr, j)
-            results.append(f"array({const_name(const_array(value, aval))})")
+    def _emit_stored(self, step: Step, kernel: Kernel, args: str, in_roots: list[list[Region]]) -> bool:
+        """One output with a slot: computed straight into it where that is right, else through a
+        temporary. Returns True when the step is a view in place that needs no code."""
+        i, o = step.index, step.outputs[0]
+        oreg = self.region[o]
+        clash = [j for j, rs in enumerate(in_roots) if any(_overlaps(oreg, r) for r in rs)]
+        if (kernel.same_bytes and step.operands and not isinstance(step.operands[0], Const)
+                and step.operands[0] in self.region and self.region[step.operands[0]] == oreg):
+            self.elided += 1
+            self.lines.append(f"pass  # {step.primitive}: in place")
+            return True
+        exact_ok = all(j in kernel.alias_ok and step.operands[j] in self.region
+                       and self.region[step.operands[j]] == oreg for j in clash)
+        if kernel.into is not None and (not clash or kernel.overlap_safe or exact_ok):
+            self._emit_into(i, kernel, args, o)
         else:
-            results.append(f"array({expr(vid, avals.get(vid))})")
-    params = ", ".join(f"a{k}" for k in range(len(plan.invars)))
-    body = "\n".join("    " + line for line in lines) or "    pass"
-    source = f"def run({params}):\n{body}\n    return ({', '.join(results)}{',' if results else ''})\n"
-    code = compile(source, PLAN_FILE, "exec")
-    exec(code, ns)
-    # Line k of `lines` is line k + 2 of the source (after `def run(...)`).
-    bounds = first_line + [(len(lines), -1)]
-    line_steps = {line + 2: i for (start, i), (end, _) in zip(bounds, bounds[1:]) for line in range(start, end)}
-    return Program(plan=plan, memory=memory, run_flat=ns["run"], source=source, kernels=program_kernels,
-                   temporaries=temporaries, materialized=materialized, elided=elided, chained=chained,
-                   line_steps=line_steps)
+            if clash:
+                self.temporaries += 1
+            self.lines.append(f"copyto(V{o}, K{i}({args}))")
+        return False
+
+    def _emit_into(self, i: int, kernel: Kernel, args: str, dest: int) -> None:
+        """Step `i` writing its result into the slot of value `dest`."""
+        if kernel.ufunc is not None:
+            self.ns[f"U{i}"] = kernel.ufunc
+            self.lines.append(f"U{i}({args}, out=V{dest})")
+        else:
+            self.ns[f"I{i}"] = kernel.into
+            self.lines.append(f"I{i}(V{dest}{', ' if args else ''}{args})")
+
+    def _emit_transient(self, step: Step, kernel: Kernel, args: str, in_roots: list[list[Region]]) -> None:
+        """One output with no slot: a local variable, or the next step's slot (chained)."""
+        i, o = step.index, step.outputs[0]
+        call = f"K{i}({args})"
+        dest = _chain_dest(self.plan, i, o, self.uses, self.region, self.kernels, self.avals, in_roots,
+                           self.roots_of)
+        if o is None:
+            self.lines.append(call)
+        elif dest is not None:
+            # Computed straight into the next step's output slot, which that elementwise
+            # step then updates in place: no fresh memory for the fused intermediate.
+            self.chained += 1
+            self._emit_into(i, kernel, args, dest)
+            self.lines.append(f"t{o} = V{dest}")
+            self.roots[o] = [self.region[dest]]
+        else:
+            r = [reg for rs in in_roots for reg in rs] if kernel.views else []
+            call, self.roots[o] = self._copy_if_reused(call, r, i, o)
+            self.lines.append(f"t{o} = {call}")
+
+    def _emit_several(self, step: Step, kernel: Kernel, args: str, in_roots: list[list[Region]]) -> None:
+        """Several outputs: one call, each result copied into its slot or kept as a local."""
+        i, outs = step.index, step.outputs
+        out_regions = [self.region[o] for o in outs if o is not None and o in self.region]
+        all_roots = [reg for rs in in_roots for reg in rs]
+        clash = any(_overlaps(a, b) for a in out_regions for b in all_roots)
+        self.lines.append(f"r = K{i}({args})")
+        if clash:
+            self.temporaries += 1
+            self.lines.append("r = [array(x) for x in r]")
+        for j, o in enumerate(outs):
+            if o is None:
+                continue
+            if o in self.region:
+                self.lines.append(f"copyto(V{o}, r[{j}])")
+            else:
+                r = all_roots if (kernel.views and not clash) else []
+                call, self.roots[o] = self._copy_if_reused(f"r[{j}]", r, i, o)
+                self.lines.append(f"t{o} = {call}")
+
+    def _copy_if_reused(self, call: str, roots: list[Region], i: int, o: int) -> tuple[str, list[Region]]:
+        """`call` and the arena bytes its result is a view of; a copy (no bytes) when a step
+        before the transient's last use writes over them."""
+        if roots and _reused_before_last_use(roots, i, max(self.uses.get(o, [i])), self.writes):
+            self.materialized += 1
+            return f"array({call})", []
+        return call, roots
+
+    def _emit_drops(self, step: Step) -> None:
+        # drop transients at their last use, as a fused kernel drops its registers
+        i = step.index
+        dead = sorted({op for op in step.operands if not isinstance(op, Const) and op not in self.region
+                       and op not in self.arg_pos and max(self.uses[op]) == i})
+        dead += [o for o in step.outputs if o is not None and o not in self.region and o not in self.uses]
+        if dead:
+            self.lines.append("del " + ", ".join(f"t{v}" for v in dead))
+
+    def source(self) -> str:
+        """The whole function: `def run(a0, ...)`, its lines, and the outputs returned as fresh arrays."""
+        results = []
+        for j, vid in enumerate(self.plan.outvars):
+            if vid is None:
+                value, aval = ja.constant_output(self.plan.closed_jaxpr, j)
+                results.append(f"array({self.const_name(const_array(value, aval))})")
+            else:
+                results.append(f"array({self.expr(vid, self.avals.get(vid))})")
+        params = ", ".join(f"a{k}" for k in range(len(self.plan.invars)))
+        body = "\n".join("    " + line for line in self.lines) or "    pass"
+        return f"def run({params}):\n{body}\n    return ({', '.join(results)}{',' if results else ''})\n"
+
+    def line_steps(self) -> dict[int, int]:
+        """Source line -> the step whose code it is. Line k of `lines` is line k + 2 of the
+        source (after `def run(...)`)."""
+        bounds = self.first_line + [(len(self.lines), -1)]
+        return {line + 2: i for (start, i), (end, _) in zip(bounds, bounds[1:]) for line in range(start, end)}
 
 
 def _chain_dest(plan: Plan, i: int, o: Any, uses: dict[int, list[int]], region: dict[int, Region],

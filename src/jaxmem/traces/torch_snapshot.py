@@ -95,7 +95,29 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
     """Build a Trace from an already-loaded snapshot dict (see `read_torch_snapshot`)."""
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list) or not isinstance(data.get("device_traces"), list):
         raise TraceError(f"{source}: not a PyTorch memory snapshot (expected a dict with 'segments' and 'device_traces')")
-    traces = data["device_traces"]
+    device, entries = _device_entries(data["device_traces"], source, device)
+    settings = _settings(data.get("allocator_settings"))
+    try:
+        cfg = config_from_settings(settings)
+    except (JaxmemError, TypeError, ValueError, OverflowError) as err:
+        raise TraceError(f"{source}: allocator_settings: {str(err)[:200]}") from None
+    dump_segments, dump_live = _dump_state(data["segments"], source, device)
+    events, prewindow_frees = _window_events(entries, source, cfg)
+    start_segments, start_live = _walk_back(events, dump_segments, dump_live)
+    segments = _SegmentIndex(start_segments)
+    guessed = _size_prewindow_frees(events, prewindow_frees, start_live, segments, cfg, source)
+    initial_segments, initial_blocks = _start_layout(start_live, segments, source)
+    return Trace(
+        events=events, source=source, format="torch-snapshot",
+        initial_segments=initial_segments, initial_blocks=initial_blocks,
+        allocator_settings=dict(settings), device_capacity=None,
+        meta={"device": device, "dump_segments": len(dump_segments), "prewindow_frees": len(prewindow_frees),
+              "prewindow_sizes_with_tail": guessed},
+    )
+
+
+def _device_entries(traces: list, source: str, device: int | None) -> tuple[int, list]:
+    """The device to read (default: the one with the most events) and its trace entries."""
     if device is None:
         lengths = [len(t) if isinstance(t, list) else 0 for t in traces[:4096]]
         device = max(range(len(lengths)), key=lambda d: lengths[d]) if lengths else 0
@@ -104,17 +126,17 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
     entries = traces[device] if traces else []
     if not isinstance(entries, list):
         raise TraceError(f"{source}: device_traces[{device}] is not a list")
-    settings = _settings(data.get("allocator_settings"))
-    try:
-        cfg = config_from_settings(settings)
-    except (JaxmemError, TypeError, ValueError, OverflowError) as err:
-        raise TraceError(f"{source}: allocator_settings: {str(err)[:200]}") from None
+    return device, entries
 
-    # ---- the dump-time state -------------------------------------------------------------
+
+def _dump_state(raw_segments: list, source: str, device: int
+                ) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[int, int | None]]]:
+    """The dump-time state of `device`: segment address -> its size, stream, pool and whether
+    it is expandable; allocated block address -> (block size, requested size)."""
     dump_segments: dict[int, dict[str, Any]] = {}
     dump_live: dict[int, tuple[int, int | None]] = {}   # block addr -> (size, requested)
     block_lists: set[int] = set()
-    for k, seg in enumerate(data["segments"]):
+    for k, seg in enumerate(raw_segments):
         where = f"segment {k}"
         if not isinstance(seg, dict):
             raise TraceError(f"{source}: {where} is not a dict")
@@ -136,19 +158,29 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         dump_segments[addr] = {"size": size, "stream": seg_stream,
                                "pool": "small" if seg.get("segment_type") == "small" else "large",
                                "expandable": bool(seg.get("is_expandable", False))}
-        offset = 0                            # running sum of the sizes before block j
-        for j, blk in enumerate(blocks):
-            if not isinstance(blk, dict):
-                raise TraceError(f"{source}: {where} block {j} is not a dict")
-            bsize = _int(blk.get("size"), source, f"{where} block {j}", "size")
-            if blk.get("state") in _ALLOCATED_STATES:
-                baddr = blk.get("address")
-                if type(baddr) is not int:   # older snapshots list blocks without addresses
-                    baddr = addr + offset
-                dump_live[baddr] = (bsize, blk.get("requested_size"))
-            offset += bsize
+        _dump_blocks(blocks, addr, source, where, dump_live)
+    return dump_segments, dump_live
 
-    # ---- the window's events, forward ------------------------------------------------------
+
+def _dump_blocks(blocks: list, addr: int, source: str, where: str,
+                 dump_live: dict[int, tuple[int, int | None]]) -> None:
+    """Adds the allocated blocks of the segment at `addr` to `dump_live`."""
+    offset = 0                            # running sum of the sizes before block j
+    for j, blk in enumerate(blocks):
+        if not isinstance(blk, dict):
+            raise TraceError(f"{source}: {where} block {j} is not a dict")
+        bsize = _int(blk.get("size"), source, f"{where} block {j}", "size")
+        if blk.get("state") in _ALLOCATED_STATES:
+            baddr = blk.get("address")
+            if type(baddr) is not int:   # older snapshots list blocks without addresses
+                baddr = addr + offset
+            dump_live[baddr] = (bsize, blk.get("requested_size"))
+        offset += bsize
+
+
+def _window_events(entries: list, source: str, cfg: Any) -> tuple[list[Event], list[int]]:
+    """The window's events, forward, with allocations' block sizes; and the indices of the
+    frees of blocks allocated before the window (their block size is not known yet: -1)."""
     has_completed = any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries)
     free_actions = {"free_completed"} if has_completed else {"free", "free_requested"}
     frame_cache: dict[tuple, Frame] = {}
@@ -169,14 +201,7 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
             if kind == "free" or kind is None:
                 continue                   # free_requested beside free_completed; snapshot; annotations
         where = f"event {i} ({action})"
-        addr = _int(e.get("addr"), source, where, "addr")
-        size = _int(e.get("size"), source, where, "size")
-        if size < 0:
-            raise TraceError(f"{source}: {where}: negative size {size}")
-        stream = _int(e.get("stream", 0) or 0, source, where, "stream")
-        t = e.get("time_us", 0) or 0
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or abs(t) > 1e300:
-            raise TraceError(f"{source}: {where}: time_us is not a number ({quote(t)})")
+        addr, size, stream, t = _event_fields(e, source, where)
         frames = _frames(e.get("frames"), frame_cache, frame_lists)
         if kind == "alloc":
             if size == 0:
@@ -193,8 +218,26 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
                 prewindow_frees.append(len(events) - 1)
         else:
             events.append(Event(kind, addr, size, stream, float(t), None, frames))
+    return events, prewindow_frees
 
-    # ---- walk back from the dump to the window's start -------------------------------------
+
+def _event_fields(e: dict, source: str, where: str) -> tuple[int, int, int, int | float]:
+    """An entry's address, size, stream and time, each checked."""
+    addr = _int(e.get("addr"), source, where, "addr")
+    size = _int(e.get("size"), source, where, "size")
+    if size < 0:
+        raise TraceError(f"{source}: {where}: negative size {size}")
+    stream = _int(e.get("stream", 0) or 0, source, where, "stream")
+    t = e.get("time_us", 0) or 0
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or abs(t) > 1e300:
+        raise TraceError(f"{source}: {where}: time_us is not a number ({quote(t)})")
+    return addr, size, stream, t
+
+
+def _walk_back(events: list[Event], dump_segments: dict[int, dict[str, Any]],
+               dump_live: dict[int, tuple[int, int | None]]
+               ) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[int, int | None]]]:
+    """The segments and live blocks at the window's start, walking back from the dump."""
     start_live = dict(dump_live)
     start_segments = dict(dump_segments)
     for ev in reversed(events):
@@ -207,26 +250,39 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         elif ev.action == "segment_free":
             small = ev.size == K_SMALL_BUFFER
             start_segments[ev.addr] = {"size": ev.size, "stream": ev.stream, "pool": "small" if small else "large", "expandable": False}
+    return start_segments, start_live
 
-    seg_addrs = sorted(start_segments)
 
-    def segment_of(addr: int) -> int | None:
-        k = bisect_right(seg_addrs, addr) - 1
-        if k >= 0 and addr < seg_addrs[k] + start_segments[seg_addrs[k]]["size"]:
-            return seg_addrs[k]
+class _SegmentIndex:
+    """The start state's segments by address, and which one holds an address."""
+
+    def __init__(self, segments: dict[int, dict[str, Any]]) -> None:
+        self.segments = segments
+        self.addrs = sorted(segments)
+
+    def segment_of(self, addr: int) -> int | None:
+        k = bisect_right(self.addrs, addr) - 1
+        if k >= 0 and addr < self.addrs[k] + self.segments[self.addrs[k]]["size"]:
+            return self.addrs[k]
         return None
 
-    # block sizes of pre-window blocks freed in the window
+
+def _size_prewindow_frees(events: list[Event], prewindow_frees: list[int],
+                          start_live: dict[int, tuple[int, int | None]], segments: _SegmentIndex,
+                          cfg: Any, source: str) -> int:
+    """Sets the block size of each pre-window block freed in the window (the rounded request,
+    plus a large-pool tail of at most 1 MiB up to the next known block or the segment's end) in
+    its event and in `start_live`. Returns how many took such a tail."""
     known = sorted(a for a, (s, _) in start_live.items() if s >= 0)
     guessed = 0
     for idx in prewindow_frees:
         ev = events[idx]
-        seg_addr = segment_of(ev.addr)
+        seg_addr = segments.segment_of(ev.addr)
         if seg_addr is None:
             raise TraceError(f"{source}: event {idx} (free): free of unknown address {ev.addr:#x} "
                              "(never allocated in the window, and in no segment that existed before it)")
         rounded = round_size(ev.requested or 1, cfg)
-        seg = start_segments[seg_addr]
+        seg = segments.segments[seg_addr]
         k = bisect_right(known, ev.addr)
         boundary = min(known[k] if k < len(known) else seg_addr + seg["size"], seg_addr + seg["size"])
         gap = boundary - ev.addr - rounded
@@ -236,18 +292,23 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         start_live[ev.addr] = (size, ev.requested)
     # the same block sizes on every later free of these addresses are already right: a
     # re-allocation in the window goes through the forward table above
+    return guessed
 
-    # ---- the start state as segments with their block layout ------------------------------
-    by_segment: dict[int, list[tuple[int, int, int | None]]] = {a: [] for a in seg_addrs}
+
+def _start_layout(start_live: dict[int, tuple[int, int | None]], segments: _SegmentIndex,
+                  source: str) -> tuple[list[Segment], list[Block]]:
+    """The start state as segments with their block layout, free gaps included; and the
+    allocated blocks."""
+    by_segment: dict[int, list[tuple[int, int, int | None]]] = {a: [] for a in segments.addrs}
     for addr, (size, req) in start_live.items():
-        seg_addr = segment_of(addr)
+        seg_addr = segments.segment_of(addr)
         if seg_addr is None:
             raise TraceError(f"{source}: block at {addr:#x} live at the window's start lies in no segment")
         by_segment[seg_addr].append((addr, size, req))
     initial_segments: list[Segment] = []
     initial_blocks: list[Block] = []
-    for seg_addr in seg_addrs:
-        seg = start_segments[seg_addr]
+    for seg_addr in segments.addrs:
+        seg = segments.segments[seg_addr]
         end, cursor, layout = seg_addr + seg["size"], seg_addr, []
         for addr, size, req in sorted(by_segment[seg_addr]):
             if addr < cursor or addr + size > end:
@@ -261,11 +322,4 @@ def snapshot_to_trace(data: Any, source: str = "<snapshot>", device: int | None 
         if cursor < end:
             layout.append(Block(cursor, end - cursor, None, seg["stream"], allocated=False))
         initial_segments.append(Segment(seg_addr, seg["size"], seg["stream"], seg["pool"], layout, seg["expandable"]))
-
-    return Trace(
-        events=events, source=source, format="torch-snapshot",
-        initial_segments=initial_segments, initial_blocks=initial_blocks,
-        allocator_settings=dict(settings), device_capacity=None,
-        meta={"device": device, "dump_segments": len(dump_segments), "prewindow_frees": len(prewindow_frees),
-              "prewindow_sizes_with_tail": guessed},
-    )
+    return initial_segments, initial_blocks

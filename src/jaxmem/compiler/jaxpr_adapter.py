@@ -28,15 +28,11 @@ from jax.extend import core as jcore
 
 from jaxmem.compiler.plan_types import Const, SourceLine
 from jaxmem.compiler.program import INPUT, Program
+# Call-like primitives whose body the planner inlines into the caller's schedule, and the
+# control flow whose bodies are planned on their own: the table's `body` column.
+from jaxmem.compiler.rules import CALL_PRIMITIVES, LOOP_PRIMITIVES
 from jaxmem.errors import PlanError
 
-# Call-like primitives whose body the planner inlines into the caller's schedule. The name
-# changed over releases (pjit -> jit, checkpoint -> remat2), so every spelling is listed.
-CALL_PRIMITIVES = frozenset({
-    "pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-    "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "custom_lin_call",
-})
-LOOP_PRIMITIVES = frozenset({"scan", "while", "cond"})
 
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
 _JAXMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

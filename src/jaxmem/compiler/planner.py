@@ -26,7 +26,7 @@ from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
 from jaxmem.compiler.program import DROPPED, Program, drop_dead, forget_side_tables, side_table
-from jaxmem.compiler.rules import storage_rule
+from jaxmem.compiler.rules import LOOP_PRIMITIVES, storage_rule
 from jaxmem.compiler.liveness import Liveness, assign_buffers
 from jaxmem.compiler.placement import Placement, place
 from jaxmem.compiler.plan_types import Const, PlannedBuffer, Plan, Step, ValueInfo
@@ -379,7 +379,7 @@ def _nested_jaxprs(g: Program) -> dict[int, list[Any]]:
     program search the (many) ops' parameters once."""
     out: dict[int, list[Any]] = {}
     for op in g.ops:
-        if op.primitive not in ("cond", "scan", "while") and storage_rule(op.primitive) in ("unknown", "fresh"):
+        if op.primitive not in LOOP_PRIMITIVES and storage_rule(op.primitive) in ("unknown", "fresh"):
             subs = ja.nested_jaxprs(op.eqn)
             if subs:
                 out[op.index] = subs

@@ -48,7 +48,11 @@ from jaxmem.compiler.program import Op
 from jaxmem.compiler.remat_graph import Graph, group_op
 from jaxmem.compiler.schedule import sink as schedule_sink
 from jaxmem.compiler.stages import live_profile
-from jaxmem.compiler.rules import DOT_LIKE, ELEMENTWISE_COST, MAX_FUSED_READERS, fusible_producer
+# DOUBLED_VIEWS: movement ops whose output XLA:CPU may hold twice (two layouts) when a recompute
+# group reads it; CHAIN_VIEWS: movement ops a transposed operand may be recomputed through
+# (see `_view_chain`).
+from jaxmem.compiler.rules import (CHAIN_VIEWS, DOT_LIKE, DOUBLED_VIEWS, ELEMENTWISE_COST, MAX_FUSED_READERS,
+                                   fusible_producer)
 
 # A chain may reach this many ops back from the value it recomputes; deeper chains cost more
 # than they free in every model we measured, and the bound keeps one search step cheap.
@@ -56,10 +60,6 @@ MAX_CHAIN_DEPTH = 16
 MAX_CHAIN_NODES = 64
 # Extra cheap ops a sibling may add to a group's chain.
 MAX_SIBLING_NODES = 4
-# Movement ops whose output XLA:CPU may hold twice (two layouts) when a recompute group reads it.
-DOUBLED_VIEWS = frozenset({"transpose"})
-# Movement ops a transposed operand may be recomputed through (see `_view_chain`).
-VIEW_OPS = frozenset({"transpose", "reshape", "slice", "split", "squeeze", "expand_dims"})
 # Candidates tried per search step before giving up (they are ranked, so later ones rarely win).
 MAX_TRIES = 6
 
@@ -349,7 +349,7 @@ def _view_chain(graph: Graph, lv: XlaProfile, vid: int) -> list[int] | None:
     found = []
     while len(found) < 4:
         op = graph.ops[pos]
-        if op.eqn is None or op.primitive not in VIEW_OPS or len(op.inputs) != 1:
+        if op.eqn is None or op.primitive not in CHAIN_VIEWS or len(op.inputs) != 1:
             return None
         found.append(pos)
         src = op.inputs[0]

@@ -17,8 +17,12 @@ One `Rule` per primitive name, with a conservative default (`UNKNOWN`) for names
   Elementwise and movement ops are `cheap`: what XLA fuses, and what remat recomputes first.
 - `recomputable`: False for ops whose second run would differ or have an effect.
 
+Further columns, set per name by `_facet`, are read by one model each (the comment above each
+says which); the sets other modules test names against are derived from the columns here, and
+no other module keeps a collection of primitive names.
+
 Adding a primitive is one row here (and, to run it without falling back to JAX, a kernel in
-`execution/primitives.py`).
+`execution/primitives.py`); `set_row` adds one at run time (a test's own primitive).
 
     >>> rule("reshape").storage, rule("add").storage, rule("my_custom_op").storage
     ('view', 'elementwise', 'unknown')
@@ -27,8 +31,7 @@ Adding a primitive is one row here (and, to run it without falling back to JAX, 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-from jaxmem.compiler.jaxpr_adapter import CALL_PRIMITIVES
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,30 @@ class Rule:
     recomputable: bool = True
     # -- columns read by XLA:GPU's model (xla/gpu_*)
     # -- columns read by fitting/ (bound, reorder), remat's search and the executor
+    # (and `body` by the front end and the planner)
+    # `hero`: XLA:GPU never fuses it into a consumer as a producer; its result is materialized
+    # (or takes elementwise consumers into its own fusion's epilogue): the bound's heroes.
+    hero: bool = False
+    # `view`: how its output can share operand 0's bytes, XLA writing nothing (or eliding the
+    # write): "bitcast" (reshape, squeeze, expand_dims: the bytes under another shape),
+    # "transpose", "slice", "split" (several slices), "dynamic_slice", "broadcast", "convert"
+    # (a change of type or precision XLA may make a bitcast), "copy" (an HLO copy XLA may elide),
+    # "barrier" (optimization_barrier's pass-through), "annotation" (the value itself: gradient
+    # and sharding annotations); "" none. Each reader picks the kinds its model joins, in the
+    # sets below.
+    view: str = ""
+    # `body`: "call", a call-like primitive whose jaxpr the front end inlines; "control", a
+    # control-flow primitive whose bodies are planned on their own (scan, while, cond).
+    body: str = ""
+    # `folds_constants`: XLA's algebraic simplifier combines its constant operand with others'
+    # (`(x * c1) * c2` -> `x * (c1 * c2)`, `x / c` -> `x * (1 / c)`).
+    folds_constants: bool = False
+    # `running_sum`: each output is a running sum (or product) along `axis`, whose rounding
+    # grows with the axis' length.
+    running_sum: bool = False
+    # `widened`: XLA:GPU's expansion writes more than the op reads and writes
+    # (`SelectAndScatterExpander`: index arrays and a zero buffer the operand's size).
+    widened: bool = False
 
     @property
     def cheap(self) -> bool:
@@ -61,6 +88,10 @@ MAX_FUSED_READERS = 8
 def _rows(names: str, rule: Rule) -> dict[str, Rule]:
     return dict.fromkeys(names.split(), rule)
 
+
+# The name changed over releases (pjit -> jit, checkpoint -> remat2), so every spelling is listed.
+_CALLS = """pjit jit closed_call core_call custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr remat remat2
+            checkpoint custom_lin_call"""
 
 RULES: dict[str, Rule] = {
     **_rows("""abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil
@@ -106,7 +137,7 @@ RULES: dict[str, Rule] = {
     **_rows("cond", Rule("fresh", cost="cond")),
     # call-like primitives are inlined by the front end; one whose body does not line up with
     # its operands stays an op, planned fresh with its body as scratch
-    **dict.fromkeys(CALL_PRIMITIVES, Rule("fresh")),
+    **_rows(_CALLS, Rule("fresh")),
     **_rows("""after_all approx_top_k argsort axis_index cholesky create_token custom_linear_solve
                dot_general_p eig eigh fft hessenberg iota_2x32_shape lu mesh_cast nonzero platform_index
                pmax pmin qr ragged_dot ragged_dot_general random_bits random_fold_in random_gamma random_split schur svd
@@ -116,6 +147,9 @@ RULES: dict[str, Rule] = {
                psum_invariant pure_callback random_seed random_unwrap random_wrap reduce_scatter
                rng_bit_generator rng_uniform""",
             Rule("fresh", recomputable=False)),
+    # read by name (checkpoint_name's tags, a program that is one shard_map) but planned as
+    # unknown ops: their rows are the default
+    **_rows("name shard_map", UNKNOWN),
 }
 
 
@@ -133,12 +167,72 @@ def _facet(names: str, **columns: object) -> None:
 
 # -- facets read by fitting/ (bound, reorder), remat's search and the executor
 
+_facet("""dot_general conv_general_dilated reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or
+          reduce_xor argmax argmin reduce_window_sum reduce_window_max reduce_window_min reduce_window
+          select_and_scatter_add select_and_gather_add scatter scatter-add scatter_add scatter-mul scatter_mul
+          scatter-min scatter_min scatter-max scatter_max sort top_k fft cumsum cumprod cummax cummin
+          cumlogsumexp""", hero=True)
+_facet("reshape squeeze expand_dims", view="bitcast")
+_facet("transpose", view="transpose")
+_facet("slice", view="slice")
+_facet("split", view="split")
+_facet("dynamic_slice", view="dynamic_slice")
+_facet("broadcast_in_dim", view="broadcast")
+_facet("bitcast_convert_type convert_element_type reduce_precision real imag", view="convert")
+_facet("copy copy_p", view="copy")
+_facet("optimization_barrier", view="barrier")
+_facet("stop_gradient sharding_constraint mesh_cast reshard pvary", view="annotation")
+_facet(_CALLS, body="call")
+_facet("scan while cond", body="control")
+_facet("add sub mul div pow", folds_constants=True)
+_facet("cumsum cumprod cumlogsumexp", running_sum=True)
+_facet("select_and_scatter_add", widened=True)
+
 # The table's hot questions as sets (the planner and remat's search ask them per op, per trial).
-DOT_LIKE = frozenset(name for name, r in RULES.items() if r.dot_like)
-CHEAP = frozenset(name for name, r in RULES.items() if r.cheap)
-ELEMENTWISE_COST = frozenset(name for name, r in RULES.items() if r.cost == "elementwise")
-NOT_RECOMPUTABLE = frozenset(name for name, r in RULES.items() if not r.recomputable)
-_VIEWS = frozenset(name for name, r in RULES.items() if r.storage == "view")
+# Each is one set object for the life of the process, refreshed in place by `set_row`, so the
+# modules that imported it see a row added later; read them, never change them.
+_DERIVED: list[tuple[set[str], Callable[[Rule], bool]]] = []
+
+
+def _names(test: Callable[[Rule], bool]) -> set[str]:
+    names = {name for name, r in RULES.items() if test(r)}
+    _DERIVED.append((names, test))
+    return names
+
+
+DOT_LIKE = _names(lambda r: r.dot_like)
+CHEAP = _names(lambda r: r.cheap)
+ELEMENTWISE_COST = _names(lambda r: r.cost == "elementwise")
+NOT_RECOMPUTABLE = _names(lambda r: not r.recomputable)
+_VIEWS = _names(lambda r: r.storage == "view")
+CALL_PRIMITIVES = _names(lambda r: r.body == "call")
+LOOP_PRIMITIVES = _names(lambda r: r.body == "control")
+HEROES = _names(lambda r: r.hero)
+SCATTERS = _names(lambda r: r.hero and r.storage == "update")
+# The bound's joins: a value and its view are one buffer (over-joining only weakens the bound);
+# a split's several outputs and the annotations are not joined.
+BOUND_VIEWS = _names(lambda r: r.view in ("bitcast", "transpose", "slice", "dynamic_slice", "broadcast", "convert",
+                                          "copy", "barrier"))
+# Remat's view chains: single-operand movement a transposed operand may be recomputed through,
+# and the transposes whose output XLA:CPU may hold twice (two layouts).
+CHAIN_VIEWS = _names(lambda r: r.view in ("bitcast", "transpose", "slice", "split"))
+DOUBLED_VIEWS = _names(lambda r: r.view == "transpose")
+# The executor's identity kernel: the output is the operand's value.
+IDENTITY_VIEWS = _names(lambda r: r.view in ("copy", "annotation"))
+FOLDS_CONSTANTS = _names(lambda r: r.folds_constants)
+WIDENED = _names(lambda r: r.widened)
+
+
+def set_row(name: str, row: Rule | None) -> None:
+    """Add (or replace) one primitive's row, or remove it (`row=None`), and refresh every set
+    derived from the table. Tests use it for a primitive of their own; jaxmem's rows are above."""
+    if row is None:
+        RULES.pop(name, None)
+    else:
+        RULES[name] = row
+    for names, test in _DERIVED:
+        names.clear()
+        names.update(n for n, r in RULES.items() if test(r))
 
 
 def rule(primitive: str) -> Rule:

@@ -1,6 +1,6 @@
-"""How to run each JAX primitive on host memory: a rule table from primitive name to kernel.
+"""How to run each JAX primitive on host memory: a table from primitive name to kernel maker.
 
-A rule looks at one equation (its params and abstract values, never its data) and returns a
+A kernel maker looks at one equation (its params and abstract values, never its data) and returns a
 `Kernel`, or None when numpy cannot do exactly what the primitive means for these params and
 dtypes; the equation then runs through JAX on the CPU (`jax_kernel`), so an unknown primitive
 is slower, never wrong and never a crash.
@@ -31,6 +31,7 @@ import numpy as np
 import scipy.special as sps
 
 from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.compiler.rules import IDENTITY_VIEWS
 
 Array = np.ndarray
 
@@ -63,14 +64,15 @@ class Kernel:
     jitted: Any = None
 
 
-Rule = Callable[[Any], "Kernel | None"]
-RULES: dict[str, Rule] = {}
+KernelMaker = Callable[[Any], "Kernel | None"]
+# The executor's kernel table (what the planner knows of a primitive is `compiler.rules.KERNELS`).
+KERNELS: dict[str, KernelMaker] = {}
 
 
-def rule(*names: str) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
+def kernel_of(*names: str) -> Callable[[KernelMaker], KernelMaker]:
+    def register(fn: KernelMaker) -> KernelMaker:
         for n in names:
-            RULES[n] = fn
+            KERNELS[n] = fn
         return fn
     return register
 
@@ -199,14 +201,14 @@ def jax_kernel(eqn: Any) -> Kernel:
 
 
 def kernel_for(eqn: Any) -> Kernel:
-    """The kernel for one equation: its numpy rule when one applies, else the JAX fallback."""
+    """The kernel for one equation: its numpy kernel when one applies, else the JAX fallback."""
     name = ja.eqn_name(eqn)
-    make = RULES.get(name)
+    make = KERNELS.get(name)
     if make is not None and not _touches_keys(eqn):
         try:
             kernel = make(eqn)
         except (TypeError, ValueError, KeyError, AttributeError):
-            # A param layout this rule does not know (a newer JAX): JAX runs it instead.
+            # A param layout this kernel maker does not know (a newer JAX): JAX runs it instead.
             kernel = None
         if kernel is not None:
             return kernel
@@ -286,15 +288,15 @@ def _native_all(eqn: Any) -> bool:
 
 # scipy's special functions run element by element, 10-50x slower than XLA's vectorised
 # approximations: past this many elements JAX computes them.
-SLOW_SPECIAL = frozenset({"erf", "erfc", "erf_inv", "logistic"})
 SPECIAL_SIZE = 4096
 
 
-def _simple(ufunc: Callable[..., Any], kinds: str = "biufc") -> Rule:
+def _simple(ufunc: Callable[..., Any], kinds: str = "biufc", max_size: int | None = None) -> KernelMaker:
+    """A ufunc's kernel for inputs of `kinds`; none from `max_size` output elements on."""
     def make(eqn: Any) -> Kernel | None:
         if not _native_all(eqn):
             return None
-        if ja.eqn_name(eqn) in SLOW_SPECIAL and math.prod(_out_avals(eqn)[0].shape) >= SPECIAL_SIZE:
+        if max_size is not None and math.prod(_out_avals(eqn)[0].shape) >= max_size:
             return None
         if any(_dt(a).kind not in kinds for a in _in_avals(eqn)):
             return None
@@ -317,15 +319,15 @@ for _name, _uf, _kinds in [
     ("le", np.less_equal, "biuf"), ("gt", np.greater, "biuf"), ("ge", np.greater_equal, "biuf"),
     ("and", np.bitwise_and, "biu"), ("or", np.bitwise_or, "biu"), ("xor", np.bitwise_xor, "biu"),
     ("not", np.invert, "biu"), ("square", np.square, "iufc"),
-    ("erf", sps.erf, "f"), ("erfc", sps.erfc, "f"), ("erf_inv", sps.erfinv, "f"),
-    ("logistic", sps.expit, "f"),
     ("real", np.real, "c"), ("imag", np.imag, "c"), ("conj", np.conjugate, "c"),
 ]:
     if _uf is not None:
-        RULES[_name] = _simple(_uf, _kinds)
+        KERNELS[_name] = _simple(_uf, _kinds)
+for _name, _uf in [("erf", sps.erf), ("erfc", sps.erfc), ("erf_inv", sps.erfinv), ("logistic", sps.expit)]:
+    KERNELS[_name] = _simple(_uf, "f", max_size=SPECIAL_SIZE)
 
 
-@rule("div")
+@kernel_of("div")
 def _div(eqn: Any) -> Kernel | None:
     dtype = _dt(_out_avals(eqn)[0])
     if not _native_all(eqn):
@@ -353,7 +355,7 @@ def _int_div(dtype: np.dtype, a: Array, b: Array) -> Array:
     return np.where(zero, minus_one, q).astype(dtype, copy=False)
 
 
-@rule("rem")
+@kernel_of("rem")
 def _rem(eqn: Any) -> Kernel | None:
     dtype = _dt(_out_avals(eqn)[0])
     if not _native_all(eqn):
@@ -375,7 +377,7 @@ def _int_rem(dtype: np.dtype, a: Array, b: Array) -> Array:
     return np.where(zero, a, r).astype(dtype, copy=False)
 
 
-@rule("pow")
+@kernel_of("pow")
 def _pow(eqn: Any) -> Kernel | None:
     a, b = _in_avals(eqn)
     if _dt(a).kind in "fc" and _dt(b) == _dt(a) and _native_all(eqn):
@@ -383,7 +385,7 @@ def _pow(eqn: Any) -> Kernel | None:
     return None
 
 
-@rule("integer_pow")
+@kernel_of("integer_pow")
 def _integer_pow(eqn: Any) -> Kernel | None:
     y = int(_params(eqn)["y"])
     dtype = _dt(_in_avals(eqn)[0])
@@ -411,12 +413,12 @@ def _integer_pow(eqn: Any) -> Kernel | None:
     return Kernel(compute=compute)
 
 
-@rule("sign")
+@kernel_of("sign")
 def _sign(eqn: Any) -> Kernel | None:
     return _ufunc(np.sign, eqn) if _native_all(eqn) else None
 
 
-@rule("rsqrt")
+@kernel_of("rsqrt")
 def _rsqrt(eqn: Any) -> Kernel | None:
     if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in "fc":
         return None
@@ -428,7 +430,7 @@ def _rsqrt(eqn: Any) -> Kernel | None:
     return Kernel(compute=lambda x: np.reciprocal(np.sqrt(x)), into=into, overlap_safe=True)
 
 
-@rule("round")
+@kernel_of("round")
 def _round(eqn: Any) -> Kernel | None:
     if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind != "f":
         return None
@@ -443,7 +445,7 @@ def _round(eqn: Any) -> Kernel | None:
     return Kernel(compute=away)
 
 
-@rule("clamp")
+@kernel_of("clamp")
 def _clamp(eqn: Any) -> Kernel | None:
     if not _native_all(eqn):
         return None
@@ -458,7 +460,7 @@ def _clamp(eqn: Any) -> Kernel | None:
     return Kernel(compute=lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi), into=into, overlap_safe=True)
 
 
-@rule("shift_left", "shift_right_logical", "shift_right_arithmetic")
+@kernel_of("shift_left", "shift_right_logical", "shift_right_arithmetic")
 def _shift(eqn: Any) -> Kernel | None:
     dtype = _dt(_out_avals(eqn)[0])
     if dtype.kind not in "iu" or not _native_all(eqn):
@@ -482,7 +484,7 @@ def _shift(eqn: Any) -> Kernel | None:
     return Kernel(compute=compute)
 
 
-@rule("select_n")
+@kernel_of("select_n")
 def _select_n(eqn: Any) -> Kernel | None:
     avals = _in_avals(eqn)
     if not _native_all(eqn):
@@ -516,7 +518,7 @@ def _select_n(eqn: Any) -> Kernel | None:
 
 # ---- conversion ------------------------------------------------------------------------------
 
-@rule("convert_element_type")
+@kernel_of("convert_element_type")
 def _convert(eqn: Any) -> Kernel | None:
     src, dst = _dt(_in_avals(eqn)[0]), _dt(_out_avals(eqn)[0])
     if src == dst:
@@ -550,7 +552,7 @@ def _convert(eqn: Any) -> Kernel | None:
     return Kernel(compute=lambda x: x.astype(dst), into=into, overlap_safe=True)
 
 
-@rule("bitcast_convert_type")
+@kernel_of("bitcast_convert_type")
 def _bitcast(eqn: Any) -> Kernel | None:
     src, dst = _dt(_in_avals(eqn)[0]), _dt(_out_avals(eqn)[0])
     if src.itemsize != dst.itemsize:
@@ -559,7 +561,7 @@ def _bitcast(eqn: Any) -> Kernel | None:
                   into=lambda out, x: np.copyto(out.view(src), x), overlap_safe=True, views=True, same_bytes=True)
 
 
-@rule("reduce_precision")
+@kernel_of("reduce_precision")
 def _reduce_precision(eqn: Any) -> Kernel | None:
     dtype = _dt(_in_avals(eqn)[0])
     finfo = np.finfo(dtype) if dtype.kind == "f" else None
@@ -577,24 +579,23 @@ def _identity(eqn: Any) -> Kernel:
                   same_bytes=True)
 
 
-for _name in ("copy", "copy_p", "stop_gradient", "device_put_p", "sharding_constraint", "mesh_cast",
-              "reshard", "pvary", "optimization_barrier_single"):
-    RULES[_name] = _identity
+for _name in IDENTITY_VIEWS:  # the table's "copy" and "annotation" views: the operand's value
+    KERNELS[_name] = _identity
 
 
-@rule("device_put")
+@kernel_of("device_put")
 def _device_put(eqn: Any) -> Kernel | None:
     if len(_in_avals(eqn)) != 1 or len(_out_avals(eqn)) != 1:
         return Kernel(compute=lambda *xs: tuple(xs), views=True)
     return _identity(eqn)
 
 
-@rule("optimization_barrier")
+@kernel_of("optimization_barrier")
 def _barrier(eqn: Any) -> Kernel | None:
     return Kernel(compute=lambda *xs: tuple(xs), views=True)
 
 
-@rule("reshape")
+@kernel_of("reshape")
 def _reshape(eqn: Any) -> Kernel | None:
     if _params(eqn).get("dimensions") not in (None, ()):
         return None
@@ -607,19 +608,19 @@ def _reshape(eqn: Any) -> Kernel | None:
                   same_bytes=True)
 
 
-@rule("squeeze")
+@kernel_of("squeeze")
 def _squeeze(eqn: Any) -> Kernel | None:
     shape = tuple(_out_avals(eqn)[0].shape)
     return Kernel(compute=lambda x: x.reshape(shape), into=lambda out, x: np.copyto(out, x.reshape(shape)),
                   overlap_safe=True, views=True, same_bytes=True)
 
 
-@rule("expand_dims")
+@kernel_of("expand_dims")
 def _expand_dims(eqn: Any) -> Kernel | None:
     return _squeeze(eqn)
 
 
-@rule("broadcast_in_dim")
+@kernel_of("broadcast_in_dim")
 def _broadcast_in_dim(eqn: Any) -> Kernel | None:
     if len(_in_avals(eqn)) != 1:
         return None  # dynamic shapes
@@ -640,21 +641,21 @@ def _broadcast_in_dim(eqn: Any) -> Kernel | None:
     return Kernel(compute=compute, into=into, overlap_safe=True, views=True)
 
 
-@rule("transpose")
+@kernel_of("transpose")
 def _transpose(eqn: Any) -> Kernel | None:
     perm = tuple(_params(eqn)["permutation"])
     return Kernel(compute=lambda x: x.transpose(perm), into=lambda out, x: np.copyto(out, x.transpose(perm)),
                   views=True)
 
 
-@rule("rev")
+@kernel_of("rev")
 def _rev(eqn: Any) -> Kernel | None:
     dims = tuple(_params(eqn)["dimensions"])
     return Kernel(compute=lambda x: np.flip(x, dims), into=lambda out, x: np.copyto(out, np.flip(x, dims)),
                   views=True)
 
 
-@rule("slice")
+@kernel_of("slice")
 def _slice(eqn: Any) -> Kernel | None:
     start, limit = _params(eqn)["start_indices"], _params(eqn)["limit_indices"]
     strides = _params(eqn).get("strides") or (1,) * len(start)
@@ -662,7 +663,7 @@ def _slice(eqn: Any) -> Kernel | None:
     return Kernel(compute=lambda x: x[index], into=lambda out, x: np.copyto(out, x[index]), views=True)
 
 
-@rule("concatenate")
+@kernel_of("concatenate")
 def _concatenate(eqn: Any) -> Kernel | None:
     axis = int(_params(eqn)["dimension"])
     if not _native_all(eqn):
@@ -673,7 +674,7 @@ def _concatenate(eqn: Any) -> Kernel | None:
                   into=lambda out, *xs: np.concatenate(xs, axis=axis, out=out))
 
 
-@rule("split")
+@kernel_of("split")
 def _split(eqn: Any) -> Kernel | None:
     axis = int(_params(eqn)["axis"])
     sizes = [int(s) for s in _params(eqn)["sizes"]]
@@ -681,7 +682,7 @@ def _split(eqn: Any) -> Kernel | None:
     return Kernel(compute=lambda x: tuple(np.split(x, bounds, axis=axis)), views=True)
 
 
-@rule("pad")
+@kernel_of("pad")
 def _pad(eqn: Any) -> Kernel | None:
     config = [tuple(int(v) for v in c) for c in _params(eqn)["padding_config"]]
     in_shape = tuple(_in_avals(eqn)[0].shape)
@@ -712,7 +713,7 @@ def _pad(eqn: Any) -> Kernel | None:
     return Kernel(compute=compute, into=into)
 
 
-@rule("iota")
+@kernel_of("iota")
 def _iota(eqn: Any) -> Kernel | None:
     dtype = _dt(_out_avals(eqn)[0])
     if not _numpy_native(dtype):
@@ -729,7 +730,7 @@ def _iota(eqn: Any) -> Kernel | None:
     return Kernel(compute=compute, into=lambda out: np.copyto(out, values), overlap_safe=True, views=True)
 
 
-@rule("dynamic_slice")
+@kernel_of("dynamic_slice")
 def _dynamic_slice(eqn: Any) -> Kernel | None:
     sizes = tuple(int(s) for s in _params(eqn)["slice_sizes"])
     shape = tuple(_in_avals(eqn)[0].shape)
@@ -749,7 +750,7 @@ def _dynamic_slice(eqn: Any) -> Kernel | None:
                   views=True)
 
 
-@rule("dynamic_update_slice")
+@kernel_of("dynamic_update_slice")
 def _dynamic_update_slice(eqn: Any) -> Kernel | None:
     shape = tuple(_in_avals(eqn)[0].shape)
     usize = tuple(_in_avals(eqn)[1].shape)
@@ -780,7 +781,7 @@ def _dynamic_update_slice(eqn: Any) -> Kernel | None:
 
 # ---- reductions ------------------------------------------------------------------------------
 
-def _reduction(fn: Callable[..., Any], kinds: str, accumulate: bool = False) -> Rule:
+def _reduction(fn: Callable[..., Any], kinds: str, accumulate: bool = False) -> KernelMaker:
     def make(eqn: Any) -> Kernel | None:
         if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in kinds:
             return None
@@ -808,16 +809,16 @@ def _reduction(fn: Callable[..., Any], kinds: str, accumulate: bool = False) -> 
 # Summed elements per output beyond which float32 sums accumulate in float64.
 WIDE_SUM = 256
 
-RULES["reduce_sum"] = _reduction(np.add.reduce, "iufc", accumulate=True)
-RULES["reduce_prod"] = _reduction(np.multiply.reduce, "iufc")
-RULES["reduce_max"] = _reduction(np.maximum.reduce, "biuf")
-RULES["reduce_min"] = _reduction(np.minimum.reduce, "biuf")
-RULES["reduce_and"] = _reduction(np.logical_and.reduce, "b")
-RULES["reduce_or"] = _reduction(np.logical_or.reduce, "b")
-RULES["reduce_xor"] = _reduction(np.logical_xor.reduce, "b")
+KERNELS["reduce_sum"] = _reduction(np.add.reduce, "iufc", accumulate=True)
+KERNELS["reduce_prod"] = _reduction(np.multiply.reduce, "iufc")
+KERNELS["reduce_max"] = _reduction(np.maximum.reduce, "biuf")
+KERNELS["reduce_min"] = _reduction(np.minimum.reduce, "biuf")
+KERNELS["reduce_and"] = _reduction(np.logical_and.reduce, "b")
+KERNELS["reduce_or"] = _reduction(np.logical_or.reduce, "b")
+KERNELS["reduce_xor"] = _reduction(np.logical_xor.reduce, "b")
 
 
-@rule("argmax", "argmin")
+@kernel_of("argmax", "argmin")
 def _argminmax(eqn: Any) -> Kernel | None:
     if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in "iuf":
         return None
@@ -829,21 +830,28 @@ def _argminmax(eqn: Any) -> Kernel | None:
     return Kernel(compute=lambda x: fn(x, axis=axis).astype(dtype, copy=False))
 
 
-@rule("cumsum", "cumprod", "cummax", "cummin")
-def _cumulative(eqn: Any) -> Kernel | None:
-    if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in "iuf":
-        return None
-    axis = int(_params(eqn)["axis"])
-    reverse = bool(_params(eqn).get("reverse", False))
-    op = {"cumsum": np.add, "cumprod": np.multiply, "cummax": np.maximum, "cummin": np.minimum}[ja.eqn_name(eqn)]
-    dtype = _dt(_out_avals(eqn)[0])
+def _cumulative(op: np.ufunc) -> KernelMaker:
+    """The kernel of a cumulative primitive: `op` accumulated along `axis`."""
+    def make(eqn: Any) -> Kernel | None:
+        if not _native_all(eqn) or _dt(_in_avals(eqn)[0]).kind not in "iuf":
+            return None
+        axis = int(_params(eqn)["axis"])
+        reverse = bool(_params(eqn).get("reverse", False))
+        dtype = _dt(_out_avals(eqn)[0])
 
-    def compute(x: Array) -> Array:
-        if reverse:
-            return np.flip(op.accumulate(np.flip(x, axis), axis=axis, dtype=dtype), axis)
-        return op.accumulate(x, axis=axis, dtype=dtype)  # sequential, as XLA's cumulative ops
+        def compute(x: Array) -> Array:
+            if reverse:
+                return np.flip(op.accumulate(np.flip(x, axis), axis=axis, dtype=dtype), axis)
+            return op.accumulate(x, axis=axis, dtype=dtype)  # sequential, as XLA's cumulative ops
 
-    return Kernel(compute=compute)
+        return Kernel(compute=compute)
+    return make
+
+
+KERNELS["cumsum"] = _cumulative(np.add)
+KERNELS["cumprod"] = _cumulative(np.multiply)
+KERNELS["cummax"] = _cumulative(np.maximum)
+KERNELS["cummin"] = _cumulative(np.minimum)
 
 
 # ---- contractions ----------------------------------------------------------------------------
@@ -852,7 +860,7 @@ def _cumulative(eqn: Any) -> Kernel | None:
 SMALL_DOT = 1 << 15
 
 
-@rule("dot_general")
+@kernel_of("dot_general")
 def _dot_general(eqn: Any) -> Kernel | None:
     lhs, rhs = _in_avals(eqn)
     out_dtype = _dt(_out_avals(eqn)[0])
@@ -900,7 +908,7 @@ def _dot_general(eqn: Any) -> Kernel | None:
 
 # ---- sorting ---------------------------------------------------------------------------------
 
-@rule("sort")
+@kernel_of("sort")
 def _sort(eqn: Any) -> Kernel | None:
     num_keys = int(_params(eqn)["num_keys"])
     dim = int(_params(eqn)["dimension"])
@@ -947,7 +955,7 @@ def _windows(x: Array, dims: tuple[int, ...], strides: tuple[int, ...],
     return w[tuple(slice(None, None, s) for s in strides)]
 
 
-@rule("reduce_window_sum", "reduce_window_max", "reduce_window_min")
+@kernel_of("reduce_window_sum", "reduce_window_max", "reduce_window_min")
 def _reduce_window(eqn: Any) -> Kernel | None:
     parsed = _window_params(eqn)
     dtype = _dt(_in_avals(eqn)[0])
@@ -998,7 +1006,7 @@ def _reduce_window(eqn: Any) -> Kernel | None:
 WINDOW_PASSES = 64
 
 
-@rule("select_and_scatter_add")
+@kernel_of("select_and_scatter_add")
 def _select_and_scatter_add(eqn: Any) -> Kernel | None:
     # The gradient of max pooling: each source value goes to the first maximal element of its
     # window (select_prim ge: the earliest of equal values wins), summed where windows overlap.

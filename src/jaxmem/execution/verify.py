@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import Plan
+from jaxmem.compiler.rules import rule
 from jaxmem.errors import PlanError
 from jaxmem.execution.eager import run_eager
 from jaxmem.execution.jit import build
@@ -108,7 +109,7 @@ def _reduced_terms(eqn: Any) -> int:
     if name.startswith("reduce_") or name in ("argmax", "argmin"):
         axes = params.get("axes", ())
         return math.prod(shape(0)[a] for a in axes) if axes else 1
-    if name in ("cumsum", "cumprod", "cumlogsumexp"):
+    if rule(name).running_sum:
         return shape(0)[params["axis"]]
     if name == "scan":
         return int(params["length"])  # a carry summed across iterations is one more long sum

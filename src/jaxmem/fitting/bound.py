@@ -80,19 +80,11 @@ import numpy as np
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import Const, SourceLine
 from jaxmem.compiler.program import Program, drop_dead
-
-# Operations XLA:GPU never fuses into a consumer as a producer: their results are materialized
-# (or taken into their own fusion's elementwise epilogue). Everything else (elementwise, layout,
-# gather, control flow, unknown) is treated as fusible, which can only lower the bound.
-HEROES = frozenset({
-    "dot_general", "conv_general_dilated", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
-    "reduce_and", "reduce_or", "reduce_xor", "argmax", "argmin", "reduce_window_sum", "reduce_window_max",
-    "reduce_window_min", "reduce_window", "select_and_scatter_add", "select_and_gather_add", "scatter",
-    "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min", "scatter-max",
-    "scatter_max", "sort", "top_k", "fft", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp",
-})
-SCATTERS = frozenset(n for n in HEROES if n.startswith("scatter"))
-GEMMS = frozenset({"dot_general", "conv_general_dilated"})
+# HEROES: operations XLA:GPU never fuses into a consumer as a producer (the table's `hero`
+# column): their results are materialized (or take their own fusion's elementwise epilogue).
+# Everything else (elementwise, layout, gather, control flow, unknown) is treated as fusible,
+# which can only lower the bound. SCATTERS: the heroes that update operand 0 in place.
+from jaxmem.compiler.rules import BOUND_VIEWS, DOT_LIKE, HEROES, SCATTERS
 
 
 @dataclass(frozen=True)
@@ -292,7 +284,7 @@ def _chain(p: Program, heroes: list[bool], arg: int, out: int) -> set[int] | Non
 
 def _is_counted_hero(op: Any, heroes: list[bool]) -> bool:
     """A scatter, GEMM or convolution: an operation whose result `_result_cost` bounds."""
-    return op.primitive in SCATTERS or (op.primitive in GEMMS and heroes[op.index])
+    return op.primitive in SCATTERS or (op.primitive in DOT_LIKE and heroes[op.index])
 
 
 def _allocations(p: Program, heroes: list[bool], aliases: dict[int, int],
@@ -551,12 +543,9 @@ def _descendants(p: Program, start: Any) -> set[int]:
 
 # -- a bound over policies within a FLOP cap ----------------------------------------------------
 
-# Ops whose result XLA may make a view of an operand's buffer (a bitcast, a barrier's pass-through,
-# a copy it elides): a value and its view are one buffer, so the FLOP-capped bound never counts
-# them as two. Over-joining only weakens the bound.
-VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "bitcast_convert_type", "copy", "copy_p",
-                   "optimization_barrier", "broadcast_in_dim", "slice", "dynamic_slice", "convert_element_type",
-                   "reduce_precision", "real", "imag"})
+# BOUND_VIEWS: ops whose result XLA may make a view of an operand's buffer (a bitcast, a
+# barrier's pass-through, a copy it elides): a value and its view are one buffer, so the
+# FLOP-capped bound never counts them as two. Over-joining only weakens the bound.
 
 # How a verdict names the policies it does not cover (fit then measures offload candidates).
 WITHOUT_OFFLOAD = "without host offload"
@@ -580,7 +569,7 @@ def _has_remat(jaxpr: Any) -> bool:
 
 def _buffer_classes(p: Program) -> tuple[list[int], set[int]]:
     """Per value, a representative of the values XLA may hold in one buffer: views of each other
-    (`VIEWS`), an elementwise op with a literal operand and its same-size operand (XLA's
+    (`BOUND_VIEWS`), an elementwise op with a literal operand and its same-size operand (XLA's
     simplifier turns `x * 1`, `x + 0`, `max(x, -inf)` into `x`), and equations that compute the
     same thing from the same buffers (XLA's CSE merges them). Also the ops that are such a
     repeat of an earlier op."""
@@ -599,7 +588,7 @@ def _buffer_classes(p: Program) -> tuple[list[int], set[int]]:
     seen: dict[tuple[Any, ...], list[int | None]] = {}
     for op in p.ops:
         outs = [w for w in op.outputs if w is not None]
-        if op.primitive in VIEWS:
+        if op.primitive in BOUND_VIEWS:
             for w in outs:
                 for v in op.inputs:
                     join(w, v)

@@ -26,6 +26,7 @@ import jax
 from jaxmem.accelerators import is_gpu
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import Const, Plan
+from jaxmem.compiler.rules import FOLDS_CONSTANTS, WIDENED
 from jaxmem.fitting.judge import Judge
 
 
@@ -241,8 +242,8 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
 # index array per operand dimension (for a 2x2 NHWC pool, as many bytes as the operand) and a
 # scatter into a fresh zero buffer the size of the operand (cnn_train's first stage: 8 MiB of
 # indices and 8 MiB of zeros, `loop_reduce_window_fusion{1..4}` and `loop_broadcast_fusion` in
-# its buffer-assignment dump). jaxmem's plan models only the operand and the output.
-WIDENED = frozenset({"select_and_scatter_add"})
+# its buffer-assignment dump). jaxmem's plan models only the operand and the output. (The
+# table's `widened` column: `rules.WIDENED`.)
 
 
 def readers_first(plan: Plan) -> tuple[list[Any], set[int]]:
@@ -356,10 +357,11 @@ def _last_reads(schedule: Sequence[Any], outvars: Sequence[Any]) -> dict[int, in
     return out
 
 
-# Arithmetic whose constants XLA's simplifier folds into others (`(x * c1) * c2` becomes
-# `x * (c1 * c2)`, `x / c` becomes `x * (1 / c)`): a constant it cannot see there would round
-# differently (transformer_train's Adam moments: 1e-11 apart), so those stay constants.
-FOLDED = frozenset({"add", "sub", "mul", "div", "pow"})
+# Arithmetic whose constants XLA's simplifier folds into others (the table's `folds_constants`:
+# `(x * c1) * c2` becomes `x * (c1 * c2)`, `x / c` becomes `x * (1 / c)`): a constant it cannot
+# see there would round differently (transformer_train's Adam moments: 1e-11 apart), so those
+# stay constants.
+FOLDED = FOLDS_CONSTANTS
 
 
 def _folded(primitive: str, c: Const) -> bool:

@@ -407,7 +407,7 @@ def masked_select_into_gemm():
     """A GEMM reading `where(m > 0, d, 0)` (a relu or dropout mask applied to a gradient): the
     select reads a mask and a value, more bytes than it writes, so XLA's GEMM fusion does not
     take it into the GEMM's operand (IsInputWorthFusing) and the 16 MiB select is stored
-    (`gpu_model._input_worth_fusing`)."""
+    (`gpu_model_fusion_producers.input_worth_fusing`)."""
     def fn(x, m, d):
         return x.T @ jnp.where(m > 0, d, 0.0)
     return fn, (jnp.ones((N, 512), jnp.float32), jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32))

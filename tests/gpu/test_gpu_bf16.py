@@ -60,7 +60,7 @@ def test_stored_bf16_tanh_has_the_bytes_xla_gpu_stores_per_device(device):
     assert len(second) == 1
     fn, args = factory()
     g = planner.inlined(jax.make_jaxpr(fn)(*args))
-    roles = planner._roles(g, [False] * len(g.invars), (), ())
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
     fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
     stored = stored_in_f32(g, roles, fused, device)
     tanh = [op.outputs[0] for op in g.ops if op.primitive == "tanh"]

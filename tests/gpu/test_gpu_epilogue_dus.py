@@ -1,14 +1,14 @@
-"""Two XLA:GPU behaviours behind switches of the GPU model (off by default until the suite is
-measured with them), checked against XLA:GPU's deviceless compiles on both devices:
+"""Four XLA:GPU behaviours of the GPU model, checked against XLA:GPU's deviceless compiles on
+both devices:
 
-- GEMM epilogues (`gpu_model.GEMM_OUTPUT_EPILOGUE`): an elementwise chain that alone reads a
+- GEMM epilogues (`gpu_model_fusion_gemm.output_epilogues`): an elementwise chain that alone reads a
   GEMM's result is computed in the GEMM fusion, which writes the chain's last value; an SGD
   update into a donated weight stores no gradient.
 - split-K partials read by a GEMM's prologue through fused steps (`gpu_splitk.FUSED_GEMM_READER_DEPTH`):
   the prologue's last value is stored and the partials die there.
 - a donated buffer updated in place by a chain of `dynamic_update_slice`
-  (`gpu_model.DONATED_UPDATE_CHAIN`): every update is written in the argument's allocation.
-- GEMM prologues (`gpu_model.GEMM_PROLOGUE_INPUT_WORTH`): an elementwise op that reads more
+  (`gpu_model_heap.donated_output_prefix_spans`): every update is written in the argument's allocation.
+- GEMM prologues (`gpu_model_fusion_producers.gemm_prologue_not_worth_fusing`): an elementwise op that reads more
   bytes than it writes (a masked select) is stored for the GEMM, not computed in its operand.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmem.xla import gpu_model, gpu_splitk
+from jaxmem.xla import gpu_model
 from jaxmem.xla.gpu import xla_gpu_reference
 
 from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, predicted_and_xla
@@ -28,11 +28,7 @@ PROGRAMS = [("gemm_epilogue_into_donated", (0,)), ("splitk_partials_die_at_prolo
 
 
 @pytest.fixture
-def rules_on(monkeypatch):
-    monkeypatch.setattr(gpu_model, "GEMM_OUTPUT_EPILOGUE", True)
-    monkeypatch.setattr(gpu_model, "DONATED_UPDATE_CHAIN", True)
-    monkeypatch.setattr(gpu_splitk, "FUSED_GEMM_READER_DEPTH", 4)
-    monkeypatch.setattr(gpu_model, "GEMM_PROLOGUE_INPUT_WORTH", True)
+def fresh_predictions():
     gpu_model._device_temps_kept.clear()
     yield
     gpu_model._device_temps_kept.clear()
@@ -41,7 +37,7 @@ def rules_on(monkeypatch):
 @needs_gpu_compiler
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,donate", PROGRAMS)
-def test_rule_predicts_xla_temp(name, donate, device, rules_on):
+def test_rule_predicts_xla_temp(name, donate, device, fresh_predictions):
     pred, ref, module = predicted_and_xla(name, device, donate)
     # XLA itself stores none of the large values these rules are about
     assert ref.temp_bytes < module.BIG // 16
@@ -51,7 +47,7 @@ def test_rule_predicts_xla_temp(name, donate, device, rules_on):
 
 @needs_gpu_compiler
 @pytest.mark.parametrize("device", DEVICES)
-def test_no_epilogue_when_the_gemm_result_has_a_second_reader(device, rules_on):
+def test_no_epilogue_when_the_gemm_result_has_a_second_reader(device, fresh_predictions):
     # the gradient is also returned: the rule must leave the prediction where XLA is
     pred, ref, _ = predicted_and_xla("gemm_result_also_returned", device, (0,))
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.01, (pred.total_bytes, ref.total_bytes)
@@ -60,7 +56,7 @@ def test_no_epilogue_when_the_gemm_result_has_a_second_reader(device, rules_on):
 @needs_gpu_compiler
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["masked_select_into_gemm", "relu_into_gemm"])
-def test_gemm_prologue_stored_where_xla_stores_it(name, device, rules_on):
+def test_gemm_prologue_stored_where_xla_stores_it(name, device, fresh_predictions):
     # the select is stored (16 MiB), relu(x) * 2 stays in the GEMM's operand (XLA's own figures)
     pred, ref, module = predicted_and_xla(name, device)
     stored = name == "masked_select_into_gemm"

@@ -72,7 +72,7 @@ def test_gather_feeding_a_batched_matvec_is_fused_and_a_log_softmax_result_is_st
         _, factory = _load(name)
         fn, args = factory()
         g = drop_dead(ja.inline(jax.make_jaxpr(fn)(*args)))
-        roles = planner._roles(g, [False] * len(g.invars), (), ())
+        roles = planner.value_roles(g, [False] * len(g.invars), (), ())
         fused = gpu_fusion(g, roles, forced_fusion(g, roles))
         return [fused[op.outputs[0]] for op in g.ops if op.primitive == primitive]
 
@@ -240,7 +240,7 @@ def test_transcendental_stored_or_recomputed_per_device_as_xla_gpu(name, device)
     assert xla_stored == module.TRANSCENDENTAL_STORED[(name, device)]
     fn, args = factory()
     g = planner.inlined(jax.make_jaxpr(fn)(*args))
-    roles = planner._roles(g, [False] * len(g.invars), (), ())
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
     fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
     stored = [not fused[op.outputs[0]] for op in g.ops if op.primitive in ("tanh", "logistic")]
     assert stored == [xla_stored]

@@ -1,4 +1,4 @@
-"""Priority fusion's price of a cheap producer that its readers re-read (`gpu_model._reread_stored`),
+"""Priority fusion's price of a cheap producer that its readers re-read (`gpu_model_fusion_cost.reread_stored`),
 checked against XLA:GPU's deviceless compiles on both devices.
 
 XLA fuses a producer into its readers only when its cost model finds the fused kernels faster;
@@ -29,8 +29,8 @@ DEVICES = ["h100-80gb", "a100-40gb"]
 
 @pytest.fixture
 def reread_rule(monkeypatch):
-    """`predict` with the re-read rule on (it is off by default: see `_reread_stored`)."""
-    monkeypatch.setattr(gpu_model, "gpu_fusion", partial(gpu_model.gpu_fusion, reread_rule=True))
+    """`predict` with the re-read rule on (it is off by default: see `gpu_fusion`)."""
+    monkeypatch.setattr(gpu_model, "predict", partial(gpu_model.predict, store_reread_producers=True))
 
 
 @needs_gpu_compiler
@@ -84,9 +84,9 @@ def _model_scatter_reads(device: str) -> list[list[tuple[int, ...]]]:
 
     fn, args = ALL_PROGRAMS["moe_train"].factory()
     g = planner.inlined(jax.make_jaxpr(fn)(*args))
-    roles = planner._roles(g, [False] * len(g.invars), (), ())
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
     fused = gpu_model.gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device,
-                                 reread_rule=True)
+                                 store_reread_producers=True)
     g = gpu_model.strength_reduced(g)
     reads = []
     for op in g.ops:

@@ -6,7 +6,7 @@ on both devices (`fusion_programs.py`):
   float8 tensor cores, the float8 GEMM is cuBLASLt on float16 copies of its operands with a
   4 MiB workspace (`gpu_model.float8_fallback_scratch`);
 - split-K inside while and scan bodies (the rewriter visits every non-fusion computation), the
-  bodies modelled by the GPU model itself (`gpu_model._gpu_loop_scratch`);
+  bodies modelled by the GPU model itself (`gpu_model_scratch.loop_scratch`);
 - a GEMM operand read through a transpose is the GEMM's operand for the prologue rule
   (`gpu_model.read_by_gemm`);
 - newer JAX's data-movement primitives (`tile`, `stack`, `split`, `unstack`) computed inside

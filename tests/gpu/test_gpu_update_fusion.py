@@ -68,7 +68,7 @@ def test_update_is_computed_inside_its_readers_not_when_returned():
         return jnp.sum(y, 0), z, w
     closed = jax.make_jaxpr(fn)(jnp.ones((64, 32)), jnp.ones((2, 32)), jnp.array(1, jnp.int32))
     g = planner.inlined(closed)
-    roles = planner._roles(g, [False] * len(g.invars), (), ())
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
     inside = gpu_model.updates_read_inside(g, roles)
     updates = [op.index for op in g.ops if op.primitive == "dynamic_update_slice"]
     assert [oi in inside for oi in updates] == [True, False, False]

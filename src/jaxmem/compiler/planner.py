@@ -178,7 +178,7 @@ def _plan_jaxpr(closed_jaxpr, start, donated, fusion, inplace, schedulers, check
     flags = list(donated) + [False] * max(0, len(g.invars) - len(donated))
     if len(flags) > len(g.invars):
         raise PlanError(f"{len(donated)} donation flags for {len(g.invars)} inputs")
-    roles = _roles(g, flags, external_outputs, carry_inputs)
+    roles = value_roles(g, flags, external_outputs, carry_inputs)
     unknown: set[str] = set()
     scratch = _loop_scratch(g, unknown, base_fusion)
     for op in g.ops:
@@ -269,8 +269,8 @@ SCHEDULERS: dict[str, Callable[[Program, Analysis], list[int]]] = {
 }
 
 
-def _roles(g: Program, flags: list[bool], external_outputs: Sequence[bool],
-           carry_inputs: Sequence[int | None]) -> Roles:
+def value_roles(g: Program, flags: list[bool], external_outputs: Sequence[bool],
+                carry_inputs: Sequence[int | None]) -> Roles:
     """Each value's role: donated arguments live in the arena, the others outside; a loop body's
     results written straight into the loop's buffers live outside too."""
     nv = g.num_values
@@ -353,7 +353,7 @@ def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dic
         return sub.arena_bytes
 
     scratch: dict[int, int] = {}
-    nested = side_table(g, "nested jaxprs", _nested_jaxprs)
+    nested = side_table(g, "nested jaxprs", opaque_nested_jaxprs)
     for op in g.ops:
         bodies = ja.loop_bodies(op.eqn) if op.primitive in ja.LOOP_PRIMITIVES else []
         if op.primitive == "cond":
@@ -373,7 +373,7 @@ def _loop_scratch(g: Program, unknown: set[str], base_fusion: Any = None) -> dic
     return scratch
 
 
-def _nested_jaxprs(g: Program) -> dict[int, list[Any]]:
+def opaque_nested_jaxprs(g: Program) -> dict[int, list[Any]]:
     """Op index -> the jaxprs in its parameters, for the opaque ops (storage rule unknown or
     fresh, not a loop) that hold some: a side table, so the plans and the prediction of one
     program search the (many) ops' parameters once."""

@@ -42,6 +42,36 @@ class Rule:
     cost: str = ""
     recomputable: bool = True
     # -- columns read by XLA:GPU's model (xla/gpu_*)
+    # an elementwise op to XLA:GPU's loop fusion beside the `cost == "elementwise"` rows (a convert)
+    gpu_elementwise: bool = False
+    # data movement XLA:GPU computes inside its consumer (gpu_fusible.cc: IsFusible)
+    gpu_movement: bool = False
+    # a movement op with several outputs, one HLO slice each: each output is fused on its own
+    gpu_slice_per_output: bool = False
+    # a newer JAX primitive whose result a GEMM reads is stored: XLA computes it in a loop
+    # fusion with the layout ops after it, and the GEMM reads that copy
+    gpu_stored_for_gemm: bool = False
+    # a transcendental (HloInstruction::IsExpensive)
+    gpu_expensive: bool = False
+    # a transcendental XLA expands into branches of many ops: never duplicated into readers
+    gpu_not_duplicated: bool = False
+    # read by a Triton GEMM through its operand fusion (gemm_fusion.cc)
+    gpu_gemm_operand: bool = False
+    # a bitcast in HLO (reshapes: hlo_query::IsEffectiveParameter looks through them)
+    gpu_bitcast: bool = False
+    # folded into a GEMM's dimension numbers (the algebraic simplifier's transpose folding)
+    gpu_gemm_layout: bool = False
+    # between a row reduction and its use, keeps it a row value of the same reduction
+    gpu_row_pass: bool = False
+    # an HLO reduce (argmax/argmin: a variadic one), which takes a split GEMM's reduce
+    gpu_hlo_reduce: bool = False
+    # reads the zeros of a relu (`max(x, 0)`, `x > 0`, `select(m, g, 0)`), which XLA's CSE
+    # shares with a max-pool gradient's scatter zeros
+    gpu_relu_zero_reader: bool = False
+    # a scatter whose operand 0 XLA:GPU updates in place: no producer is computed into it
+    gpu_scatter_in_place: bool = False
+    # the HLO ops XLA:GPU emits for it, for the performance model's profile (empty: its own name)
+    gpu_hlo_ops: tuple[str, ...] = ()
     # -- columns read by fitting/ (bound, reorder), remat's search and the executor
     # (and `body` by the front end and the planner)
     # `hero`: XLA:GPU never fuses it into a consumer as a producer; its result is materialized
@@ -164,6 +194,53 @@ def _facet(names: str, **columns: object) -> None:
 
 
 # -- facets read by XLA:GPU's model (xla/gpu_*)
+_facet("convert_element_type", gpu_elementwise=True)
+_facet("""broadcast_in_dim iota reshape squeeze expand_dims transpose gather dynamic_slice slice pad concatenate
+          rev tile stack empty empty2 split unstack dynamic_update_slice""", gpu_movement=True)
+_facet("split unstack", gpu_slice_per_output=True)
+_facet("tile stack split unstack empty empty2", gpu_stored_for_gemm=True)
+_facet("""exp exp2 expm1 log log1p logistic tanh erf erfc erf_inv pow sin cos tan atan2 asin acos atan sinh cosh
+          asinh acosh atanh lgamma digamma igamma igammac bessel_i0e bessel_i1e cbrt polygamma zeta
+          random_gamma_grad regularized_incomplete_beta""", gpu_expensive=True)
+_facet("""erfc erf_inv lgamma digamma igamma igammac random_gamma_grad bessel_i0e bessel_i1e polygamma zeta
+          regularized_incomplete_beta""", gpu_not_duplicated=True)
+_facet("""reshape squeeze expand_dims transpose broadcast_in_dim convert_element_type gather dynamic_slice slice
+          iota""", gpu_gemm_operand=True)
+_facet("reshape squeeze expand_dims", gpu_bitcast=True)
+_facet("transpose", gpu_gemm_layout=True)
+_facet("broadcast_in_dim reshape expand_dims squeeze stop_gradient max min", gpu_row_pass=True)
+_facet("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin", gpu_hlo_reduce=True)
+_facet("max gt select_n", gpu_relu_zero_reader=True)
+_facet("scatter scatter-add scatter_add", gpu_scatter_in_place=True)
+# LogisticExpander: 1 / (1 + exp(-x)), as mlp_deep_train's dump shows
+for _name, _hlo in {"tanh": "tanh", "exp": "exponential", "exp2": "exponential multiply",
+                    "expm1": "exponential-minus-one", "log": "log", "log1p": "log-plus-one",
+                    "logistic": "negate exponential add divide", "pow": "power", "rsqrt": "rsqrt", "sqrt": "sqrt",
+                    "cbrt": "cbrt", "sin": "sine", "cos": "cosine", "tan": "tan", "atan2": "atan2", "div": "divide",
+                    "add": "add", "add_any": "add", "sub": "subtract", "mul": "multiply"}.items():
+    _facet(_name, gpu_hlo_ops=tuple(_hlo.split()))
+del _name, _hlo
+
+
+def _gpu_set(column: str) -> frozenset:
+    return frozenset(name for name, r in RULES.items() if getattr(r, column))
+
+
+GPU_ELEMENTWISE = frozenset(name for name, r in RULES.items() if r.cost == "elementwise" or r.gpu_elementwise)
+GPU_MOVEMENT = _gpu_set("gpu_movement")
+GPU_SLICE_PER_OUTPUT = _gpu_set("gpu_slice_per_output")
+GPU_STORED_FOR_GEMM = _gpu_set("gpu_stored_for_gemm")
+GPU_EXPENSIVE = _gpu_set("gpu_expensive")
+GPU_NOT_DUPLICATED = _gpu_set("gpu_not_duplicated")
+GPU_GEMM_OPERAND = _gpu_set("gpu_gemm_operand")
+GPU_BITCASTS = _gpu_set("gpu_bitcast")
+GPU_GEMM_LAYOUT = _gpu_set("gpu_gemm_layout")
+GPU_VIEWS = GPU_BITCASTS | GPU_GEMM_LAYOUT   # what a GEMM reads a value through, unchanged
+GPU_ROW_PASS = _gpu_set("gpu_row_pass")
+GPU_HLO_REDUCE = _gpu_set("gpu_hlo_reduce")
+GPU_REDUCTIONS = frozenset(name for name, r in RULES.items() if r.cost == "reduction")
+GPU_RELU_ZERO_READERS = _gpu_set("gpu_relu_zero_reader")
+GPU_SCATTER_IN_PLACE = _gpu_set("gpu_scatter_in_place")
 
 # -- facets read by fitting/ (bound, reorder), remat's search and the executor
 

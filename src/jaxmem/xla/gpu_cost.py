@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from jaxmem.compiler.rules import GPU_NOT_DUPLICATED, rule
+
 # XLA's elementwise profile (clock cycles per element), the entries for the ops below:
 # hlo_op_profiles_data.h, as built into the CUDA plugin that compiles here (jax 0.10.2).
 # Keyed by compute capability, then (HLO opcode, element type).
@@ -66,22 +68,13 @@ DEFAULT_FLOPS_PER_ELEMENT = 3    # kDefaultFlopsPerElement
 LAUNCH_NS = 1000.0               # GpuPerformanceModelBase::kKernelLaunchOverhead
 MEMORY_COMPUTE_PARALLELISM = 0.95
 
-# jaxpr primitive -> the HLO ops XLA:GPU emits for it (logistic is expanded by
-# LogisticExpander: 1 / (1 + exp(-x)), as mlp_deep_train's dump shows).
-_HLO_OPS: dict[str, tuple[str, ...]] = {
-    "tanh": ("tanh",), "exp": ("exponential",), "exp2": ("exponential", "multiply"),
-    "expm1": ("exponential-minus-one",), "log": ("log",), "log1p": ("log-plus-one",),
-    "logistic": ("negate", "exponential", "add", "divide"), "pow": ("power",), "rsqrt": ("rsqrt",),
-    "sqrt": ("sqrt",), "cbrt": ("cbrt",), "sin": ("sine",), "cos": ("cosine",), "tan": ("tan",),
-    "atan2": ("atan2",), "div": ("divide",), "add": ("add",), "add_any": ("add",), "sub": ("subtract",),
-    "mul": ("multiply",),
-}
-# Transcendentals XLA expands into branches of many ops, whose shared intermediates priority
-# fusion fuses piecemeal; the chain is then stored whatever its cost (transformer_wide_train's
-# exact gelu: erfc's expansion, a select between a polynomial and an exp, is the second
-# output of `loop_multiply_select_fusion` on H100 and A100 alike).
-NOT_DUPLICATED = frozenset({"erfc", "erf_inv", "lgamma", "digamma", "igamma", "igammac", "random_gamma_grad",
-                            "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "regularized_incomplete_beta"})
+# The HLO ops XLA:GPU emits for a jaxpr primitive are the `gpu_hlo_ops` column of
+# `compiler.rules` (logistic is expanded by LogisticExpander: 1 / (1 + exp(-x))). Transcendentals
+# XLA expands into branches of many ops, whose shared intermediates priority fusion fuses
+# piecemeal, are stored whatever their cost (`rules.GPU_NOT_DUPLICATED`: transformer_wide_train's
+# exact gelu, erfc's expansion, a select between a polynomial and an exp, is the second output of
+# `loop_multiply_select_fusion` on H100 and A100 alike).
+NOT_DUPLICATED = GPU_NOT_DUPLICATED
 # Ops XLA:GPU computes in float32 when given 16-bit floats (float normalization upcasts them).
 _UPCAST = frozenset({"tanh", "exponential", "exponential-minus-one", "log", "log-plus-one", "power", "rsqrt",
                      "sqrt", "cbrt", "sine", "cosine", "tan", "atan2"})
@@ -159,7 +152,7 @@ def flops_per_element(device: Device, primitive: str, dtype: str, params: dict |
         y = abs(int((params or {}).get("y", 2)))
         hlo = ("multiply",) * max(1, y.bit_length() - 1 + bin(y).count("1") - 1)
     else:
-        hlo = _HLO_OPS.get(primitive, (primitive,))
+        hlo = rule(primitive).gpu_hlo_ops or (primitive,)
     profile = OP_PROFILES.get(device.sm, OP_PROFILES[DEFAULT_PROFILE])
     kind = _TYPES.get(dtype, "F32")
     total = 0

@@ -23,7 +23,7 @@ Only a dot with an s32 operand is skipped: s8 x s8 -> s32 and float8 x float8 ->
 too, their partials in XLA's default accumulator type (s32, f32; `accumulator_bits`): int8_fp8's
 dumps hold s32[4,256,1024] and f32[8,256,512] on H100, s32[2,...] and f32[4,...] on A100. The
 rewriter visits every non-fusion computation, so a GEMM in a while or scan body splits as well
-(`gpu_model._gpu_loop_scratch` models bodies with this module).
+(`gpu_model_scratch.loop_scratch` models bodies with this module).
 
 The memory: the partial results f32[s, b, m, n] are the GEMM fusion's output. The reduce is a
 loop fusion, which priority fusion merges into the consumers of the dot's result when they are
@@ -44,7 +44,9 @@ from typing import Any, Sequence
 
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.rules import RULES
+from jaxmem.compiler.rules import DOT_LIKE, GPU_HLO_REDUCE, storage_rule
+from jaxmem.xla.gpu_cost import device_numbers
+from jaxmem.xla.gpu_model_ops import ELEMENTWISE, MOVEMENT, TRITON_ROW_FUSION, merged_dots
 
 # The candidate factors (ChooseSplitK).
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -59,22 +61,15 @@ WEIGHTS: dict[str, tuple[float, float, float, float]] = {
 }
 _BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16, "int8": 8, "uint8": 8,
          "float8_e4m3fn": 8, "float8_e5m2": 8, "int32": 32, "int16": 16}
-_ELEMENTWISE = frozenset(n for n, r in RULES.items() if r.cost == "elementwise") | {"convert_element_type"}
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-                         "argmax", "argmin"})
-_MOVEMENT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice", "pad",
-                       "concatenate", "rev", "dynamic_slice", "gather",
-                       # newer JAX's primitives for the same HLO (gpu_model.MOVEMENT)
-                       "tile", "stack", "split", "unstack"})
-# Consumers priority fusion merges the split's reduce (a loop fusion) into: loop fusions,
-# reductions, Triton softmax fusions (`gpu_model._no_inplace` names them gpu_row_fusion).
-ABSORBING = _ELEMENTWISE | _MOVEMENT | _REDUCTIONS | {"gpu_row_fusion"}
+# Consumers priority fusion merges the split's reduce (a loop fusion) into: loop fusions
+# (elementwise ops; data movement other than an update in place), HLO reduces, Triton softmax
+# fusions (`gpu_model_ops.no_inplace` names them TRITON_ROW_FUSION).
+ABSORBING = (ELEMENTWISE | GPU_HLO_REDUCE | frozenset(n for n in MOVEMENT if storage_rule(n) != "update")
+             | {TRITON_ROW_FUSION})
 
 
 def generation(device: str) -> str | None:
     """The cost model's weight set for a GPU preset (None: not a CUDA GPU the model knows)."""
-    from jaxmem.xla.gpu_cost import device_numbers
-
     dev = device_numbers(device)
     if dev is None or not dev.sm.startswith("sm_"):
         return None
@@ -110,8 +105,6 @@ def split_k(b: int, m: int, n: int, k: int, device: str, *, lhs_bits: int = 32, 
     >>> split_k(1, 512, 512, 2048, "h100-80gb"), split_k(1, 512, 512, 2048, "a100-40gb")
     (8, 4)
     """
-    from jaxmem.xla.gpu_cost import device_numbers
-
     gen = generation(device)
     if gen is None or min(b, m, n, k) <= 0:
         return 1
@@ -134,7 +127,7 @@ def _side_bits(g: Program, u: Any) -> int:
     weight counts 32 bits)."""
     while isinstance(u, int) and g.producer[u] >= 0:
         op = g.ops[g.producer[u]]
-        if op.primitive not in _ELEMENTWISE or len(op.operands) != 1 or not isinstance(op.operands[0], int):
+        if op.primitive not in ELEMENTWISE or len(op.operands) != 1 or not isinstance(op.operands[0], int):
             break
         u = op.operands[0]
     dtype = g.dtypes[u] if isinstance(u, int) else str(getattr(getattr(u, "aval", None), "dtype", "float32"))
@@ -203,8 +196,7 @@ def padded_operand_bytes(g: Program, op: Any, split: int, group: Sequence[Any] =
     beside their padded copy. A computed operand's copy
     takes its place: XLA runs the operand's other readers first, so it dies at the pad
     (gpt2_vocab's 50257-token head: the logits gradient, 206 MB, is padded to 50272 after the
-    weight-gradient GEMM read it; counting that copy beside it at the GEMM predicted 1.148 of
-    XLA:GPU's total, 0.986 without it; a 1000-class head in a cond branch 0.901 -> 1.015)."""
+    weight-gradient GEMM read it)."""
     if split <= 1:
         return 0
     lhs, rhs = op.operands[:2]
@@ -256,7 +248,7 @@ def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) 
             return False
         # a reduction over leading dimensions only (a column sum) does not take the reduce:
         # XLA stores the reduced result for it (measured: `(x @ w).sum(0)` on H100)
-        axes = c.params.get("axes") if c.primitive in _REDUCTIONS and c.operands[0] == v else None
+        axes = c.params.get("axes") if c.primitive in GPU_HLO_REDUCE and c.operands[0] == v else None
         if axes is not None and minor not in tuple(axes):
             return False
         for w in c.outputs:
@@ -266,11 +258,10 @@ def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) 
 
 
 # How many fused elementwise steps `_reduce_fused` follows from a consumer of the split result
-# to a GEMM that reads the chain in its prologue. 0: the consumer's own readers only (before);
-# nodrop's relu gradient is `select(gt(x @ w, 0), 1, 0)` read by the weight-gradient GEMM, two
-# fused steps from the partials: XLA stores the select (`loop_select_fusion`, f32[64,512]) and
-# the partials die there (`benchmarks/outside_models/drop_small.py:nodrop`'s dump). 4: on, measured
-# with gpu_model's epilogue rules.
+# to a GEMM that reads the chain in its prologue: nodrop's relu gradient is
+# `select(gt(x @ w, 0), 1, 0)` read by the weight-gradient GEMM, two fused steps from the
+# partials: XLA stores the select (`loop_select_fusion`, f32[64,512]) and the partials die there
+# (`benchmarks/outside_models/drop_small.py:nodrop`'s dump).
 FUSED_GEMM_READER_DEPTH = 4
 
 
@@ -278,7 +269,7 @@ def _feeds_gemm(g: Program, w: int, fused: Sequence[bool], depth: int) -> bool:
     """Whether fused value `w` is read by a GEMM, directly or through up to `depth` more fused values."""
     for r in g.users[w]:
         op = g.ops[r]
-        if op.primitive in ("dot_general", "conv_general_dilated"):
+        if op.primitive in DOT_LIKE:
             return True
         if depth > 0 and any(x is not None and fused[x] and _feeds_gemm(g, x, fused, depth - 1) for x in op.outputs):
             return True
@@ -325,8 +316,6 @@ def with_splitk_partials(g: Program, fused: Sequence[bool],
     only when something splits. The dot merger's own
     choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this.
     Returns the program, the scratch and the fused flags (`_stored_readers`)."""
-    from jaxmem.xla.gpu_model import merged_dots  # gpu_model imports this module
-
     outputs = {v for v in g.outvars if not isinstance(v, Const)}
     # the dot merger's groups, in program order (the scheduler's order is not known yet)
     group_of = {oi: [g.ops[m] for m in grp] for grp in merged_dots(g, range(len(g.ops))) for oi in grp}

@@ -1,0 +1,211 @@
+"""The XLA:GPU model's fusion pass: which values XLA:GPU never stores (computed inside each of
+their readers) and which it stores, as a list of named rules run in order.
+
+XLA:GPU fuses far more than XLA:CPU: elementwise chains become loop fusions; broadcasts,
+gathers, dynamic slices, slices, transposes and reshapes are computed inside their consumers
+(loop, reduction and GEMM fusions: a Triton GEMM reads `w1[idx]` through its operand fusion, so
+the gathered weights are never stored); reductions and dots are fusion roots whose results are
+stored. The rules:
+
+- `FUSION_RULES`: whole-program rules, `(context, fused) -> {value: fused flag}` (the values
+  they change), run in order on the flags the rules before them left. The first,
+  `fuse_cheap_producers`, fuses each cheap value no producer rule keeps stored.
+- `PRODUCER_RULES`: per cheap value, `(context, fused, op, value) -> bool` (True: stored), asked
+  in order until one keeps it stored.
+
+A new fusion rule of XLA:GPU is a function added to one of the two lists, with its docstring
+citing the XLA pass it follows and a test in `tests/gpu/test_gpu_fusion_rules.py`. The split-K
+rewrite (`gpu_splitk`), which runs after these on the prediction's path, may store more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from jaxmem.compiler.fusion import forced_fusion, gemm_epilogues
+from jaxmem.compiler.program import Program
+from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_SLICE_PER_OUTPUT
+from jaxmem.compiler.stages import Roles
+from jaxmem.xla.gpu_cost import bf16_arithmetic_native, device_numbers
+from jaxmem.xla.gpu_model_fusion_cost import reread_stored
+from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues, output_epilogues, shared_masks_stored
+from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
+                                                   new_movement_read_by_gemm, reader_does_not_absorb,
+                                                   reread_by_its_readers, tainted_values, too_many_readers,
+                                                   transcendental_into_gemm, transcendental_not_duplicated,
+                                                   updates_read_inside)
+from jaxmem.xla.gpu_model_fusion_softmax import softmax_fusions, widened_softmax_roots_stored
+from jaxmem.xla.gpu_model_ops import (ELEMENTWISE, FUSIBLE_PRODUCERS, REDUCTIONS, FusionContext,
+                                      strength_reduced)
+
+ProducerRule = Callable[[FusionContext, list, Any, int], bool]
+ProgramRule = Callable[[FusionContext, list], dict]
+
+# Asked in this order for each cheap value; the first that answers True keeps it stored.
+PRODUCER_RULES: list[ProducerRule] = [
+    too_many_readers,
+    reread_by_its_readers,
+    new_movement_read_by_gemm,
+    reader_does_not_absorb,
+    transcendental_into_gemm,
+    gemm_prologue_not_worth_fusing,
+    transcendental_not_duplicated,
+    narrowing_cast_shared,
+]
+
+
+def fuse_cheap_producers(ctx: FusionContext, fused: list[bool]) -> dict[int, bool]:
+    """Each value an elementwise or data-movement op makes is computed inside its readers unless
+    a producer rule (`PRODUCER_RULES`) keeps it stored: priority fusion
+    (xla/service/gpu/transforms/priority_fusion.cc) and the producer side of gpu_fusible.cc's
+    IsFusible, in program order (a value's chain is `costly` when a transcendental is fused
+    into it). Outputs, external values and values nothing reads are never fused."""
+    g, roles = ctx.g, ctx.roles
+    fused = list(fused)
+    changes: dict[int, bool] = {}
+    for op in g.ops:
+        if op.primitive in GPU_EXPENSIVE or any(fused[u] and ctx.costly[u] for u in op.inputs):
+            for w in op.outputs:
+                if w is not None:
+                    ctx.costly[w] = True
+        if op.primitive not in FUSIBLE_PRODUCERS or op.effectful:
+            continue
+        if len(op.outputs) != 1 and op.primitive not in GPU_SLICE_PER_OUTPUT:
+            continue
+        for v in op.outputs:
+            if v is None or fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+                continue
+            if any(keeps_stored(ctx, fused, op, v) for keeps_stored in PRODUCER_RULES):
+                continue
+            fused[v] = changes[v] = True
+    return changes
+
+
+# Run in this order; each sees the flags the ones before it left.
+FUSION_RULES: list[ProgramRule] = [
+    fuse_cheap_producers,
+    shared_masks_stored,
+    softmax_fusions,
+    widened_softmax_roots_stored,
+    output_epilogues,
+]
+
+
+def run_fusion_rules(ctx: FusionContext, fused: Sequence[bool]) -> list[bool]:
+    """`fused` after every rule of `FUSION_RULES`, in order."""
+    out = list(fused)
+    for rule in FUSION_RULES:
+        for v, flag in rule(ctx, out).items():
+            out[v] = flag
+    return out
+
+
+def fusion_context(g: Program, roles: Roles, *, device: str | None, store_shared_casts: bool,
+                   output_epilogues: bool, store_reread_producers: bool, fused: Sequence[bool]) -> FusionContext:
+    """The rules' context for `g` (strength-reduced here) with the fusion `fused` so far."""
+    g = strength_reduced(g)
+    dev = device_numbers(device) if device else None
+    ctx = FusionContext(g, roles, device, dev, store_shared_casts, output_epilogues,
+                        costly=[False] * g.num_values)
+    ctx.tainted = tainted_values(g) if dev else [False] * g.num_values
+    if dev and store_reread_producers:
+        ctx.reread = reread_stored(g, roles, list(fused), ctx.tainted, dev)
+    ctx.updates_inside = updates_read_inside(g, roles)
+    return ctx
+
+
+def gpu_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None,
+               store_shared_casts: bool = False, device: str | None = None,
+               store_reread_producers: bool = False) -> list[bool]:
+    """Per value, True when XLA:GPU never stores it: computed inside each of its consumers.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem.compiler import jaxpr_adapter as ja
+    >>> from jaxmem.compiler.stages import Roles
+    >>> program = ja.inline(jax.make_jaxpr(lambda w, i: jnp.tanh(w[i] * 2.0).sum(axis=1))(
+    ...     jnp.ones((8, 1024)), jnp.arange(256) % 8))
+    >>> n = program.num_values
+    >>> roles = Roles([v in program.invars for v in range(n)], [v in program.outvars for v in range(n)],
+    ...               [False] * n, {})
+    >>> fused = gpu_fusion(program, roles, forced_fusion(program, roles))
+    >>> [(op.primitive, fused[op.outputs[0]]) for op in program.ops][-4:]
+    [('gather', True), ('mul', True), ('tanh', True), ('reduce_sum', False)]
+
+    **Arguments:** the program, the values' roles, the fusion already forced (views of
+    arguments; `fusion.forced_fusion`); `store_shared_casts`: store a narrowing cast read by a
+    GEMM and another reader, and a select mask read by a GEMM and another reader, as XLA does
+    (`narrowing_cast_shared`, `shared_masks_stored`); the prediction sets it, jaxmem's own plan
+    (the planner's fusion base) computes them in each reader, which is valid and holds less.
+    `device`: a GPU preset whose performance model decides whether a transcendental chain read
+    by several loop kernels is computed in each (`transcendental_not_duplicated`), and whose
+    GEMM fusion sees whole chains (a value computed from a transcendental through elementwise
+    ops is never a GEMM's prologue, stored or not); None (jaxmem's own plan) stores every such
+    chain, which is valid. `store_reread_producers` (with a `device`): store cheap values that a
+    reader re-reads many times, as XLA does (`reread_by_its_readers`); `predict` leaves it off
+    (see that rule).
+
+    **Returns:** per value, the fused flag (outputs and loop-body results are never fused).
+    """
+    fused = list(forced) if forced is not None else forced_fusion(g, roles)
+    ctx = fusion_context(g, roles, device=device, store_shared_casts=store_shared_casts, output_epilogues=False,
+                         store_reread_producers=store_reread_producers, fused=fused)
+    return run_fusion_rules(ctx, fused)
+
+
+def prediction_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None, *,
+                      device: str, store_reread_producers: bool = False) -> list[bool]:
+    """The prediction's fusion: every rule as XLA:GPU stores values on `device`, GEMM
+    epilogues included (`output_epilogues`)."""
+    fused = list(forced) if forced is not None else forced_fusion(g, roles)
+    ctx = fusion_context(g, roles, device=device, store_shared_casts=True, output_epilogues=True,
+                         store_reread_producers=store_reread_producers, fused=fused)
+    return run_fusion_rules(ctx, fused)
+
+
+def gpu_plan_fusion(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
+    """The fusion base of jaxmem's own GPU plan: XLA:GPU's rules (`gpu_fusion`), then GEMM
+    epilogues (`fusion.gemm_epilogues`: a GEMM result only a sum reads is added in the GEMM)."""
+    return gemm_epilogues(g, roles, gpu_fusion(g, roles, forced))
+
+
+def gpu_plan_output_epilogues(g: Program, roles: Roles, forced: Sequence[bool] | None = None) -> list[bool]:
+    """`gpu_plan_fusion` with every GEMM's elementwise epilogue chain written by the GEMM
+    (`gemm_output_epilogues`, as XLA:GPU's GEMM fusion does): a weight's SGD update is written
+    from the gradient's GEMM, which is never stored. A second base for `plan_on_gpu`, not the
+    only one: storing each chain's last value, which the first base may compute inside its
+    readers, can hold more (transformer_train)."""
+    return gemm_output_epilogues(strength_reduced(g), roles, gpu_plan_fusion(g, roles, forced), None)
+
+
+def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> Program:
+    """The program with the bytes XLA:GPU stores for bfloat16 arithmetic results on a device
+    that computes bfloat16 arithmetic in float32 (`gpu_cost.bf16_arithmetic_native`; XLA's
+    float normalization, xla/service/float_normalization.cc with GpuFloatSupport).
+
+    There a bfloat16 elementwise chain runs in float32; a value of it that is stored and read
+    only by other elementwise ops or reductions (also run in float32) is stored as computed,
+    in float32: twice its bytes. A value read by a GEMM is converted back to bfloat16 (the
+    GEMM reads bfloat16). bf16_train on A100: gelu's stored tanh is f32[4,256,1536] (6 MiB),
+    on H100 bf16 (3 MiB), each layer; the same in `tests/gpu/fusion_programs.py:gelu_step_bf16`
+    (the activation fusion's second output: f32 on A100, bf16 on H100).
+    Converts are left as they are (a convert's result is its stated type).
+    """
+    dev = device_numbers(device) if device else None
+    if dev is None or bf16_arithmetic_native(dev):
+        return g
+    nbytes = None
+    for op in g.ops:
+        if op.primitive not in ELEMENTWISE or op.primitive == "convert_element_type" or len(op.outputs) != 1:
+            continue
+        v = op.outputs[0]
+        if v is None or fused[v] or roles.outputs[v] or roles.external[v] or str(g.dtypes[v]) != "bfloat16":
+            continue
+        readers = [g.ops[c].primitive for c in g.users[v]]
+        if not readers or any(r == "convert_element_type" or (r not in ELEMENTWISE and r not in REDUCTIONS)
+                              for r in readers):
+            continue
+        if nbytes is None:
+            nbytes = list(g.nbytes)
+        nbytes[v] = 2 * g.nbytes[v]
+    return replace(g, nbytes=nbytes) if nbytes is not None else g

@@ -1,0 +1,319 @@
+"""Fusion rules priced by XLA:GPU's performance model (`gpu_cost`): whether priority fusion
+computes a producer inside each kernel that reads it or stores it once.
+
+Priority fusion (xla/service/gpu/transforms/priority_fusion.cc: CalculateProducerPriority)
+fuses a producer into all its consumers only where gpu_performance_model.cc
+(EstimateRunTimesForPriorityFusion) finds the fused kernels faster. Two rules ask it:
+`duplicated` (a transcendental chain read by several loop kernels) and `reread_stored` (a
+cheap value its readers read many times per element).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jaxmem.compiler.program import Program
+from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS
+from jaxmem.compiler.stages import Roles
+from jaxmem.xla.gpu_cost import Kernel, duplicate_is_faster, flops_per_element
+from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, REDUCTIONS, absorbs,
+                                      elements, kernel_space)
+
+# How far the cost model follows a chain (values); past it the chain is stored.
+WALK_LIMIT = 400
+
+
+@dataclass
+class _Chain:
+    """The transcendental chain ending at `v` whose duplication `duplicated` prices."""
+
+    g: Program
+    roles: Roles
+    fused: list[bool]
+    tainted: list[bool]
+    dev: Any
+    v: int
+    reread: set[int]
+
+    @property
+    def start(self) -> int:
+        return self.g.producer[self.v]
+
+    def inside(self, w: int) -> bool:
+        """Computed inside its readers (for values after `v`, as the rules will decide)."""
+        g, roles = self.g, self.roles
+        if w == self.v or w in self.reread:
+            return False
+        p = g.producer[w]
+        if p < 0 or roles.outputs[w] or roles.external[w]:
+            return False
+        if p < self.start:
+            return self.fused[w]
+        op = g.ops[p]
+        if op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful or not g.users[w]:
+            return False
+        if len(g.users[w]) > MAX_FUSED_READERS:
+            return False
+        for c in g.users[w]:
+            cop = g.ops[c]
+            if cop.primitive in DOTS and self.tainted[w]:
+                return False
+            if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
+                return False
+        return True
+
+    def consumer_kernel(self, root: int) -> Kernel | None:
+        """The kernel computing op `root`: FLOPs of its fused ops, bytes of the stored values read
+        (`v` read, not computed)."""
+        g, dev = self.g, self.dev
+        rop = g.ops[root]
+        flops: dict[int, float] = {}
+        reads: dict[int, int] = {}
+        seen: set[int] = set()
+        todo = [root]
+        while todo:
+            oi = todo.pop()
+            op = g.ops[oi]
+            out = next((w for w in op.outputs if w is not None), None)
+            size = elements(g.shapes[out]) if out is not None else 0
+            if op.primitive in REDUCTIONS and op.inputs:
+                size = elements(g.shapes[op.inputs[0]])
+            if op.primitive in ELEMENTWISE or op.primitive in REDUCTIONS:
+                flops[oi] = flops_per_element(dev, op.primitive, str(g.dtypes[out]) if out is not None else "",
+                                              op.params) * size
+            for u in op.inputs:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if len(seen) > WALK_LIMIT:
+                    return None
+                if u != self.v and self.inside(u):
+                    todo.append(g.producer[u])
+                else:
+                    reads[u] = g.nbytes[u]
+        written = sum(g.nbytes[w] for w in rop.outputs if w is not None)
+        out = next((w for w in rop.outputs if w is not None), self.v)
+        # a reduction's kernel runs over its input: a value broadcast into it is read (and,
+        # fused, computed) once per element of that input
+        space = rop.inputs[0] if rop.primitive in REDUCTIONS and rop.inputs else out
+        return Kernel(flops, elements(g.shapes[space]), reads, written)
+
+    def producer_kernel(self) -> Kernel | None:
+        """`v`'s own kernel, through the values already fused into it; None where a chain XLA
+        never duplicates (`GPU_NOT_DUPLICATED`) or too long a walk is met."""
+        g, dev, roles, fused = self.g, self.dev, self.roles, self.fused
+        pflops: dict[int, float] = {}
+        preads: dict[int, int] = {}
+        seen, todo = set(), [self.start]
+        while todo:
+            oi = todo.pop()
+            op = g.ops[oi]
+            out = op.outputs[0]
+            if op.primitive in GPU_NOT_DUPLICATED:
+                return None
+            if op.primitive in ELEMENTWISE:
+                pflops[oi] = (flops_per_element(dev, op.primitive, str(g.dtypes[out]), op.params)
+                              * elements(g.shapes[out]))
+            for u in op.inputs:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if len(seen) > WALK_LIMIT:
+                    return None
+                if g.producer[u] >= 0 and fused[u] and not (roles.outputs[u] or roles.external[u]):
+                    todo.append(g.producer[u])
+                else:
+                    preads[u] = g.nbytes[u]
+        return Kernel(pflops, elements(g.shapes[self.v]), preads, g.nbytes[self.v])
+
+    def reader_roots(self) -> list[int] | None:
+        """The kernels reading `v`: the first ops, along each path of fused values, whose result
+        is stored; None where an opaque reader (a loop, a call) needs `v` stored."""
+        g = self.g
+        roots: list[int] = []
+        seen_v, todo = {self.v}, [self.v]
+        while todo:
+            w = todo.pop()
+            for c in g.users[w]:
+                cop = g.ops[c]
+                out = cop.outputs[0] if len(cop.outputs) == 1 else None
+                if out is not None and cop.primitive in FUSIBLE_PRODUCERS and self.inside(out):
+                    if out not in seen_v:
+                        seen_v.add(out)
+                        if len(seen_v) > WALK_LIMIT:
+                            return None
+                        todo.append(out)
+                elif cop.primitive in LOOP_CONSUMERS or cop.primitive.startswith("scatter"):
+                    if c not in roots:
+                        roots.append(c)
+                else:
+                    return None
+        return roots
+
+
+def duplicated(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any, v: int,
+               reread: set[int] = frozenset()) -> bool:
+    """Whether XLA:GPU computes the transcendental chain ending at `v` inside each loop kernel
+    that reads it (priority fusion, `gpu_cost.duplicate_is_faster`), rather than storing it.
+
+    The kernels reading `v` are found by following its readers through values that are
+    themselves fused (cheap elementwise ops and data movement, computed in each of their
+    readers); each kernel's FLOPs and bytes are those of its cone, up to stored values
+    (`reread`: values `reread_stored` stores, each then a kernel of its own).
+    """
+    chain = _Chain(g, roles, fused, tainted, dev, v, reread)
+    producer = chain.producer_kernel()
+    if producer is None:
+        return False
+    roots = chain.reader_roots()
+    if roots is None:
+        return False
+    if len(roots) <= 1:
+        return True
+    consumers = []
+    for r in roots:
+        k = chain.consumer_kernel(r)
+        if k is None:
+            return False
+        consumers.append(k)
+    return duplicate_is_faster(dev, producer, v, consumers)
+
+
+@dataclass
+class _Reread:
+    """The state of `reread_stored`'s walk: the values stored so far."""
+
+    g: Program
+    roles: Roles
+    fused: list[bool]
+    tainted: list[bool]
+    dev: Any
+    stored: set[int]
+
+    def fusible(self, w: int, reader_side: bool) -> bool:
+        """Whether `w` is computed inside its readers, as far as this rule can tell."""
+        g, roles = self.g, self.roles
+        p = g.producer[w]
+        if p < 0 or roles.outputs[w] or roles.external[w]:
+            return False
+        if self.fused[w]:
+            return True
+        op = g.ops[p]
+        if (op.primitive not in FUSIBLE_PRODUCERS or len(op.outputs) != 1 or op.effectful or not g.users[w]
+                or len(g.users[w]) > MAX_FUSED_READERS or w in self.stored):
+            return False
+        # a transcendental read twice is priced by `duplicated`; here it is taken as stored
+        if op.primitive in GPU_EXPENSIVE and not (reader_side and len(g.users[w]) == 1):
+            return False
+        for c in g.users[w]:
+            cop = g.ops[c]
+            if cop.primitive in DOTS and self.tainted[w]:
+                return False
+            if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
+                return False
+        return True
+
+    def cone(self, root: int, stop: int) -> tuple[dict[int, float], dict[int, int]]:
+        """FLOPs of the ops computed in the kernel rooted at op `root`, bytes of the stored
+        values it reads (`stop` counted as read)."""
+        g = self.g
+        flops: dict[int, float] = {}
+        reads: dict[int, int] = {}
+        seen, todo = set(), [root]
+        while todo and len(seen) <= WALK_LIMIT:
+            op = g.ops[todo.pop()]
+            out = next((w for w in op.outputs if w is not None), None)
+            if out is not None and (op.primitive in ELEMENTWISE or op.primitive in REDUCTIONS):
+                flops[op.index] = flops_per_element(self.dev, op.primitive, str(g.dtypes[out]),
+                                                    op.params) * kernel_space(g, op)
+            for u in op.inputs:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if u != stop and self.fusible(u, False):
+                    todo.append(g.producer[u])
+                else:
+                    reads[u] = g.nbytes[u]
+        return flops, reads
+
+    def reader_roots(self, v: int) -> list[int] | None:
+        """The readers' kernels: the first ops, along each path of fused values, whose result is
+        stored (GEMMs left out); None where a loop or a call reads it: stored whatever the cost."""
+        g = self.g
+        roots: list[int] = []
+        seen, todo = {v}, [v]
+        while todo:
+            w = todo.pop()
+            for c in g.users[w]:
+                cop = g.ops[c]
+                out = cop.outputs[0] if len(cop.outputs) == 1 else None
+                if out is not None and cop.primitive in FUSIBLE_PRODUCERS and self.fusible(out, True):
+                    if out not in seen:
+                        seen.add(out)
+                        todo.append(out)
+                elif cop.primitive in DOTS:
+                    continue
+                elif cop.primitive in LOOP_CONSUMERS or cop.primitive.startswith("scatter"):
+                    if c not in roots:
+                        roots.append(c)
+                else:
+                    return None
+            if len(seen) > WALK_LIMIT:
+                return None
+        return roots
+
+    def stored_is_faster(self, op: Any, v: int, roots: list[int]) -> bool:
+        """Whether the performance model finds storing `v` (made by `op`) faster than computing it
+        in each of the kernels `roots`."""
+        g = self.g
+        pflops, preads = self.cone(op.index, -1)
+        producer = Kernel(pflops, elements(g.shapes[v]), preads, g.nbytes[v])
+        consumers = []
+        for r in roots:
+            cflops, creads = self.cone(r, v)
+            written = sum(g.nbytes[w] for w in g.ops[r].outputs if w is not None)
+            consumers.append(Kernel(cflops, kernel_space(g, g.ops[r]), creads, written))
+        return not duplicate_is_faster(self.dev, producer, v, consumers)
+
+
+def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any) -> set[int]:
+    """Cheap elementwise values XLA:GPU stores because a kernel reading them reads each element
+    many times (a broadcast into a reduction, an outer product into a scatter's updates).
+
+    Priority fusion prices every producer, cheap or not, with its cost model
+    (`gpu_cost.duplicate_is_faster`); fused into a consumer it is computed once per element the
+    consumer reads (the operand's utilization: gpu_performance_model.cc multiplies the
+    producer's FLOPs by it), and it reads its own inputs that often. Fused into a kernel that
+    broadcasts it 128 times, even a multiply costs more than writing and reading it once: in
+    moe_train's dumps the gelu output `h`, read by the second einsum's reduction and by the
+    weight gradient's scatter, is stored on both devices (`loop_multiply_fusion` on H100, the
+    first output of `loop_multiply_tanh_fusion` on A100), and so are the output gradient and
+    gelu's input gradient that the scatters broadcast. Where no reader re-reads the value,
+    fusion wins and the other rules stand. Small programs put XLA's threshold where the cost
+    model does (`tests/gpu/fusion_programs.py`: `x * 2 + 1` broadcast 2 or 8 times is fused, 16
+    or more times stored, on H100 and A100).
+
+    The producer's cone is priced with transcendentals stored (the cheapest producer: a chain
+    that also recomputes a tanh costs more fused, so it is stored a fortiori); GEMM readers are
+    left out (XLA's GEMM fusion, not priority fusion, takes producers into them).
+
+    Readers first: a chain feeding a stored value is then priced against that value's kernel
+    (in moe_train, gelu's backward chain is fused into its last product, which is stored, not
+    into the scatter that broadcasts the product).
+    """
+    walk = _Reread(g, roles, fused, tainted, dev, set())
+    for op in reversed(g.ops):
+        if (op.primitive not in ELEMENTWISE or op.primitive in GPU_EXPENSIVE or len(op.outputs) != 1
+                or op.outputs[0] is None or op.effectful):
+            continue
+        v = op.outputs[0]
+        if fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+            continue
+        roots = walk.reader_roots(v)
+        n = elements(g.shapes[v])
+        if roots is None or not roots or all(kernel_space(g, g.ops[r]) <= n for r in roots):
+            continue
+        if walk.stored_is_faster(op, v, roots):
+            walk.stored.add(v)
+    return walk.stored

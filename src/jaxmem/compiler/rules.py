@@ -222,26 +222,6 @@ for _name, _hlo in {"tanh": "tanh", "exp": "exponential", "exp2": "exponential m
 del _name, _hlo
 
 
-def _gpu_set(column: str) -> frozenset:
-    return frozenset(name for name, r in RULES.items() if getattr(r, column))
-
-
-GPU_ELEMENTWISE = frozenset(name for name, r in RULES.items() if r.cost == "elementwise" or r.gpu_elementwise)
-GPU_MOVEMENT = _gpu_set("gpu_movement")
-GPU_SLICE_PER_OUTPUT = _gpu_set("gpu_slice_per_output")
-GPU_STORED_FOR_GEMM = _gpu_set("gpu_stored_for_gemm")
-GPU_EXPENSIVE = _gpu_set("gpu_expensive")
-GPU_NOT_DUPLICATED = _gpu_set("gpu_not_duplicated")
-GPU_GEMM_OPERAND = _gpu_set("gpu_gemm_operand")
-GPU_BITCASTS = _gpu_set("gpu_bitcast")
-GPU_GEMM_LAYOUT = _gpu_set("gpu_gemm_layout")
-GPU_VIEWS = GPU_BITCASTS | GPU_GEMM_LAYOUT   # what a GEMM reads a value through, unchanged
-GPU_ROW_PASS = _gpu_set("gpu_row_pass")
-GPU_HLO_REDUCE = _gpu_set("gpu_hlo_reduce")
-GPU_REDUCTIONS = frozenset(name for name, r in RULES.items() if r.cost == "reduction")
-GPU_RELU_ZERO_READERS = _gpu_set("gpu_relu_zero_reader")
-GPU_SCATTER_IN_PLACE = _gpu_set("gpu_scatter_in_place")
-
 # -- facets read by fitting/ (bound, reorder), remat's search and the executor
 
 _facet("""dot_general conv_general_dilated reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or
@@ -298,6 +278,36 @@ DOUBLED_VIEWS = _names(lambda r: r.view == "transpose")
 IDENTITY_VIEWS = _names(lambda r: r.view in ("copy", "annotation"))
 FOLDS_CONSTANTS = _names(lambda r: r.folds_constants)
 WIDENED = _names(lambda r: r.widened)
+
+
+# XLA:GPU's model (xla/gpu_*)
+GPU_ELEMENTWISE = _names(lambda r: r.cost == "elementwise" or r.gpu_elementwise)
+GPU_MOVEMENT = _names(lambda r: r.gpu_movement)
+GPU_REDUCTIONS = _names(lambda r: r.cost == "reduction")
+# what loop fusions compute inside them, and the consumers (loop, input and scatter fusions)
+# that absorb any such producer
+GPU_FUSIBLE_PRODUCERS = _names(lambda r: r.cost == "elementwise" or r.gpu_elementwise or r.gpu_movement)
+GPU_LOOP_CONSUMERS = _names(lambda r: r.cost in ("elementwise", "reduction") or r.gpu_elementwise or r.gpu_movement)
+GPU_SLICE_PER_OUTPUT = _names(lambda r: r.gpu_slice_per_output)
+GPU_STORED_FOR_GEMM = _names(lambda r: r.gpu_stored_for_gemm)
+GPU_EXPENSIVE = _names(lambda r: r.gpu_expensive)
+GPU_NOT_DUPLICATED = _names(lambda r: r.gpu_not_duplicated)
+GPU_GEMM_OPERAND = _names(lambda r: r.gpu_gemm_operand)
+GPU_BITCASTS = _names(lambda r: r.gpu_bitcast)
+GPU_GEMM_LAYOUT = _names(lambda r: r.gpu_gemm_layout)
+GPU_VIEWS = _names(lambda r: r.gpu_bitcast or r.gpu_gemm_layout)   # what a GEMM reads a value through, unchanged
+GPU_ROW_PASS = _names(lambda r: r.gpu_row_pass)
+GPU_HLO_REDUCE = _names(lambda r: r.gpu_hlo_reduce)
+GPU_RELU_ZERO_READERS = _names(lambda r: r.gpu_relu_zero_reader)
+GPU_SCATTER_IN_PLACE = _names(lambda r: r.gpu_scatter_in_place)
+# the consumers priority fusion merges a split-K's reduce (a loop fusion) into: loop fusions
+# (elementwise ops; data movement other than an update in place) and HLO reduces
+GPU_SPLITK_ABSORBING = _names(lambda r: r.cost == "elementwise" or r.gpu_elementwise or r.gpu_hlo_reduce
+                              or (r.gpu_movement and r.storage != "update"))
+# HLO ops (not primitives) XLA:GPU computes in float32 when given 16-bit floats (float
+# normalization upcasts them); the `gpu_hlo_ops` column names them per primitive
+GPU_UPCAST_HLO_OPS = frozenset("""tanh exponential exponential-minus-one log log-plus-one power rsqrt sqrt cbrt
+                                  sine cosine tan atan2""".split())
 
 
 def set_row(name: str, row: Rule | None) -> None:

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from jaxmem.compiler.rules import GPU_NOT_DUPLICATED, rule
+from jaxmem.compiler.rules import GPU_NOT_DUPLICATED, GPU_UPCAST_HLO_OPS, rule
 
 # XLA's elementwise profile (clock cycles per element), the entries for the ops below:
 # hlo_op_profiles_data.h, as built into the CUDA plugin that compiles here (jax 0.10.2).
@@ -75,9 +75,6 @@ MEMORY_COMPUTE_PARALLELISM = 0.95
 # exact gelu, erfc's expansion, a select between a polynomial and an exp, is the second output of
 # `loop_multiply_select_fusion` on H100 and A100 alike).
 NOT_DUPLICATED = GPU_NOT_DUPLICATED
-# Ops XLA:GPU computes in float32 when given 16-bit floats (float normalization upcasts them).
-_UPCAST = frozenset({"tanh", "exponential", "exponential-minus-one", "log", "log-plus-one", "power", "rsqrt",
-                     "sqrt", "cbrt", "sine", "cosine", "tan", "atan2"})
 _TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
 
 
@@ -157,7 +154,7 @@ def flops_per_element(device: Device, primitive: str, dtype: str, params: dict |
     kind = _TYPES.get(dtype, "F32")
     total = 0
     for op in hlo:
-        if kind in ("BF16", "F16") and op in _UPCAST:
+        if kind in ("BF16", "F16") and op in GPU_UPCAST_HLO_OPS:
             total += profile.get((op, "F32"), DEFAULT_FLOPS_PER_ELEMENT) + 2 * DEFAULT_FLOPS_PER_ELEMENT
         else:
             total += profile.get((op, kind), DEFAULT_FLOPS_PER_ELEMENT)

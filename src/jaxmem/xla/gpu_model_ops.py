@@ -9,18 +9,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.rules import (DOT_LIKE, GPU_ELEMENTWISE, GPU_GEMM_LAYOUT, GPU_GEMM_OPERAND, GPU_MOVEMENT,
-                                   GPU_REDUCTIONS, GPU_SCATTER_IN_PLACE, GPU_VIEWS)
+from jaxmem.compiler.rules import (DOT_LIKE, GPU_ELEMENTWISE, GPU_FUSIBLE_PRODUCERS, GPU_GEMM_LAYOUT,
+                                   GPU_GEMM_OPERAND, GPU_LOOP_CONSUMERS, GPU_MOVEMENT, GPU_REDUCTIONS,
+                                   GPU_SCATTER_IN_PLACE, GPU_VIEWS)
 from jaxmem.compiler.stages import Roles
 
 ELEMENTWISE = GPU_ELEMENTWISE
 MOVEMENT = GPU_MOVEMENT
 REDUCTIONS = GPU_REDUCTIONS
 DOTS = DOT_LIKE
-FUSIBLE_PRODUCERS = ELEMENTWISE | MOVEMENT
+FUSIBLE_PRODUCERS = GPU_FUSIBLE_PRODUCERS
 # Consumers that are loop, input (reduction) or scatter/in-place fusions: they absorb any
 # fusible producer.
-LOOP_CONSUMERS = ELEMENTWISE | MOVEMENT | REDUCTIONS
+LOOP_CONSUMERS = GPU_LOOP_CONSUMERS
 # The primitive name a Triton softmax fusion's op gets in the model's program (`no_inplace`):
 # no rule of `compiler.rules` applies to it, so its output takes over no operand's buffer.
 TRITON_ROW_FUSION = "gpu_row_fusion"

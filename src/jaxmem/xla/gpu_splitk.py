@@ -44,9 +44,9 @@ from typing import Any, Sequence
 
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.rules import DOT_LIKE, GPU_HLO_REDUCE, storage_rule
+from jaxmem.compiler.rules import DOT_LIKE, GPU_HLO_REDUCE, GPU_SPLITK_ABSORBING
 from jaxmem.xla.gpu_cost import device_numbers
-from jaxmem.xla.gpu_model_ops import ELEMENTWISE, MOVEMENT, TRITON_ROW_FUSION, merged_dots
+from jaxmem.xla.gpu_model_ops import ELEMENTWISE, TRITON_ROW_FUSION, merged_dots
 
 # The candidate factors (ChooseSplitK).
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -61,11 +61,9 @@ WEIGHTS: dict[str, tuple[float, float, float, float]] = {
 }
 _BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16, "int8": 8, "uint8": 8,
          "float8_e4m3fn": 8, "float8_e5m2": 8, "int32": 32, "int16": 16}
-# Consumers priority fusion merges the split's reduce (a loop fusion) into: loop fusions
-# (elementwise ops; data movement other than an update in place), HLO reduces, Triton softmax
-# fusions (`gpu_model_ops.no_inplace` names them TRITON_ROW_FUSION).
-ABSORBING = (ELEMENTWISE | GPU_HLO_REDUCE | frozenset(n for n in MOVEMENT if storage_rule(n) != "update")
-             | {TRITON_ROW_FUSION})
+# Consumers priority fusion merges the split's reduce (a loop fusion) into: `rules.GPU_SPLITK_ABSORBING`
+# and Triton softmax fusions (`gpu_model_ops.no_inplace` names them TRITON_ROW_FUSION).
+ABSORBING = GPU_SPLITK_ABSORBING
 
 
 def generation(device: str) -> str | None:
@@ -244,7 +242,7 @@ def _reduce_fused(g: Program, v: int, fused: Sequence[bool], outputs: set[int]) 
     minor = len(g.shapes[v]) - 1
     for ci in g.users[v]:
         c = g.ops[ci]
-        if c.primitive not in ABSORBING:
+        if c.primitive not in ABSORBING and c.primitive != TRITON_ROW_FUSION:
             return False
         # a reduction over leading dimensions only (a column sum) does not take the reduce:
         # XLA stores the reduced result for it (measured: `(x @ w).sum(0)` on H100)

@@ -103,6 +103,28 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
                   [v.aval for v in closed.jaxpr.invars], [v.aval for v in closed.jaxpr.outvars], donated)
 
 
+def make_closed_jaxpr(fn: Callable, *args: Any, return_shape: bool = False,
+                      axis_env: Sequence[tuple[str, int]] | None = None) -> Any:
+    """`jax.make_jaxpr(fn)(*args)`: the ClosedJaxpr of `fn` on `args` (pytrees of arrays or
+    `jax.ShapeDtypeStruct`s), for callers that want JAX's own error, not `trace`'s `PlanError`
+    line, and no donation or pytree bookkeeping. The one place outside `trace` that traces.
+
+    **Arguments:** `return_shape`: also return the output's pytree of `jax.ShapeDtypeStruct`s;
+    `axis_env`: named axes bound while tracing, (name, size) pairs (a per-device program that
+    calls collectives over a mesh's axes).
+
+    **Returns:** the ClosedJaxpr, or (ClosedJaxpr, output shapes) with `return_shape`. Like
+    `jax.make_jaxpr`, tracing one function object twice may come from JAX's trace cache: hand
+    a fresh function where the Python must run again (hooks that record what it calls).
+
+        >>> [eqn_name(e) for e in jaxpr_eqns(make_closed_jaxpr(lambda x: x * 2, 1.0))]
+        ['mul']
+    """
+    if axis_env is None:
+        return jax.make_jaxpr(fn, return_shape=return_shape)(*args)
+    return jax.make_jaxpr(fn, axis_env=list(axis_env), return_shape=return_shape)(*args)
+
+
 def first_sentence(text: str, limit: int = 600) -> str:
     """An error message's first line, as one line, continued while it leaves a bracket open:
     JAX's first line can be a cut multi-line repr ("Error interpreting argument to
@@ -215,6 +237,71 @@ def eqn_effectful(eqn: Any) -> bool:
 def jaxpr_eqns(jaxpr: Any) -> list[Any]:
     """The equations of a jaxpr, closed or open."""
     return getattr(jaxpr, "jaxpr", jaxpr).eqns
+
+
+def walk_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of a jaxpr (closed or open), nested jaxprs included (scan and while
+    bodies, cond branches, call and checkpoint bodies, custom rules): each equation, then the
+    equations of the jaxprs in its parameters, depth first, in program order. The one walk
+    over a jaxpr for readers outside the front end.
+
+        >>> import jax.numpy as jnp
+        >>> closed = jax.make_jaxpr(lambda x: jax.lax.scan(lambda c, y: (c * y, None), x, x)[0])(jnp.ones(3))
+        >>> [eqn_name(e) for e in walk_eqns(closed)]
+        ['scan', 'mul']
+    """
+    for eqn, _ in walk_eqns_enclosed(jaxpr):
+        yield eqn
+
+
+def walk_eqns_enclosed(jaxpr: Any, enclosing: tuple[str, ...] = ()) -> Iterator[tuple[Any, tuple[str, ...]]]:
+    """`walk_eqns` with, for each equation, the primitive names of the equations whose nested
+    jaxprs hold it, outermost first (`()` at the top level; `("scan",)` inside a scan body)."""
+    for eqn in jaxpr_eqns(jaxpr):
+        yield eqn, enclosing
+        subs = nested_jaxprs(eqn)
+        if subs:
+            inner = enclosing + (eqn_name(eqn),)
+            for sub in subs:
+                yield from walk_eqns_enclosed(sub, inner)
+
+
+def eval_closed_jaxpr(closed_jaxpr: Any, args: Sequence[Any],
+                      after_eqn: Callable[[Any, list[Any]], list[Any]] | None = None) -> list[Any]:
+    """Run a ClosedJaxpr on its flat arguments (arrays or tracers) equation by equation with
+    `bind` (sub-functions re-bound, so only for tracing it again), `after_eqn(eqn, outputs)`
+    given each top-level equation's outputs and returning those to keep (fit tags the dots of a
+    scan body this way). Its outputs, as a list."""
+    jaxpr, consts = split_closed(closed_jaxpr)
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(atom: Any) -> Any:
+        return literal_value(atom) if is_literal(atom) else env[atom]
+
+    for eqn in jaxpr.eqns:
+        outs = bind(eqn, [read(a) for a in eqn.invars], subfuns_ok=True)
+        if after_eqn is not None:
+            outs = after_eqn(eqn, outs)
+        for var, out in zip(eqn.outvars, outs):
+            if not is_dropvar(var):
+                env[var] = out
+    return [read(a) for a in jaxpr.outvars]
+
+
+def eqn_is(eqn: Any, primitive: Any) -> bool:
+    """Whether an equation binds exactly this primitive object (not only one of its name)."""
+    return eqn.primitive is primitive
+
+
+def jaxpr_debug_info(jaxpr: Any) -> Any:
+    """JAX's debug information of a jaxpr, closed or open (`func_src_info`, `traced_for`), or None."""
+    return getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+
+
+def jaxpr_outvars(jaxpr: Any) -> list[Any]:
+    """The output atoms (variables or literals) of a jaxpr, closed or open."""
+    return list(getattr(jaxpr, "jaxpr", jaxpr).outvars)
 
 
 def jaxpr_in_avals(jaxpr: Any) -> list[Any]:
@@ -700,17 +787,11 @@ def checkpoint_names(closed_jaxpr: Any) -> list[str]:
     """The names the user tagged with `jax.ad_checkpoint.checkpoint_name`, in first-seen order
     (nested jaxprs included), for `save_only_these_names`."""
     found: list[str] = []
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in jaxpr_eqns(jaxpr):
-            if eqn.primitive.name == "name":
-                name = str(eqn.params.get("name"))
-                if name not in found:
-                    found.append(name)
-            for sub in nested_jaxprs(eqn):
-                walk(sub)
-
-    walk(closed_jaxpr)
+    for eqn in walk_eqns(closed_jaxpr):
+        if eqn.primitive.name == "name":
+            name = str(eqn.params.get("name"))
+            if name not in found:
+                found.append(name)
     return found
 
 

@@ -122,12 +122,7 @@ def longest_reduction(closed_jaxpr: Any) -> int:
     >>> longest_reduction(jax.make_jaxpr(lambda a, b: (a @ b).sum())(np.ones((4, 96)), np.ones((96, 3))))
     96
     """
-    longest, stack = 1, [ja.split_closed(closed_jaxpr)[0]]
-    while stack:
-        for eqn in ja.jaxpr_eqns(stack.pop()):
-            longest = max(longest, _reduced_terms(eqn))
-            stack.extend(ja.nested_jaxprs(eqn))
-    return longest
+    return max([1] + [_reduced_terms(eqn) for eqn in ja.walk_eqns(closed_jaxpr)])
 
 
 def _tolerance(row: dict[str, Any], reduction: int, noise: float | None) -> float | None:
@@ -176,7 +171,7 @@ def compare_with_jit(fn: Callable[..., Any], args: Sequence[Any], plan: Plan,
     None when it is an integer leaf); `reduction`, the longest sum's terms; `noise_rel`, JAX op by
     op against `jax.jit` on that leaf, or None when it was not needed. Timings are of warm calls.
     """
-    reduction = longest_reduction(jax.make_jaxpr(fn)(*args))
+    reduction = longest_reduction(ja.make_closed_jaxpr(fn, *args))
     executable = build(fn, args, donate_argnums, plan=plan)
     executable.run(args)
     ours = None

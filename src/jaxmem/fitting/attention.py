@@ -22,14 +22,15 @@ from __future__ import annotations
 import contextvars
 import inspect
 import linecache
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import SourceLine
+from jaxmem.fitting import jax_hooks
 
 MIN_QUERIES = 512   # shorter sequences: a block of a quarter would be under 128 queries
 
@@ -77,13 +78,6 @@ class AttentionSite:
 
 
 _MODE: contextvars.ContextVar["tuple[str, Any] | None"] = contextvars.ContextVar("jaxmem_attention", default=None)
-_INSTALL = threading.Lock()
-
-
-def _functions_module() -> Any:
-    from jax._src.nn import functions
-
-    return functions
 
 
 def _plain(bias: Any, mask: Any, q_seqlen: Any, kv_seqlen: Any, window: Any, residual: bool) -> bool:
@@ -92,8 +86,6 @@ def _plain(bias: Any, mask: Any, q_seqlen: Any, kv_seqlen: Any, window: Any, res
 
 
 def _hooked_xla(original: Callable[..., Any]) -> Callable[..., Any]:
-    from jaxmem.fitting.sites import _innermost_line
-
     def hooked(query: Any, key: Any, value: Any, bias: Any, mask: Any, is_causal: bool, scale: float,
                q_seqlen: Any, kv_seqlen: Any, local_window_size: Any, return_residual: bool = False) -> Any:
         mode = _MODE.get()
@@ -101,8 +93,8 @@ def _hooked_xla(original: Callable[..., Any]) -> Callable[..., Any]:
         if mode is not None and plain and query.shape[1] >= MIN_QUERIES:
             kind, state = mode
             if kind == "record":
-                state.append((_innermost_line(), query.shape, key.shape, bool(is_causal)))
-            elif _innermost_line() in state[0]:
+                state.append((jax_hooks.innermost_line(), query.shape, key.shape, bool(is_causal)))
+            elif jax_hooks.innermost_line() in state[0]:
                 token = _MODE.set(None)   # the blocks call dot_product_attention: JAX's own
                 try:
                     return chunked_dot_product_attention(query, key, value, is_causal=is_causal,
@@ -121,10 +113,7 @@ def _install() -> bool:
     module global it looks up at each call): inside `attention_sites` a call is recorded, inside
     `attention_chunked` a call from one of its lines runs in blocks. Outside, JAX's own. False
     where this JAX has no such function (nothing is then rewritten)."""
-    from jaxmem.fitting.sites import _hook
-
-    with _INSTALL:
-        return _hook(_functions_module(), "_dot_product_attention_xla", _hooked_xla)
+    return jax_hooks.hook(jax_hooks.nn_functions(), "_dot_product_attention_xla", _hooked_xla)
 
 
 def attention_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[AttentionSite]:
@@ -137,11 +126,8 @@ def attention_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[Attenti
     def traced(*a: Any) -> Any:   # a new function: JAX runs the Python again, not its cached trace
         return fn(*a)
 
-    token = _MODE.set(("record", calls))
-    try:
-        jax.make_jaxpr(traced)(*args)
-    finally:
-        _MODE.reset(token)
+    with jax_hooks.active(_MODE, ("record", calls)):
+        ja.make_closed_jaxpr(traced, *args)
     sites: dict[tuple[str, int], AttentionSite] = {}
     for line, q, k, causal in calls:
         if line is None:
@@ -175,11 +161,9 @@ def _function_at(line: tuple[str, int]) -> str:
 def attention_chunked(fn: Callable[..., Any], sites: Sequence[AttentionSite], chunk: int) -> Callable[..., Any]:
     """`fn` with the attention calls made on `sites`' lines in blocks of `chunk` queries (as if
     the user had written `chunked_dot_product_attention` there)."""
-    from jaxmem.fitting.sites import while_set
-
     _install()
     lines = frozenset(s.key for s in sites)
-    return while_set(fn, _MODE, lambda: ("chunk", (lines, chunk)))
+    return jax_hooks.while_set(fn, _MODE, lambda: ("chunk", (lines, chunk)))
 
 
 def chunk_sizes(sites: Sequence[AttentionSite]) -> list[int]:

@@ -117,24 +117,17 @@ ULPS = 2   # at a narrower compute dtype: two roundings' worth of that dtype's p
 def compute_dtype(fn: Callable[..., Any], args: Sequence[Any]) -> Any:
     """The narrowest floating dtype `fn` computes in (bf16 for a mixed-precision step whose
     arguments and results are all f32), from its jaxpr, nested ones included; None: f32 or wider."""
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
     from jaxmem.compiler import jaxpr_adapter as ja
 
     found: list[Any] = []
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in ja.jaxpr_eqns(jaxpr):
-            for v in eqn.outvars:
-                dtype = getattr(getattr(v, "aval", None), "dtype", None)
-                if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-                    found.append(np.dtype(dtype))
-            for sub in ja.nested_jaxprs(eqn):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)(*args))
+    for eqn in ja.walk_eqns(ja.make_closed_jaxpr(fn, *args)):
+        for aval in ja.eqn_out_avals(eqn):
+            dtype = getattr(aval, "dtype", None)
+            if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+                found.append(np.dtype(dtype))
     return max(found, key=lambda d: float(jnp.finfo(d).eps)) if found else None   # bf16 before f16
 
 

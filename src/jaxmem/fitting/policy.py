@@ -459,34 +459,92 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     from jaxmem.compiler.costs import jaxpr_flops
 
     original = _trace(fn, args, donate)
-    # The user's own jax.checkpoint calls: their policy, replaced, is a site of its own (the
-    # other sites wrap around them, and cannot change what they save).
-    # (Not those `fitting.attention` makes for its blocks of queries: a rewrite fit applied,
-    # whose answer is printed as the function to paste.)
-    from jaxmem.fitting import attention
-
-    sites += [s for s in own_checkpoints(original.closed_jaxpr) if not s.defined.startswith(attention.__file__)]
+    sites += _own_sites(original.closed_jaxpr)   # `result.sites` is this list: it lists them too
     # Extra FLOPs are counted from `fn` while searching, then shifted to `base_flops` (every
     # candidate starts from `fn`: none recomputes less than it does).
     fn_flops = jaxpr_flops(original.closed_jaxpr.jaxpr)
     shift = 0 if base_flops is None else fn_flops - base_flops
-    base_flops = fn_flops
     names = checkpoint_names(original.closed_jaxpr)
     if original_total is None:
         original_total = judge.total(fn, args, donate)
     result.candidates.append(PolicyCandidate("none", "none", [], original_total, fn_flops, 0))
     if not sites:
         return _shifted(result, shift)
+    search = _Search(fn, args, donate, judge, budget, progress, exhaustive, deadline, sites, result, fn_flops)
+    # Offload policies (to pinned host memory) are offered where XLA:GPU judges.
+    offloading = offload if offload is not None else is_gpu(judge.device)
+    policies = _policy_names(names, offloading)
+    dot_lines, named = _named_dots(original.closed_jaxpr, offloading)
+    kinds = [k for k in ("scan", "loop", "layer", "grad", "own") if any(s.kind == k for s in sites)]
+    planned_before = _planned_peak(original)
+    search.scale = original_total / max(planned_before or 1, 1)
+    result.candidates[0].planned_peak_bytes = planned_before
+    choices, per_layer = _choices(kinds, sites)
+    pending = _planned_candidates(search, choices, policies, named, dot_lines, kinds, offload_outside_loops)
+    traced_all = _compile_candidates(search, pending)
+    _per_iteration(search, per_layer)
+    ok, fitting = _judged(result.candidates, budget)
+    if (reorder if reorder is not None else judge.device is not None) and (exhaustive or not fitting):
+        _reordering(search, traced_all)
+        ok, fitting = _judged(result.candidates, budget)
+    if fitting:
+        # Equal FLOPs: keep activations on the device (offload costs host transfers FLOPs omit).
+        result.best = min(fitting, key=lambda c: (c.extra_flops, is_offload(c.policy), c.xla_total_bytes))
+    else:
+        result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
+    return _shifted(result, shift)
+
+
+@dataclass
+class _Search:
+    """One policy search: its inputs, and what its steps share (the FLOPs extra FLOPs count
+    from, the planned-to-XLA scale, the longest plan and compile seen)."""
+
+    fn: Callable[..., Any]
+    args: Sequence[Any]
+    donate: Sequence[int]
+    judge: Judge
+    budget: int
+    progress: Callable[[str], None] | None
+    exhaustive: bool
+    deadline: float | None
+    sites: list[CheckpointSite]
+    result: PolicySearch
+    base_flops: int
+    scale: float = 1.0
+    costs: dict[str, float] = field(default_factory=lambda: {"plan": 0.0, "compile": 0.0})
+
+    def predicted(self, entry: PolicyCandidate) -> float:
+        """XLA's total the planner predicts for a candidate (its planned peak, scaled)."""
+        return (entry.planned_peak_bytes or 0) * self.scale
+
+
+def _own_sites(closed: Any) -> list[CheckpointSite]:
+    """The user's own jax.checkpoint calls: their policy, replaced, is a site of its own (the
+    other sites wrap around them, and cannot change what they save). Not those
+    `fitting.attention` makes for its blocks of queries: a rewrite fit applied, whose answer is
+    printed as the function to paste."""
+    from jaxmem.fitting import attention
+
+    return [s for s in own_checkpoints(closed) if not s.defined.startswith(attention.__file__)]
+
+
+def _policy_names(names: Sequence[str], offloading: bool) -> list[str]:
+    """The standard policies tried on every kind of site: the user's checkpoint_name tags kept
+    exactly (where there are any) first, offload last where `offloading`."""
     policies = list(POLICIES)
     if names:  # the user's checkpoint_name tags: keep exactly those
         policies.insert(0, "save_only_these_names:" + ",".join(names))
-    # Offload policies (to pinned host memory) are offered where XLA:GPU judges.
-    offloading = offload if offload is not None else is_gpu(judge.device)
     if offloading:
         policies.append(OFFLOAD)
-    # Per kind, the dot lines a named-dots policy may keep: a scan body's, or (on the
-    # differentiated function) every line's, each left out in turn.
-    dot_lines = {"scan": scan_dot_lines(original.closed_jaxpr), "grad": dot_lines_in(original.closed_jaxpr)}
+    return policies
+
+
+def _named_dots(closed: Any, offloading: bool) -> tuple[dict[str, list[SourceLine]], dict[str, list[str]]]:
+    """Per kind, the dot lines a named-dots policy may keep (a scan body's, or on the
+    differentiated function every line's) and the named policies tried: each line left out in
+    turn; on a scan body with `offloading`, also its residuals all in host memory."""
+    dot_lines = {"scan": scan_dot_lines(closed), "grad": dot_lines_in(closed)}
     named = {kind: [NAMED_DOTS + ",".join(dot_tag(x) for x in lines if x != left) for left in lines]
              if 2 <= len(lines) <= MAX_NAMED_DOTS else [] for kind, lines in dot_lines.items()}
     if offloading:
@@ -495,12 +553,13 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
         # and its dots, nothing saved on the device (scanned_checkpoint_train by hand: 166.1 MiB
         # -> 155.9, where offloading the dots alone gives 163.9).
         named["scan"] = named["scan"] + [OFFLOAD_NAMES + ",".join([CARRY_TAG] + [dot_tag(x) for x in dot_lines["scan"]])]
-    kinds = [k for k in ("scan", "loop", "layer", "grad", "own") if any(s.kind == k for s in sites)]
-    planned_before = _planned_peak(original)
-    scale = original_total / max(planned_before or 1, 1)
-    result.candidates[0].planned_peak_bytes = planned_before
-    pending = []
-    costs = {"plan": 0.0, "compile": 0.0}   # the longest seen: what one reordering will cost
+    return dot_lines, named
+
+
+def _choices(kinds: Sequence[str], sites: Sequence[CheckpointSite]
+             ) -> tuple[list[tuple[str, list[str] | None, bool, int]], str | None]:
+    """Where policies go, as (kind, keys, but_last, first): every site of each kind, and on the
+    per-layer sites more; and which kind the per-layer sites are ("loop", "layer" or None)."""
     choices: list[tuple[str, list[str] | None, bool, int]] = [(k, None, False, 0) for k in kinds]
     # Every iteration (call) but the last of the per-layer sites: the same memory at fewer
     # FLOPs. Each function site alone where no loop holds them (keeps the planner's work small).
@@ -515,114 +574,151 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     layers = [s for s in sites if s.kind == "layer"]
     if per_layer == "layer" and 1 < len(layers) <= MAX_SINGLE_LAYER_SITES:
         choices += [("layer", [s.key], False, 0) for s in layers]
+    return choices, per_layer
+
+
+def _planned_candidates(search: _Search, choices: Sequence[tuple[str, list[str] | None, bool, int]],
+                        policies: Sequence[str], named: dict[str, list[str]],
+                        dot_lines: dict[str, list[SourceLine]], kinds: Sequence[str],
+                        offload_outside_loops: bool) -> list[tuple[PolicyCandidate, Callable[..., Any]]]:
+    """Every candidate of `choices` x policies traced and planned (its FLOPs and planned peak),
+    added to the search's candidates; those without error, with their functions, returned."""
+    result = search.result
+    pending: list[tuple[PolicyCandidate, Callable[..., Any]]] = []
     for kind, keys, but_last, first in choices:
         for name in policies + named.get(kind, []):
-            if kind == "own" and _as_written(name, sites):
+            name = _candidate_policy(search, name, kind, keys, but_last, first, kinds, offload_outside_loops)
+            if name is None:
                 continue
-            # The user's own checkpoint inside a scan body offloads as a scan site does.
-            stacked = kind == "scan" or (kind == "own" and "scan" in kinds and name == OFFLOAD)
-            if is_offload(name) and (first or not stacked) and not (offload_outside_loops and name == OFFLOAD):
-                # XLA:GPU moves a residual off the device only where a scan stacks it: each
-                # iteration's value is written into a pinned-host buffer (S(5)
-                # dynamic-update-slice). A value saved once (a loop's, a layer's, the
-                # differentiated function's) keeps its device buffer until the backward pass:
-                # XLA schedules its device-to-host copy just before the copy back (the
-                # scheduled HLO of mlp_deep_train: a dot made at position 2 is copied out at
-                # 232 and back at 242), so offloading it only adds a buffer (mlp_train_donated
-                # 72.4 -> 88.8 MiB, long_seq_train 216.8 -> 355.6).
-                continue
-            if name.startswith((NAMED_DOTS, OFFLOAD_NAMES)):
-                # Keep only the tags the candidate really binds: a dot inside the user's own
-                # jax.checkpoint in the body stays under that checkpoint's policy, and fit's
-                # tagging does not reach it (scanned_checkpoint_train's three dot lines), so
-                # printing a `checkpoint_name` line for it would tell the user to add a no-op.
-                name = _applied(fn, args, name, kind, keys, but_last, first)
-                if name is None or any(c.policy == name and c.kind == kind and c.keys == keys
-                                       and c.but_last == but_last and c.first == first for c in result.candidates):
-                    continue
-            cand = with_policy(fn, name, (kind,), keys, but_last, first)
-            entry = PolicyCandidate(kind, name, [s for s in sites if s.kind == kind and (keys is None or s.key in keys)],
+            cand = with_policy(search.fn, name, (kind,), keys, but_last, first)
+            entry = PolicyCandidate(kind, name, [s for s in search.sites if s.kind == kind and (keys is None or s.key in keys)],
                                     None, 0, 0, keys=keys, but_last=but_last, first=first,
                                     dots=tuple(x for x in dot_lines.get(kind, []) if name.startswith((NAMED_DOTS, OFFLOAD_NAMES))
                                                and dot_tag(x) in name.split(":", 1)[1].split(",")))
-            if deadline is not None and time.perf_counter() > deadline and pending:
+            if search.deadline is not None and time.perf_counter() > search.deadline and pending:
                 entry.error = "not tried: the policy search's time ran out"
                 result.candidates.append(entry)
                 continue
             try:
                 began = time.perf_counter()
-                entry.flops, entry.planned_peak_bytes = _measured(cand, args, donate)
-                costs["plan"] = max(costs["plan"], time.perf_counter() - began)
+                entry.flops, entry.planned_peak_bytes = _measured(cand, search.args, search.donate)
+                search.costs["plan"] = max(search.costs["plan"], time.perf_counter() - began)
                 # Replacing the user's own policy may recompute less than they do: say so.
-                entry.extra_flops = entry.flops - base_flops if kind == "own" else max(0, entry.flops - base_flops)
+                entry.extra_flops = (entry.flops - search.base_flops if kind == "own"
+                                     else max(0, entry.flops - search.base_flops))
             except Exception as err:  # a policy JAX refuses for this function
                 entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
             result.candidates.append(entry)
             if not entry.error:
                 pending.append((entry, cand))
+    return pending
 
-    def predicted(entry: PolicyCandidate) -> float:
-        return (entry.planned_peak_bytes or 0) * scale
 
+def _candidate_policy(search: _Search, name: str, kind: str, keys: list[str] | None, but_last: bool, first: int,
+                      kinds: Sequence[str], offload_outside_loops: bool) -> str | None:
+    """The policy `name` as the candidate on (kind, keys, but_last, first) uses it, or None
+    where that candidate is not tried."""
+    if kind == "own" and _as_written(name, search.sites):
+        return None
+    # The user's own checkpoint inside a scan body offloads as a scan site does.
+    stacked = kind == "scan" or (kind == "own" and "scan" in kinds and name == OFFLOAD)
+    if is_offload(name) and (first or not stacked) and not (offload_outside_loops and name == OFFLOAD):
+        # XLA:GPU moves a residual off the device only where a scan stacks it: each
+        # iteration's value is written into a pinned-host buffer (S(5)
+        # dynamic-update-slice). A value saved once (a loop's, a layer's, the
+        # differentiated function's) keeps its device buffer until the backward pass:
+        # XLA schedules its device-to-host copy just before the copy back (the
+        # scheduled HLO of mlp_deep_train: a dot made at position 2 is copied out at
+        # 232 and back at 242), so offloading it only adds a buffer (mlp_train_donated
+        # 72.4 -> 88.8 MiB, long_seq_train 216.8 -> 355.6).
+        return None
+    if name.startswith((NAMED_DOTS, OFFLOAD_NAMES)):
+        # Keep only the tags the candidate really binds: a dot inside the user's own
+        # jax.checkpoint in the body stays under that checkpoint's policy, and fit's
+        # tagging does not reach it (scanned_checkpoint_train's three dot lines), so
+        # printing a `checkpoint_name` line for it would tell the user to add a no-op.
+        applied = _applied(search.fn, search.args, name, kind, keys, but_last, first)
+        if applied is None or any(c.policy == applied and c.kind == kind and c.keys == keys
+                                  and c.but_last == but_last and c.first == first for c in search.result.candidates):
+            return None
+        return applied
+    return name
+
+
+def _compile_candidates(search: _Search, pending: list[tuple[PolicyCandidate, Callable[..., Any]]]
+                        ) -> list[tuple[PolicyCandidate, Callable[..., Any]]]:
+    """XLA's totals for the planned candidates, least extra FLOPs first: unless exhaustive,
+    only those the planner puts within SLACK x budget (and offload, which it cannot rank),
+    stopping at the first within the budget. Returns the original and every planned candidate
+    with their functions, for the reordering."""
+    budget = search.budget
     # The planner ranks, XLA confirms: least extra FLOPs first; a candidate the planner puts
     # well over the budget is compiled only when everything cheaper failed to fit.
-    pending.sort(key=lambda ec: (ec[0].extra_flops, is_offload(ec[0].policy), predicted(ec[0])))
-    traced_all = [(result.candidates[0], fn)] + list(pending)
-    if not exhaustive:
+    pending.sort(key=lambda ec: (ec[0].extra_flops, is_offload(ec[0].policy), search.predicted(ec[0])))
+    traced_all = [(search.result.candidates[0], search.fn)] + list(pending)
+    if not search.exhaustive:
         # Only what the planner says may fit; when nothing may, the one it puts lowest (so the
         # table has one confirmed figure), and the rewriting search gets the time.
-        likely = [ec for ec in pending if predicted(ec[0]) <= SLACK * budget]
-        pending = likely or sorted(pending, key=lambda ec: (predicted(ec[0]), ec[0].extra_flops))[:1]
+        likely = [ec for ec in pending if search.predicted(ec[0]) <= SLACK * budget]
+        pending = likely or sorted(pending, key=lambda ec: (search.predicted(ec[0]), ec[0].extra_flops))[:1]
         # jaxmem's plan holds an offloaded scan's stacked residuals on the device, where XLA:GPU
         # holds them in host memory, so it cannot rank offload: compile it anyway
         # (scanned_checkpoint_train: planned as saving the dots, 228.9 MiB; XLA:GPU 163.9).
         pending += [ec for ec in traced_all[1:] if is_offload(ec[0].policy) and ec not in pending]
-        pending.sort(key=lambda ec: (ec[0].extra_flops, is_offload(ec[0].policy), predicted(ec[0])))
+        pending.sort(key=lambda ec: (ec[0].extra_flops, is_offload(ec[0].policy), search.predicted(ec[0])))
     for k, (entry, cand) in enumerate(pending):
-        if k and deadline is not None and time.perf_counter() > deadline:
+        if k and search.deadline is not None and time.perf_counter() > search.deadline:
             break  # out of time: the ones compiled so far are the answer
-        if progress is not None:
-            progress(f"{entry.policy} on {entry.kind}{entry.where}")
+        if search.progress is not None:
+            search.progress(f"{entry.policy} on {entry.kind}{entry.where}")
         try:
             began = time.perf_counter()
-            entry.xla_total_bytes = judge.total(cand, args, donate)
-            costs["compile"] = max(costs["compile"], time.perf_counter() - began)
+            entry.xla_total_bytes = search.judge.total(cand, search.args, search.donate)
+            search.costs["compile"] = max(search.costs["compile"], time.perf_counter() - began)
         except Exception as err:  # a policy XLA refuses here (offload on XLA:CPU)
             entry.error = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
-        if not exhaustive and entry.xla_total_bytes is not None and entry.xla_total_bytes <= budget \
+        if not search.exhaustive and entry.xla_total_bytes is not None and entry.xla_total_bytes <= budget \
                 and entry.policy != "none":
             break
-    if per_layer == "loop" and len([s for s in sites if s.kind == "loop"]) == 1:
-        (site,) = [s for s in sites if s.kind == "loop"]
-        result.candidates += _groups(fn, args, donate, judge, budget, result.candidates, site, base_flops,
-                                     progress, deadline)
-    if per_layer is not None and len([s for s in sites if s.kind == per_layer]) == 1:
-        (site,) = [s for s in sites if s.kind == per_layer]
-        result.candidates += _mixes(fn, args, donate, judge, budget, result.candidates, site, base_flops,
-                                    progress, deadline)
-    ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
-    fitting = [c for c in ok if c.xla_total_bytes <= budget]
-    if (reorder if reorder is not None else judge.device is not None) and (exhaustive or not fitting):
-        # One reordering: a trace and two plans (CPU model, GPU fusion), then three compiles,
-        # and on a GPU up to two more (the plans' orders with values held in host memory).
-        cost = 2 * costs["plan"] + (5 if judge.device is not None else 3) * costs["compile"]
-        # The lowest group as well: its values between iterations are recomputed from the saved
-        # dots inside the backward's kernels, which the plan's order can use where XLA's own
-        # does not (mlp_train: every iteration in one checkpoint saving the dots, 97.8 MiB in
-        # XLA's order, 93.8 in the CPU plan's, at +0.1% FLOPs; no candidate per iteration gets
-        # below 97.8 in any order).
-        groups = [c for c in result.candidates if c.grouped and not c.error and c.xla_total_bytes is not None]
-        also = [(g, g.apply(fn)) for g in sorted(groups, key=lambda c: (c.xla_total_bytes, c.extra_flops))[:1]]
-        result.candidates += _reordered(fn, args, donate, judge, budget, traced_all, progress, exhaustive,
-                                        None if deadline is None else deadline - cost, also)
-        ok = [c for c in result.candidates if not c.error and c.xla_total_bytes is not None]
-        fitting = [c for c in ok if c.xla_total_bytes <= budget]
-    if fitting:
-        # Equal FLOPs: keep activations on the device (offload costs host transfers FLOPs omit).
-        result.best = min(fitting, key=lambda c: (c.extra_flops, is_offload(c.policy), c.xla_total_bytes))
-    else:
-        result.best = min(ok, key=lambda c: (c.xla_total_bytes, c.extra_flops))
-    return _shifted(result, shift)
+    return traced_all
+
+
+def _per_iteration(search: _Search, per_layer: str | None) -> None:
+    """On the one loop site, runs of iterations under one checkpoint (`_groups`); on the one
+    layer or loop site, per-iteration mixes (`_mixes`): added to the search's candidates."""
+    s, result = search, search.result
+    if per_layer == "loop" and len([x for x in s.sites if x.kind == "loop"]) == 1:
+        (site,) = [x for x in s.sites if x.kind == "loop"]
+        result.candidates += _groups(s.fn, s.args, s.donate, s.judge, s.budget, result.candidates, site,
+                                     s.base_flops, s.progress, s.deadline)
+    if per_layer is not None and len([x for x in s.sites if x.kind == per_layer]) == 1:
+        (site,) = [x for x in s.sites if x.kind == per_layer]
+        result.candidates += _mixes(s.fn, s.args, s.donate, s.judge, s.budget, result.candidates, site,
+                                    s.base_flops, s.progress, s.deadline)
+
+
+def _judged(candidates: Sequence[PolicyCandidate], budget: int) -> tuple[list[PolicyCandidate], list[PolicyCandidate]]:
+    """(the candidates XLA judged without error, those of them within `budget`)."""
+    ok = [c for c in candidates if not c.error and c.xla_total_bytes is not None]
+    return ok, [c for c in ok if c.xla_total_bytes <= budget]
+
+
+def _reordering(search: _Search, traced_all: list[tuple[PolicyCandidate, Callable[..., Any]]]) -> None:
+    """The best candidates (and the original, and the lowest group) run in jaxmem's planned
+    order (`_reordered`), added to the search's candidates."""
+    s, result = search, search.result
+    # One reordering: a trace and two plans (CPU model, GPU fusion), then three compiles,
+    # and on a GPU up to two more (the plans' orders with values held in host memory).
+    cost = 2 * s.costs["plan"] + (5 if s.judge.device is not None else 3) * s.costs["compile"]
+    # The lowest group as well: its values between iterations are recomputed from the saved
+    # dots inside the backward's kernels, which the plan's order can use where XLA's own
+    # does not (mlp_train: every iteration in one checkpoint saving the dots, 97.8 MiB in
+    # XLA's order, 93.8 in the CPU plan's, at +0.1% FLOPs; no candidate per iteration gets
+    # below 97.8 in any order).
+    groups = [c for c in result.candidates if c.grouped and not c.error and c.xla_total_bytes is not None]
+    also = [(g, g.apply(s.fn)) for g in sorted(groups, key=lambda c: (c.xla_total_bytes, c.extra_flops))[:1]]
+    result.candidates += _reordered(s.fn, s.args, s.donate, s.judge, s.budget, traced_all, s.progress, s.exhaustive,
+                                    None if s.deadline is None else s.deadline - cost, also)
 
 
 def _shifted(result: PolicySearch, shift: int) -> PolicySearch:
@@ -876,17 +972,8 @@ def _applied(fn: Callable[..., Any], args: Sequence[Any], name: str, kind: str, 
     """The named policy `name` cut to the tags its candidate binds (`checkpoint_name` equations
     in its trace); None where none of them is bound."""
     prefix, _, listed = name.partition(":")
-    closed = jax.make_jaxpr(with_policy(fn, name, (kind,), keys, but_last, first))(*args)
-    bound: set[str] = set()
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in ja.jaxpr_eqns(jaxpr):
-            if eqn.primitive.name == "name":
-                bound.add(str(eqn.params["name"]))
-            for sub in ja.nested_jaxprs(eqn):
-                walk(sub)
-
-    walk(closed)
+    closed = ja.make_closed_jaxpr(with_policy(fn, name, (kind,), keys, but_last, first), *args)
+    bound = {str(ja.eqn_params(eqn)["name"]) for eqn in ja.walk_eqns(closed) if ja.eqn_name(eqn) == "name"}
     kept = [t for t in listed.split(",") if t in bound]
     return f"{prefix}:{','.join(kept)}" if kept else None
 
@@ -908,18 +995,12 @@ def dot_lines_in(closed: Any) -> list[SourceLine]:
 
 def _dot_lines(closed: Any, in_scan_only: bool) -> list[SourceLine]:
     found: dict[str, SourceLine] = {}
-
-    def walk(jaxpr: Any, in_scan: bool) -> None:
-        for eqn in ja.jaxpr_eqns(jaxpr):
-            if (in_scan or not in_scan_only) and eqn.primitive.name == "dot_general" \
-                    and not eqn.params["dimension_numbers"][1][0]:
-                line = ja.source_line(eqn)
-                if line is not None and ja.is_user_file(line.file):
-                    found.setdefault(dot_tag(line), SourceLine(line.file, line.line, line.function))
-            for sub in ja.nested_jaxprs(eqn):
-                walk(sub, in_scan or eqn.primitive.name == "scan")
-
-    walk(closed, False)
+    for eqn, enclosing in ja.walk_eqns_enclosed(closed):
+        if (not in_scan_only or "scan" in enclosing) and ja.eqn_name(eqn) == "dot_general" \
+                and not ja.eqn_params(eqn)["dimension_numbers"][1][0]:
+            line = ja.source_line(eqn)
+            if line is not None and ja.is_user_file(line.file):
+                found.setdefault(dot_tag(line), SourceLine(line.file, line.line, line.function))
     return list(found.values())
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -33,6 +32,7 @@ import jax
 
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import SourceLine
+from jaxmem.fitting import jax_hooks
 
 
 def reshape_max_pool(x: jax.Array, window: tuple[int, ...]) -> jax.Array:
@@ -92,45 +92,30 @@ _GRADIENTS = ("select_and_scatter_add", "select_and_gather_add")
 def pool_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[PoolSite]:
     """The lines of `fn` whose max pools can be rewritten and whose gradient `fn` computes
     (a pool only run forward holds no index arrays: nothing to gain)."""
-    closed = jax.make_jaxpr(fn)(*args)
+    closed = ja.make_closed_jaxpr(fn, *args)
     pools: dict[tuple[str, int], list[tuple[SourceLine, tuple[int, ...]]]] = {}
     graded: set[tuple[str, int]] = set()
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in ja.jaxpr_eqns(jaxpr):
-            name = ja.eqn_name(eqn)
-            line = ja.source_line(eqn) if name == "reduce_window_max" or name in _GRADIENTS else None
-            if line is not None and name == "reduce_window_max" \
-                    and rewritable(eqn.params, ja.eqn_in_shapes(eqn)[0]):
-                pools.setdefault((line.file, line.line), []).append(
-                    (line, tuple(eqn.params["window_dimensions"])))
-            elif line is not None and name in _GRADIENTS:
-                graded.add((line.file, line.line))
-            for sub in ja.nested_jaxprs(eqn):
-                walk(sub)
-
-    walk(ja.as_closed(closed).jaxpr)
+    for eqn in ja.walk_eqns(closed):
+        name = ja.eqn_name(eqn)
+        line = ja.source_line(eqn) if name == "reduce_window_max" or name in _GRADIENTS else None
+        if line is not None and name == "reduce_window_max" \
+                and rewritable(ja.eqn_params(eqn), ja.eqn_in_shapes(eqn)[0]):
+            pools.setdefault((line.file, line.line), []).append(
+                (line, tuple(ja.eqn_params(eqn)["window_dimensions"])))
+        elif line is not None and name in _GRADIENTS:
+            graded.add((line.file, line.line))
     return [PoolSite(made[0][0], tuple(w for _, w in made), len(made))
             for key, made in pools.items() if key in graded]
 
 
 _ACTIVE: contextvars.ContextVar[frozenset[tuple[str, int]] | None] = contextvars.ContextVar(
     "jaxmem_pools_rewritten", default=None)
-_INSTALL = threading.Lock()
-
-
-def _pool_primitive() -> Any:
-    from jax._src.lax import windowed_reductions
-
-    return windowed_reductions.reduce_window_max_p
 
 
 def _hooked_bind(original: Callable[..., Any]) -> Callable[..., Any]:
-    from jaxmem.fitting.sites import _innermost_line
-
     def bind(*args: Any, **params: Any) -> Any:
         lines = _ACTIVE.get()
-        if lines and len(args) == 1 and rewritable(params, args[0].shape) and _innermost_line() in lines:
+        if lines and len(args) == 1 and rewritable(params, args[0].shape) and jax_hooks.innermost_line() in lines:
             return reshape_max_pool(args[0], tuple(params["window_dimensions"]))
         return original(*args, **params)
 
@@ -142,20 +127,15 @@ def _install() -> None:
     """Hook, once per process, the max pool primitive's `bind` (an instance attribute:
     `reduce_window_max_p.bind(...)` finds it first): inside `pools_rewritten`, a pool made on
     one of its lines is `reshape_max_pool`. Outside, JAX's own."""
-    from jaxmem.fitting.sites import _hook
-
-    with _INSTALL:
-        _hook(_pool_primitive(), "bind", _hooked_bind)
+    jax_hooks.hook(jax_hooks.max_pool_primitive(), "bind", _hooked_bind)
 
 
 def pools_rewritten(fn: Callable[..., Any], sites: Sequence[PoolSite]) -> Callable[..., Any]:
     """`fn` with the max pools made on `sites`' lines computed by `reshape_max_pool`, as if the user had
     written it there (what `jax.jit` traces; the hook is active only while `fn` runs)."""
-    from jaxmem.fitting.sites import while_set
-
     _install()
     lines = frozenset(s.key for s in sites)
-    return while_set(fn, _ACTIVE, lambda: lines)
+    return jax_hooks.while_set(fn, _ACTIVE, lambda: lines)
 
 
 def pool_lines(sites: Sequence[PoolSite]) -> list[str]:

@@ -98,143 +98,211 @@ def ordered_function(plan: Plan, traced: ja.Traced, *, chain: bool = True, min_b
     >>> f = ordered_function(plan, traced)       # doctest: +SKIP
     >>> jax.jit(f)(*args)                        # doctest: +SKIP
     """
-    closed = traced.closed_jaxpr
-    schedule, hoisted = readers_first(plan) if chain and hoist else (list(plan.schedule), set())
-    outvars = plan.outvars
-    literal_outs = {j: ja.literal_value(v) for j, v in enumerate(closed.jaxpr.outvars)
-                    if outvars[j] is None and ja.is_literal(v)}
-    nbytes = {vid: info.nbytes for vid, info in plan.values.items()}
-    last_read = _last_reads(schedule, outvars)
-    gaps = offloaded_gaps(plan, schedule, outvars) if offload and chain else {}
-    reads_large: set[int] = set()
-    if gaps:
-        # Only large steps in the chain: a small step's outputs are often read by nobody after
-        # the next step, which leaves that link untied and lets XLA run a later GEMM (the next
-        # layer's input gradient) before an earlier one (this layer's weight gradient). Small
-        # readers of a large value are waited for (`readers_done` below): left free, a bias
-        # gradient's sum runs at the end, holding the gradient it reads until then.
-        min_bytes = max(min_bytes, int(plan.peak_bytes * OFFLOAD_MIN_SHARE))
+    order = _Order.build(plan, traced, chain=chain, min_bytes=min_bytes, tie_constants=tie_constants,
+                         literals=literals, hoist=hoist, offload=offload)
+
+    def ordered(*args: Any) -> Any:
+        run = _OrderedRun(order, jax.tree.leaves(args))
+        for pos, step in enumerate(order.schedule):
+            run.run_step(pos, step)
+        return jax.tree.unflatten(traced.out_tree, run.outputs())
+
+    ordered.__name__ = "reordered"
+    ordered.chained_steps = sum(1 for step in order.schedule if order.chained(step))    # type: ignore[attr-defined]
+    ordered.offloaded_bytes = sum(order.nbytes.get(v, 0) for v in order.gaps)           # type: ignore[attr-defined]
+    return ordered
+
+
+@dataclass
+class _Order:
+    """What `ordered_function` decides before anything runs: the schedule (readers hoisted),
+    which steps are chained, the values offloaded and where their copies go, and what each
+    step's ties read (sizes, last reads, the small readers of large values)."""
+
+    plan: Plan
+    schedule: list[Any]
+    hoisted: set[int]
+    chain: bool
+    min_bytes: int
+    tie_constants: bool
+    literals: str
+    literal_outs: dict[int, Any]                 # outputs the plan has no value for: literals
+    nbytes: dict[int, int]
+    last_read: dict[int, int]
+    gaps: dict[int, tuple[int, int]]             # offloaded value -> (out after, back before)
+    reads_large: set[int] = field(default_factory=set)   # ids of steps that read a large value
+    leaving: dict[int, list[int]] = field(default_factory=dict)
+    returning: dict[int, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, plan: Plan, traced: ja.Traced, *, chain: bool, min_bytes: int, tie_constants: bool,
+              literals: str, hoist: bool, offload: bool) -> "_Order":
+        schedule, hoisted = readers_first(plan) if chain and hoist else (list(plan.schedule), set())
+        outvars = plan.outvars
+        literal_outs = {j: ja.literal_value(v) for j, v in enumerate(ja.jaxpr_outvars(traced.closed_jaxpr))
+                        if outvars[j] is None and ja.is_literal(v)}
+        gaps = offloaded_gaps(plan, schedule, outvars) if offload and chain else {}
+        order = cls(plan, schedule, hoisted, chain, min_bytes, tie_constants, literals, literal_outs,
+                    {vid: info.nbytes for vid, info in plan.values.items()}, _last_reads(schedule, outvars), gaps)
+        if gaps:
+            order._chain_large_steps_only()
+        for v, (a, b) in gaps.items():
+            order.leaving.setdefault(a, []).append(v)
+            order.returning.setdefault(b, []).append(v)
+        return order
+
+    def _chain_large_steps_only(self) -> None:
+        """Only large steps in the chain: a small step's outputs are often read by nobody after
+        the next step, which leaves that link untied and lets XLA run a later GEMM (the next
+        layer's input gradient) before an earlier one (this layer's weight gradient). Small
+        readers of a large value are waited for (`readers_done` in `_OrderedRun`): left free, a
+        bias gradient's sum runs at the end, holding the gradient it reads until then."""
+        self.min_bytes = max(self.min_bytes, int(self.plan.peak_bytes * OFFLOAD_MIN_SHARE))
         readers: dict[int, list[int]] = {}
-        for pos, step in enumerate(schedule):
+        for pos, step in enumerate(self.schedule):
             for v in step.inputs:
                 readers.setdefault(v, []).append(pos)
-        for pos, step in enumerate(schedule):
-            if not any(nbytes.get(v, 0) >= min_bytes for v in step.inputs):
+        for pos, step in enumerate(self.schedule):
+            if not any(self.nbytes.get(v, 0) >= self.min_bytes for v in step.inputs):
                 continue
             while step.fused:         # the stored step the fused one is computed inside
                 later = [r for v in step.outputs if v is not None for r in readers.get(v, ())]
                 if not later:
                     break
-                step = schedule[min(later)]
-            reads_large.add(id(step))
-    leaving: dict[int, list[int]] = {}
-    returning: dict[int, list[int]] = {}
-    for v, (a, b) in gaps.items():
-        leaving.setdefault(a, []).append(v)
-        returning.setdefault(b, []).append(v)
+                step = self.schedule[min(later)]
+            self.reads_large.add(id(step))
 
-    def chained(step: Any) -> bool:
-        if id(step) in hoisted:
+    def chained(self, step: Any) -> bool:
+        if id(step) in self.hoisted:
             return True
-        if not chain or step.fused:
+        if not self.chain or step.fused:
             return False
-        return sum(nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(min_bytes, 1)
+        return sum(self.nbytes.get(o, 0) for o in step.outputs if o is not None) >= max(self.min_bytes, 1)
 
-    def materialized(v: int) -> bool:
-        info = plan.values.get(v)
+    def materialized(self, v: int) -> bool:
+        info = self.plan.values.get(v)
         return info is None or info.producer is None or info.buffer is not None
 
-    def ordered(*args: Any) -> Any:
-        flat = jax.tree.leaves(args)
-        env: dict[int, Any] = dict(zip(plan.invars, flat))
 
-        def read(v: Any) -> Any:
-            return v.value if isinstance(v, Const) else env[v]
+class _OrderedRun:
+    """One call of an ordered function: the values so far (by value id) and the chain's state,
+    each step bound with its ties (`run_step`)."""
 
-        def tie(x: Any, anchor: int) -> Any:
-            x, env[anchor] = jax.lax.optimization_barrier((x, env[anchor]))
-            return x
+    def __init__(self, order: _Order, flat: Sequence[Any]) -> None:
+        self.order = order
+        self.env: dict[int, Any] = dict(zip(order.plan.invars, flat))
+        self.previous: list[int] = []          # outputs of the previous chained step
+        self.readers_done: list[int] = []      # ... and of small readers of large values since
+        self.made: Any = None                  # an output of the last stored step
+        self.host: dict[int, Any] = {}         # offloaded values, in host memory
+        self.copying: list[int] = []           # ... whose copy out the next step waits for
 
-        previous: list[int] = []                      # outputs of the previous chained step
-        readers_done: list[int] = []                  # ... and of small readers of large values since
-        made: Any = None                              # an output of the last stored step
-        host: dict[int, Any] = {}                     # offloaded values, in host memory
-        copying: list[int] = []                       # ... whose copy out the next step waits for
-        for pos, step in enumerate(schedule):
-            stored = chained(step)
-            # the smallest output of the previous chained step that someone reads after this one
-            later = [v for v in previous if last_read.get(v, -1) > pos and v in env]
-            anchor = min(later, key=lambda v: nbytes.get(v, 0)) if later else None
-            for v in returning.get(pos, ()):
-                copy = host.pop(v)
-                if v in copying:  # back before any chained step ran: no tie for the copy out
-                    copying.remove(v)
-                waits = [u for u in previous if last_read.get(u, -1) >= pos and u in env]
-                if waits:         # back only once the step before this one has run
-                    copy, env[waits[0]] = jax.lax.optimization_barrier((copy, env[waits[0]]))
-                env[v] = jax.device_put(copy, jax.memory.Space.Device)
-            ins = [read(v) for v in step.operands]
-            arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
-            if gaps:
-                # a tie on a value the plan fuses away makes XLA store it (the second moment's
-                # `b2 * v`, 4 MiB per layer in mlp_train_donated): tie stored values only
-                arrays = [k for k in arrays if materialized(step.operands[k])]
-            if copying and stored and arrays:       # out before this step runs
-                k = arrays[0]
-                ins[k], copies = jax.lax.optimization_barrier((ins[k], [host[v] for v in copying]))
-                host.update(zip(copying, copies))
-                copying = []
-            if tie_constants and made is not None and (literals == "all" or not step.inputs):
-                for k, v in enumerate(step.operands):
-                    if isinstance(v, Const) and _is_scalar(v) and not _folded(step.primitive, v):
-                        ins[k], _ = jax.lax.optimization_barrier((_array(v), made))
-            after: list[int] = []     # anchors tied to this step's result (no operand could take them)
-            if stored and anchor is not None and not set(previous) & set(step.inputs):
-                if arrays:
-                    k = min(arrays, key=lambda k: nbytes.get(step.operands[k], 0))
-                    ins[k] = tie(ins[k], anchor)
-                elif gaps:
-                    after.append(anchor)
-            small = [v for v in readers_done if last_read.get(v, -1) > pos and v in env and v not in step.inputs]
-            if stored and small and arrays:
-                k = min(arrays, key=lambda k: nbytes.get(step.operands[k], 0))
-                ins[k], waited = jax.lax.optimization_barrier((ins[k], [env[v] for v in small]))
-                env.update(zip(small, waited))
-            elif stored and small and gaps:
-                after += small
-            outs = ja.bind(step.eqn, ins)
-            for vid, val in zip(step.outputs, outs):
-                if vid is not None:
-                    env[vid] = val
-            if after:
-                # the step's operands are all fused values, which a tie would make XLA store
-                # (Adam's second moment reads `b2 * v` and `(1 - b2) * g * g`): its result
-                # waits for the anchors instead, so XLA cannot fold their steps into a later
-                # kernel (the first moment's update, fused into the weights' update, held each
-                # layer's weight gradient until then)
-                out = next(v for v in step.outputs if v is not None)
-                env[out], waited = jax.lax.optimization_barrier((env[out], [env[v] for v in after]))
-                env.update(zip(after, waited))
-            if stored:
-                previous = [v for v in step.outputs if v is not None]
-                readers_done = []
-            elif id(step) in reads_large or set(step.inputs) & set(readers_done):
-                # a small reader of a large value, or a step after one (a bias gradient is two
-                # sums, then Adam's arithmetic): the next chained step waits for what it made;
-                # its operands are not tied, so XLA fuses around it as before
-                readers_done += [v for v in step.outputs if v is not None and nbytes.get(v, 0) < min_bytes]
-            if stored or (not step.fused and any(v is not None for v in step.outputs)):
-                made = env[next(v for v in step.outputs if v is not None)]
-            for v in leaving.get(pos, ()):
-                host[v] = jax.device_put(env.pop(v), jax.memory.Space.Host)
-                copying.append(v)
-        leaves = [literal_outs[j] if v is None else env[v] for j, v in enumerate(outvars)]
-        return jax.tree.unflatten(traced.out_tree, leaves)
+    def read(self, v: Any) -> Any:
+        return v.value if isinstance(v, Const) else self.env[v]
 
-    ordered.__name__ = "reordered"
-    ordered.chained_steps = sum(1 for step in schedule if chained(step))        # type: ignore[attr-defined]
-    ordered.offloaded_bytes = sum(nbytes.get(v, 0) for v in gaps)               # type: ignore[attr-defined]
-    return ordered
+    def outputs(self) -> list[Any]:
+        o = self.order
+        return [o.literal_outs[j] if v is None else self.env[v] for j, v in enumerate(o.plan.outvars)]
+
+    def run_step(self, pos: int, step: Any) -> None:
+        o = self.order
+        stored = o.chained(step)
+        # the smallest output of the previous chained step that someone reads after this one
+        later = [v for v in self.previous if o.last_read.get(v, -1) > pos and v in self.env]
+        anchor = min(later, key=lambda v: o.nbytes.get(v, 0)) if later else None
+        self._copy_back(pos)
+        ins, arrays = self._operands(step, stored)
+        after = self._tie_to_chain(pos, step, stored, anchor, ins, arrays)
+        self._bind(step, ins, after)
+        self._advance(step, stored)
+        for v in o.leaving.get(pos, ()):
+            self.host[v] = jax.device_put(self.env.pop(v), jax.memory.Space.Host)
+            self.copying.append(v)
+
+    def _copy_back(self, pos: int) -> None:
+        """The offloaded values this step's position brings back, each only once the step
+        before it has run."""
+        for v in self.order.returning.get(pos, ()):
+            copy = self.host.pop(v)
+            if v in self.copying:  # back before any chained step ran: no tie for the copy out
+                self.copying.remove(v)
+            waits = [u for u in self.previous if self.order.last_read.get(u, -1) >= pos and u in self.env]
+            if waits:         # back only once the step before this one has run
+                copy, self.env[waits[0]] = jax.lax.optimization_barrier((copy, self.env[waits[0]]))
+            self.env[v] = jax.device_put(copy, jax.memory.Space.Device)
+
+    def _operands(self, step: Any, stored: bool) -> tuple[list[Any], list[int]]:
+        """The step's operands, the copies out waiting on the first and its scalar constants
+        tied; and the positions of its array operands a tie may go on."""
+        o = self.order
+        ins = [self.read(v) for v in step.operands]
+        arrays = [k for k, v in enumerate(step.operands) if not isinstance(v, Const)]
+        if o.gaps:
+            # a tie on a value the plan fuses away makes XLA store it (the second moment's
+            # `b2 * v`, 4 MiB per layer in mlp_train_donated): tie stored values only
+            arrays = [k for k in arrays if o.materialized(step.operands[k])]
+        if self.copying and stored and arrays:       # out before this step runs
+            k = arrays[0]
+            ins[k], copies = jax.lax.optimization_barrier((ins[k], [self.host[v] for v in self.copying]))
+            self.host.update(zip(self.copying, copies))
+            self.copying = []
+        if o.tie_constants and self.made is not None and (o.literals == "all" or not step.inputs):
+            for k, v in enumerate(step.operands):
+                if isinstance(v, Const) and _is_scalar(v) and not _folded(step.primitive, v):
+                    ins[k], _ = jax.lax.optimization_barrier((_array(v), self.made))
+        return ins, arrays
+
+    def _tie_to_chain(self, pos: int, step: Any, stored: bool, anchor: int | None, ins: list[Any],
+                      arrays: list[int]) -> list[int]:
+        """Tie a stored step's smallest array operand to the previous chained step's output
+        (`anchor`) and to the small readers' outputs since; the anchors no operand could take,
+        to be tied to the step's result instead."""
+        o, env = self.order, self.env
+        after: list[int] = []     # anchors tied to this step's result (no operand could take them)
+        if stored and anchor is not None and not set(self.previous) & set(step.inputs):
+            if arrays:
+                k = min(arrays, key=lambda k: o.nbytes.get(step.operands[k], 0))
+                ins[k], env[anchor] = jax.lax.optimization_barrier((ins[k], env[anchor]))
+            elif o.gaps:
+                after.append(anchor)
+        small = [v for v in self.readers_done if o.last_read.get(v, -1) > pos and v in env and v not in step.inputs]
+        if stored and small and arrays:
+            k = min(arrays, key=lambda k: o.nbytes.get(step.operands[k], 0))
+            ins[k], waited = jax.lax.optimization_barrier((ins[k], [env[v] for v in small]))
+            env.update(zip(small, waited))
+        elif stored and small and o.gaps:
+            after += small
+        return after
+
+    def _bind(self, step: Any, ins: list[Any], after: list[int]) -> None:
+        outs = ja.bind(step.eqn, ins)
+        for vid, val in zip(step.outputs, outs):
+            if vid is not None:
+                self.env[vid] = val
+        if after:
+            # the step's operands are all fused values, which a tie would make XLA store
+            # (Adam's second moment reads `b2 * v` and `(1 - b2) * g * g`): its result
+            # waits for the anchors instead, so XLA cannot fold their steps into a later
+            # kernel (the first moment's update, fused into the weights' update, held each
+            # layer's weight gradient until then)
+            out = next(v for v in step.outputs if v is not None)
+            self.env[out], waited = jax.lax.optimization_barrier((self.env[out], [self.env[v] for v in after]))
+            self.env.update(zip(after, waited))
+
+    def _advance(self, step: Any, stored: bool) -> None:
+        """The chain's state after the step: the previous chained step, the small readers of
+        large values since, the last stored step's output."""
+        o = self.order
+        if stored:
+            self.previous = [v for v in step.outputs if v is not None]
+            self.readers_done = []
+        elif id(step) in o.reads_large or set(step.inputs) & set(self.readers_done):
+            # a small reader of a large value, or a step after one (a bias gradient is two
+            # sums, then Adam's arithmetic): the next chained step waits for what it made;
+            # its operands are not tied, so XLA fuses around it as before
+            self.readers_done += [v for v in step.outputs if v is not None and o.nbytes.get(v, 0) < o.min_bytes]
+        if stored or (not step.fused and any(v is not None for v in step.outputs)):
+            self.made = self.env[next(v for v in step.outputs if v is not None)]
 
 
 # Steps XLA:GPU widens beyond what they read and write: `SelectAndScatterExpander` turns a

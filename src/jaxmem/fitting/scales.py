@@ -28,13 +28,12 @@ from __future__ import annotations
 import ast
 import contextvars
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import jax
-
+from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import SourceLine
+from jaxmem.fitting import jax_hooks
 
 
 def is_small_factor(factor_shape: Sequence[int], shape: Sequence[int]) -> bool:
@@ -128,11 +127,8 @@ def scale_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[ScaleSite]:
     def traced(*a: Any) -> Any:   # a new function: JAX runs the Python again, not its cached trace
         return fn(*a)
 
-    token = _ACTIVE.set(trace)
-    try:
-        jax.make_jaxpr(traced)(*args)
-    finally:
-        _ACTIVE.reset(token)
+    with jax_hooks.active(_ACTIVE, trace):
+        ja.make_closed_jaxpr(traced, *args)
     sites: dict[tuple[str, int], ScaleSite] = {}
     for line, shape, left in trace.found:
         if line is not None and line not in sites:
@@ -152,7 +148,6 @@ class _Trace:
 
 
 _ACTIVE: contextvars.ContextVar[_Trace | None] = contextvars.ContextVar("jaxmem_scales_combined", default=None)
-_INSTALL = threading.Lock()
 
 
 def _padded(factor: Any, x: Any) -> tuple[int, ...]:
@@ -195,8 +190,6 @@ class _HookedUfunc:
             return original(*args, **kwargs)
         import jax.numpy as jnp
 
-        from jaxmem.fitting.sites import _innermost_line
-
         mul, div = _ORIGINALS["mul"], _ORIGINALS["div"]
         a, b = args
         for x, factor in ((a, b), (b, a)) if self._op == "mul" else ((a, b),):
@@ -207,7 +200,7 @@ class _HookedUfunc:
                 continue
             seen = trace.made.get(id(x))
             chained = seen is not None and seen[0] is x and combinable(_padded(seen[2], x), _padded(factor, x), x.shape)
-            line = _innermost_line() if chained else None
+            line = jax_hooks.innermost_line() if chained else None
             if line is not None and trace.lines is None:
                 assert seen is not None
                 trace.found.append((line, tuple(x.shape), seen[4] and x is a))
@@ -239,28 +232,21 @@ def _install() -> None:
     arrays and tracers find them (`jax._src.numpy.ufuncs`) and where users call them by name
     (`jax.numpy.multiply`, `divide`, `true_divide`)."""
     import jax.numpy as jnp
-    from jax._src.numpy import ufuncs
 
-    from jaxmem.fitting.sites import _hook
-
-    with _INSTALL:
-        if _ORIGINALS:
-            return
-        _ORIGINALS.update(mul=ufuncs.multiply, div=ufuncs.true_divide)
-        for module in (ufuncs, jnp):
-            _hook(module, "multiply", lambda original: _HookedUfunc(original, "mul"))
-            for name in ("true_divide", "divide"):
-                _hook(module, name, lambda original: _HookedUfunc(original, "div"))
+    ufuncs = jax_hooks.numpy_ufuncs()
+    _ORIGINALS.update(mul=jax_hooks.original(ufuncs.multiply), div=jax_hooks.original(ufuncs.true_divide))
+    for module in (ufuncs, jnp):
+        jax_hooks.hook(module, "multiply", lambda original: _HookedUfunc(original, "mul"))
+        for name in ("true_divide", "divide"):
+            jax_hooks.hook(module, name, lambda original: _HookedUfunc(original, "div"))
 
 
 def scales_combined(fn: Callable[..., Any], sites: Sequence[ScaleSite]) -> Callable[..., Any]:
     """`fn` with the chains on `sites`' lines scaling their activation once, by the product of
     the factors, as if the user had grouped them there (the hook is active only while `fn` runs)."""
-    from jaxmem.fitting.sites import while_set
-
     _install()
     lines = frozenset(s.key for s in sites)
-    return while_set(fn, _ACTIVE, lambda: _Trace(lines))
+    return jax_hooks.while_set(fn, _ACTIVE, lambda: _Trace(lines))
 
 
 def scale_lines(sites: Sequence[ScaleSite]) -> list[str]:

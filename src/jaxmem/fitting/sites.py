@@ -8,7 +8,8 @@ iteration of a `for` loop at the top of a user function, a layer written inline 
 a `jax.checkpoint` the user already wrote, whose policy fit may replace (`"own"`). The
 differentiated function is met through hooks installed once on the JAX internals every
 reverse-mode entry runs through (so `from jax import grad` done earlier is seen too), which
-dispatch through a context variable: a thread (or task) outside `checkpoint_sites` runs JAX's own.
+dispatch through a context variable (`fitting.jax_hooks`' one mechanism): a thread (or task)
+outside `checkpoint_sites` runs JAX's own.
 Scan, layer and loop sites are read from the differentiated function's own trace, so they do
 not depend on how the user imported `scan`: its Python calls and loop iterations are traced
 under name scopes (`sys.settrace`, this thread only, chained with any trace function already
@@ -23,7 +24,6 @@ import contextvars
 import functools
 import linecache
 import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -32,6 +32,7 @@ import jax
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.errors import PlanError
+from jaxmem.fitting import jax_hooks
 
 
 @dataclass(frozen=True)
@@ -119,22 +120,17 @@ def tag_dots(f: Callable[..., Any], tags: Sequence[str]) -> Callable[..., Any]:
 
     wanted = set(tags)
 
+    def tag(eqn: Any, outs: list[Any]) -> list[Any]:
+        if ja.eqn_name(eqn) == "dot_general":
+            line = ja.source_line(eqn)
+            if line is not None and dot_tag(line) in wanted:
+                return [checkpoint_name(o, dot_tag(line)) for o in outs]
+        return outs
+
     def tagged(*args: Any) -> Any:
-        closed, shape = jax.make_jaxpr(f, return_shape=True)(*args)
-        jaxpr, consts = ja.split_closed(closed)
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, jax.tree.leaves(args)))
-        read = lambda a: ja.literal_value(a) if ja.is_literal(a) else env[a]  # noqa: E731
-        for eqn in jaxpr.eqns:
-            outs = ja.bind(eqn, [read(a) for a in eqn.invars], subfuns_ok=True)
-            if eqn.primitive.name == "dot_general":
-                line = ja.source_line(eqn)
-                if line is not None and dot_tag(line) in wanted:
-                    outs = [checkpoint_name(o, dot_tag(line)) for o in outs]
-            for var, out in zip(eqn.outvars, outs):
-                if not ja.is_dropvar(var):
-                    env[var] = out
-        return jax.tree.unflatten(jax.tree.structure(shape), [read(a) for a in jaxpr.outvars])
+        closed, shape = ja.make_closed_jaxpr(f, *args, return_shape=True)
+        flat = ja.eval_closed_jaxpr(closed, jax.tree.leaves(args), tag)
+        return jax.tree.unflatten(jax.tree.structure(shape), flat)
 
     return tagged
 
@@ -171,69 +167,44 @@ def own_checkpoints(closed_jaxpr: Any) -> list[CheckpointSite]:
     function and where it is defined (a MaxText-style `jax.checkpoint(layer)` on a scan body:
     its policy is the user's, which fit's other sites cannot change)."""
     found: dict[str, CheckpointSite] = {}
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in ja.jaxpr_eqns(jaxpr):
-            if eqn.primitive is _remat_primitive():
-                call = ja.source_line(eqn)
-                if call is not None:
-                    info = getattr(ja.as_closed(eqn.params["jaxpr"]).jaxpr, "debug_info", None)
-                    function, _, defined = (getattr(info, "func_src_info", "") or "").partition(" at ")
-                    site = CheckpointSite("own", SourceLine(call.file, call.line, call.function),
-                                          function or "?", defined or "?", written=eqn.params.get("policy"))
-                    found.setdefault(site.key, site)
-            for sub in ja.nested_jaxprs(eqn):
-                walk(sub)
-
-    walk(ja.as_closed(closed_jaxpr).jaxpr)
+    for eqn in ja.walk_eqns(closed_jaxpr):
+        if ja.eqn_is(eqn, jax_hooks.remat_primitive()):
+            call = ja.source_line(eqn)
+            if call is not None:
+                params = ja.eqn_params(eqn)
+                info = ja.jaxpr_debug_info(params["jaxpr"])
+                function, _, defined = (getattr(info, "func_src_info", "") or "").partition(" at ")
+                site = CheckpointSite("own", SourceLine(call.file, call.line, call.function),
+                                      function or "?", defined or "?", written=params.get("policy"))
+                found.setdefault(site.key, site)
     return list(found.values())
-
-
-def _remat_primitive() -> Any:
-    from jax._src import ad_checkpoint
-
-    return ad_checkpoint.remat_p
 
 
 _OWN: contextvars.ContextVar["tuple[frozenset[tuple[str, int]] | None, Any] | None"] = contextvars.ContextVar(
     "jaxmem_own_policy", default=None)
 
 
-def _innermost_line() -> tuple[str, int] | None:
-    """The user's line on the Python stack now, as `ja.source_line` reads an equation's: the
-    innermost frame of the user's own code, else the innermost library frame."""
-    frame, library = sys._getframe(2), None
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not ja.is_internal_frame(name):
-            if not ja.is_library_frame(name):
-                return name, frame.f_lineno
-            library = library or (name, frame.f_lineno)
-        frame = frame.f_back
-    return library
+def _hooked_remat_bind(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The checkpoint primitive's `bind` (what `jax.checkpoint`'s wrapper calls, with the
+    user's policy as a parameter): inside `own_policy`, a bind from one of its lines gets that
+    policy instead. Outside, JAX's own runs at once."""
+
+    def bind(*args: Any, **params: Any) -> Any:
+        active = _OWN.get()
+        if active is not None and "policy" in params:
+            lines, policy = active
+            if lines is None or jax_hooks.innermost_line() in lines:
+                params["policy"] = policy
+        return original(*args, **params)
+
+    bind.__jaxmem_original__ = original  # type: ignore[attr-defined]
+    return bind
 
 
 def _install_own() -> None:
-    """Hook, once per process, the checkpoint primitive's `bind` (what `jax.checkpoint`'s
-    wrapper calls, with the user's policy as a parameter): inside `own_policy`, a bind from
-    one of its lines gets that policy instead. Outside, JAX's own runs at once."""
-    with _INSTALL:
-        remat = _remat_primitive()
-        if getattr(remat.bind, "__jaxmem_original__", None) is not None:
-            return
-        _outside_user_frames()
-        original = remat.bind
-
-        def bind(*args: Any, **params: Any) -> Any:
-            active = _OWN.get()
-            if active is not None and "policy" in params:
-                lines, policy = active
-                if lines is None or _innermost_line() in lines:
-                    params["policy"] = policy
-            return original(*args, **params)
-
-        bind.__jaxmem_original__ = original  # type: ignore[attr-defined]
-        remat.bind = bind  # an instance attribute: `remat_p.bind(...)` finds it first
+    """Hook, once per process, the checkpoint primitive's `bind` (an instance attribute:
+    `remat_p.bind(...)` finds it first)."""
+    jax_hooks.hook(jax_hooks.remat_primitive(), "bind", _hooked_remat_bind)
 
 
 class own_policy:
@@ -263,7 +234,6 @@ class own_policy:
 
 _ACTIVE: contextvars.ContextVar["checkpoint_sites | None"] = contextvars.ContextVar(
     "jaxmem_checkpoint_sites", default=None)
-_INSTALL = threading.Lock()
 _INSTALLED: list[str] = []
 _PARTIAL = "__jaxmem_grad_of__"   # marks the closure `argnums_partial2` builds around a user function
 
@@ -313,64 +283,19 @@ def _hooked_linearize(original: Callable[..., Any]) -> Callable[..., Any]:
     return linearize
 
 
-def _hook(module: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    current = getattr(module, name, None)
-    if current is None:
-        return False
-    if getattr(current, "__jaxmem_original__", None) is None:
-        _outside_user_frames()
-        setattr(module, name, make(current))
-    return True
-
-
-def while_set(fn: Callable[..., Any], var: contextvars.ContextVar[Any], value: Callable[[], Any]) -> Callable[..., Any]:
-    """`fn`, each call run with `var` set to a fresh `value()`: what a rewrite's hook reads while
-    the step traces (outside a call, the hook is JAX's own). A call inside a function the user
-    jitted themselves, that JAX traced before, comes from JAX's cache and stays as written
-    (`jax.disable_jit` would inline it, but would also unroll every `lax.scan`)."""
-
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        token = var.set(value())
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            var.reset(token)
-
-    return wrapped
-
-
-def _outside_user_frames() -> None:
-    """Once per process, before any hook is installed: this package's frames are not the user's
-    code in JAX's source information. A hook runs between the user's line and JAX (`x * a` goes
-    through `fitting.scales`' multiply), and JAX names an equation, and XLA's metadata, after
-    the innermost frame it takes for the user's: without this, every product traced in the
-    process afterwards would name the hook's line instead of the user's."""
-    import os
-
-    from jax._src import source_info_util
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    register = getattr(source_info_util, "register_exclusion", None)
-    if register is not None and here not in getattr(source_info_util, "_exclude_paths", []):
-        register(here)
-
-
 def _install() -> None:
     """Hook, once per process, the two module globals of JAX that `grad`, `value_and_grad` and
     `vjp` look up when they run (JAX 0.10: `api.argnums_partial2`, `ad.linearize`), so a
     function the user imported by name before fit started (`from jax import grad`) is seen.
     Outside any context the hooks call JAX's own at once."""
-    with _INSTALL:
-        if _INSTALLED:
-            return
-        from jax._src import api
-        from jax._src.interpreters import ad
-
-        if not (_hook(api, "argnums_partial2", _hooked_partial) and _hook(ad, "linearize", _hooked_linearize)):
-            raise PlanError("this JAX has no jax._src.api.argnums_partial2 / jax._src.interpreters.ad.linearize "
-                            "for fit to find the differentiated function")
-        _INSTALLED.append(jax.__version__)
+    if _INSTALLED:
+        return
+    api, ad = jax_hooks.reverse_mode_modules()
+    if not (jax_hooks.hook(api, "argnums_partial2", _hooked_partial)
+            and jax_hooks.hook(ad, "linearize", _hooked_linearize)):
+        raise PlanError("this JAX has no jax._src.api.argnums_partial2 / jax._src.interpreters.ad.linearize "
+                        "for fit to find the differentiated function")
+    _INSTALLED.append(jax.__version__)
 
 
 class checkpoint_sites:
@@ -687,7 +612,7 @@ def trace_body(body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, 
     dynamic = [leaves[i] for i in dyn]
     sys.settrace(scopes)
     try:
-        closed, shape = jax.make_jaxpr(flat_body, return_shape=True)(*dynamic)
+        closed, shape = ja.make_closed_jaxpr(flat_body, *dynamic, return_shape=True)
     finally:
         sys.settrace(previous)
         while scopes.stack:  # an exception left scopes open

@@ -257,7 +257,7 @@ def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Seq
 
     leaves, tree = jax.tree.flatten(tuple(args))
     try:
-        closed = jax.make_jaxpr(fn)(*args)
+        closed = ja.make_closed_jaxpr(fn, *args)
     except Exception as err:
         raise _trace_error(err, sizes) from None
     body = ja.single_shard_map_body(closed)
@@ -292,7 +292,7 @@ def per_device_jaxpr(fn: Callable[..., Any], args: Sequence[Any], out_specs: Seq
     # (and would re-split a local shape), so it is the identity while tracing.
     try:
         with mock.patch.object(jax.lax, "with_sharding_constraint", lambda x, shardings: x):
-            return jax.make_jaxpr(per_device, axis_env=list(sizes.items()))(*local), "shard-local"
+            return ja.make_closed_jaxpr(per_device, *local, axis_env=list(sizes.items())), "shard-local"
     except Exception as err:
         raise _trace_error(err, sizes, per_device=True) from None
 
@@ -715,9 +715,9 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
 
     # jaxmem compiles its flat copy of the program with each equation under a name scope (the
     # same HLO but for metadata), so XLA's shardings and collectives can be read per equation.
-    closed = in_context(lambda: jax.make_jaxpr(fn)(*structs))
     from jaxmem.compiler import jaxpr_adapter as ja
 
+    closed = in_context(lambda: ja.make_closed_jaxpr(fn, *structs))
     flat_closed = ja.inline_calls(closed)
     program = tagged_program(flat_closed)
     started = time.perf_counter()

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmem.cli.analyze import live_bytes_by_step, parse_donate, peak_buffers, summarize
+from jaxmem.cli.analyze import parse_donate
+from jaxmem.reports.analysis import live_bytes_by_step, peak_buffers, summarize
 from jaxmem.compiler.planner import plan
 from jaxmem.errors import PlanError
 from jaxmem.examples.suite import PROGRAMS

@@ -26,24 +26,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import re
 import sys
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
-from jaxmem.cli import OneLineParser, report_console
+from jaxmem.cli import OneLineParser, report_console, sharded
 from jaxmem.errors import ConfigError, JaxmemError, PlanError
 from jaxmem.accelerators import find as find_accelerator, tpu_presets
-from jaxmem.units import PRESETS, format_size, parse_size
+from jaxmem.reports.analysis import PREALLOCATE_FRACTION, AnalysisReport, summarize
+from jaxmem.units import PRESETS, parse_size
 
 DEFAULT_TARGET = "jaxmem.examples.gpt:default_example"
 DEFAULT_DEVICE = "h100-80gb"
-# JAX preallocates this fraction of device memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION).
-PREALLOCATE_FRACTION = 0.75
 TOP_BUFFERS = 10
 
 
@@ -75,9 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(memory-optimized) or bfs (concurrency-optimized), each compiled in a fresh "
                              "process, or both (the lower total is the comparison)")
     add_pool_arguments(parser)
-    from jaxmem.cli.sharded import add_arguments as add_mesh_arguments
-
-    add_mesh_arguments(parser)
+    sharded.add_arguments(parser)
     parser.add_argument("--execute", action="store_true",
                         help="also run the planned program against jax.jit, and eagerly under each allocator")
     add_arguments(parser)
@@ -135,217 +130,304 @@ def parse_device(text: str) -> tuple[str, int]:
         raise PlanError(f"--device: {err}") from None
 
 
-# -- data ------------------------------------------------------------------------------------
+# -- the pipeline ----------------------------------------------------------------------------
 
-def live_bytes_by_step(plan: Any) -> list[int]:
-    """Arena bytes live at each step, index 0 being "on entry" (step -1) and the last "on exit"
-    (the compiler's one live-bytes profile, `stages.live_profile`)."""
-    from jaxmem.compiler.stages import live_profile
+@dataclass
+class Analysis:
+    """One `jaxmem analyze` run, filled in stage by stage (`main` wires the stages in order)."""
 
-    spans = ((buf.start, buf.end, buf.size) for buf in plan.buffers)
-    return [int(x) for x in live_profile(spans, len(plan.schedule))]
+    args: argparse.Namespace
+    target: str                        # TARGET, or the built-in default
+    fn: Callable[..., Any]
+    fn_args: Sequence[Any]
+    donate: tuple[int, ...]
+    device: tuple[str, int]            # --device: (name, capacity in bytes)
+    accelerator: Any                   # the preset's row; None for a bare size
+    started: float = 0.0
+    # start_references: which XLA to compare with, and the compiles running beside the planner
+    want_gpu: bool = False
+    want_tpu: bool = False
+    cpu_reference: bool = False        # XLA:CPU's figures (here, or per scheduler in subprocesses)
+    worker: threading.Thread | None = None   # XLA:GPU's or XLA:TPU's deviceless compile ...
+    box: dict[str, Any] | None = None        # ... and what it hands back ("proc", then "ref" or "err")
+    schedulers: list[threading.Thread] = field(default_factory=list)
+    scheduled: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None            # why a device's XLA is not compared with
+    # plan, plan_for_gpu, collect_references
+    plan: Any = None
+    predicted: Any = None              # jaxmem's prediction of XLA:GPU's figures (a GPU preset)
+    cpu_totals: dict[str, int] | None = None
+    gpu: Any = None
+    tpu: Any = None
+    # simulate_pool
+    pool: Any = None
+    fraction: float = PREALLOCATE_FRACTION
 
+    @property
+    def preset(self) -> str:
+        """--device as the XLA:GPU tables name it (lower case)."""
+        return self.device[0].strip().lower()
 
-def _argument_names(args: Sequence[Any]) -> list[str]:
-    """Flat leaf names such as `args[0]['blocks'][1]['w_fc']`, in jaxpr invar order."""
-    import jax
-
-    names = []
-    for i, arg in enumerate(args):
-        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            names.append(f"args[{i}]{jax.tree_util.keystr(path)}")
-    return names
-
-
-def _source(source: Any) -> str:
-    return str(source) if source is not None else ""
-
-
-def _library_source(source: Any) -> str | None:
-    """The library frame under the user's line (a Flax layer's `__call__`), where there is one."""
-    library = getattr(source, "library", None)
-    return str(library) if library is not None else None
-
-
-def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[dict[str, Any]]]:
-    """The peak step and the `top` largest buffers live there, arguments outside the arena included.
-
-    Returns:
-        `(peak_step, rows)` where peak_step is a schedule index (-1: on entry) and each row has
-        size_bytes, shape, dtype, kind, category, label and source.
-    """
-    from jaxmem.reports.categories import argument_reasons, buffer_category, value_categories
-
-    live = live_bytes_by_step(plan)
-    peak_index = max(range(len(live)), key=live.__getitem__)
-    peak_step = peak_index - 1
-    names = _argument_names(args)
-    # The reports' categories (residuals, gradients, optimizer state, ...), derived from the
-    # program's structure, so the table and the HTML report name a buffer the same way.
-    cats = value_categories(plan, arg_paths=names)
-    reasons = argument_reasons(plan, arg_paths=names)  # an argument's category, and why
-    rows = [{
-        "size_bytes": b.size, "shape": list(b.shape), "dtype": b.dtype, "kind": b.kind,
-        "category": buffer_category(b.kind, cats.get(b.values[0]) if b.values else None),
-        "label": b.label, "source": _source(b.source), "library_source": _library_source(b.source),
-        "offset": b.offset,
-        **({"category_reason": reasons[b.values[0]]} if b.values and b.values[0] in reasons else {}),
-    } for b in plan.buffers if b.start <= peak_step <= b.end]
-    # Non-donated arguments stay in the caller's memory but are live at the peak all the same.
-    for position, vid in enumerate(plan.invars):
-        info = plan.values.get(vid)
-        if info is None or info.buffer is not None:
-            continue
-        rows.append({
-            "size_bytes": info.nbytes, "shape": list(info.shape), "dtype": info.dtype, "kind": "argument",
-            "category": cats.get(vid, "parameters"), "label": names[position] if position < len(names) else "argument",
-            "source": "", "library_source": None, "offset": None, "category_reason": reasons.get(vid, ""),
-        })
-    rows.sort(key=lambda r: -r["size_bytes"])
-    return peak_step, rows[:top]
+    def guarded(self, work: Callable[[], Any], what: str = "plan") -> Any:
+        """`_guarded(work)`, its error naming this run's target."""
+        return _guarded(work, f"cannot {what} {self.target}")
 
 
-_XLA_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "s32": "int32",
-               "s64": "int64", "s16": "int16", "s8": "int8", "u8": "uint8", "u32": "uint32", "pred": "bool",
-               "c64": "complex64", "c128": "complex128", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+def main(argv: list[str]) -> int:
+    """`jaxmem analyze`: see the module docstring. Returns the exit code."""
+    args = build_parser().parse_args(argv)
+    run = load(args)
+    if sharded.wanted(args, run.fn_args):
+        # A mesh: per-device figures from a partitioned compile (jaxmem.xla.sharding).
+        return sharded.run(args, run.target, run.device, run.donate, pool_device)
+    if args.execute and has_abstract_args(run.fn_args):
+        raise PlanError(f"--execute runs the program, and {run.target} returns jax.ShapeDtypeStruct arguments "
+                        "(no values); plan and compile it without --execute")
+    run.started = time.perf_counter()
+    start_references(run)
+    plan_beside_references(run)
+    plan_for_gpu(run)
+    collect_references(run)
+    simulate_pool(run)
+    report = summarize_run(run)
+    if args.execute:
+        execute(run, report)
+    return output(args, report)
 
 
-def _file_line(source: str) -> str:
-    return source.split(" (", 1)[0] if source else ""
+def load(args: argparse.Namespace) -> Analysis:
+    """Stage 1: the flags checked, the target loaded, its donation and the device resolved."""
+    from jaxmem.compiler.target import jit_donation, load_target
+
+    if args.top < 0:
+        raise PlanError(f"--top must be 0 or more, got {args.top}")
+    device = parse_device(args.device)
+    target = args.target or DEFAULT_TARGET
+    fn, fn_args = load_target(target)
+    donate = parse_donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
+    return Analysis(args, target, fn, fn_args, donate, device, find_accelerator(device[0]))
 
 
-def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any]) -> list[dict[str, Any]]:
-    """XLA:GPU's largest buffers live at its peak, each matched to the jaxpr-level array it
-    holds where that can be told: an argument by its position, else a planned buffer with the
-    same dtype and shape (and the same source line when both have one)."""
-    names = _argument_names(args)
-    by_shape: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
-    if plan is not None:
-        for b in plan.buffers:
-            by_shape.setdefault((str(b.dtype), tuple(b.shape)), []).append(b)
-    rows = []
-    for row in ref.peak_buffers:
-        dtype = _XLA_DTYPES.get(row.get("dtype", ""), row.get("dtype", ""))
-        array = ""
-        xla_source = row.get("source", "")
-        source = xla_source
-        if row.get("argument") is not None and row["argument"] < len(names):
-            array = names[row["argument"]]
-        else:
-            # XLA's metadata names the innermost frame outside JAX (a library's, for a Flax
-            # layer); jaxmem's source is the user's line with that library frame kept beside it.
-            where = _file_line(row.get("source", ""))
-            candidates = by_shape.get((dtype, tuple(row.get("shape", []))), [])
-            same_line = [b for b in candidates if where and where in (
-                _file_line(_source(b.source)), _file_line(_library_source(b.source) or ""))]
-            unsourced = [b for b in candidates if not _source(b.source)]
-            pick = (same_line or unsourced or [None])[0]
-            if pick is not None:
-                array = pick.label
-                if pick.source is not None:
-                    source = _source(pick.source)
-        rows.append({"size_bytes": int(row["size_bytes"]), "dtype": dtype, "shape": list(row.get("shape", [])),
-                     "kind": row.get("kind", ""), "hlo": row.get("name", ""), "op_name": row.get("op_name", ""),
-                     "source": source, "library_source": xla_source if xla_source and xla_source != source else None,
-                     "jaxpr_array": array})
-    return rows
+def start_references(run: Analysis) -> None:
+    """Stage 2: decide which XLA to compare with and start its compiles, which run beside the
+    planner: XLA:GPU's or XLA:TPU's deviceless compile, XLA:CPU's schedulers in subprocesses."""
+    args, accelerator = run.args, run.accelerator
+    run.want_gpu = not args.no_xla and args.xla in ("auto", "gpu")
+    run.want_tpu = (not args.no_xla and args.xla in ("auto", "tpu") and accelerator is not None
+                    and accelerator.is_tpu)
+    if args.xla == "tpu" and not run.want_tpu and not args.no_xla:
+        raise PlanError(f"--xla tpu needs a TPU preset ({', '.join(tpu_presets())}), not {run.device[0]!r}")
+    if run.want_gpu:
+        start_xla_gpu(run)
+    if run.want_tpu:
+        start_xla_tpu(run)
+    run.cpu_reference = not args.no_xla and (args.xla not in ("gpu", "tpu") or not (run.want_gpu or run.want_tpu))
+    if run.cpu_reference and args.cpu_scheduler != "default":
+        run.schedulers, run.scheduled = start_cpu_schedulers(run.target, run.donate, args.cpu_scheduler)
 
 
-def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str, int], top: int,
-              gpu: Any = None, pool: Any = None, fraction: float = PREALLOCATE_FRACTION,
-              note: str | None = None, predicted: Any = None, tpu: Any = None,
-              accelerator: Any = None) -> dict[str, Any]:
-    """The analysis as one plain dict: what `--json` prints and what the tables render.
+def start_xla_gpu(run: Analysis) -> None:
+    """XLA:GPU's deviceless compile for a GPU preset; a note (or, for `--xla gpu`, an error)
+    where it cannot run."""
+    from jaxmem.xla.gpu import spec_for, unavailable_reason
 
-    Args:
-        plan: a `jaxmem.compiler.plan_types.Plan`.
-        args: the positional arguments the plan was made for (to name argument buffers).
-        target: the TARGET string shown in the report.
-        device: (name, capacity bytes) for the fit check.
-        top: how many buffers live at the peak to list.
-    """
-    from jaxmem.xla.tpu import summary as tpu_summary
-
-    name, capacity = device
-    on_tpu = accelerator is not None and accelerator.is_tpu
-    # JAX's TPU runtime preallocates nothing: a program may use the whole chip.
-    usable = capacity if on_tpu else int(capacity * fraction)
-    peak_step, rows = peak_buffers(plan, args, top)
-    xla = plan.xla
-    xla_total = xla.total_bytes if xla is not None else None
-    return {
-        "target": target,
-        "peak_bytes": plan.peak_bytes,
-        "arena_bytes": plan.arena_bytes,
-        "lower_bound_bytes": plan.lower_bound_bytes,
-        "program_order_lower_bound_bytes": plan.program_order_lower_bound_bytes,
-        "argument_bytes": plan.argument_bytes,
-        "output_bytes": plan.output_bytes,
-        "xla_total_bytes": xla_total,
-        "xla": None if xla is None else {
-            "argument_bytes": xla.argument_bytes, "output_bytes": xla.output_bytes, "temp_bytes": xla.temp_bytes,
-            "alias_bytes": xla.alias_bytes, "generated_code_bytes": xla.generated_code_bytes,
-            "scheduler": xla.scheduler, "total_bytes": xla_total, "library_fusions": xla.library_fusions,
-            "library_hidden_bytes": xla.library_hidden_bytes,
-        },
-        "ratio_to_xla": (plan.peak_bytes / xla_total) if xla_total else None,
-        "gap_to_lower_bound": (plan.peak_bytes / plan.lower_bound_bytes - 1.0) if plan.lower_bound_bytes else 0.0,
-        "num_eqns": plan.num_eqns,
-        "num_steps": len(plan.schedule),
-        "num_buffers": len(plan.buffers),
-        "plan_seconds": plan.plan_seconds,
-        "trace_seconds": plan.trace_seconds,   # JAX's make_jaxpr, before planning
-        "valid": bool(plan.valid),
-        "scheduler": plan.scheduler,
-        "placement": plan.placement,
-        "donated": list(plan.donated),
-        "unknown_primitives": sorted(set(plan.unknown_primitives)),
-        "peak_step": peak_step,
-        "top_buffers": rows,
-        "device": {"name": name, "capacity_bytes": capacity, "preallocated_fraction": None if on_tpu else fraction,
-                   "usable_bytes": usable, "fits": plan.peak_bytes <= usable,
-                   "platform": accelerator.platform if accelerator is not None else None,
-                   "pool_rules": accelerator.pool_rules if accelerator is not None else "gpu_client"},
-        "fits": plan.peak_bytes <= usable if pool is None else bool(pool.fits),
-        "xla_gpu": None if gpu is None else gpu.summary(),
-        "xla_gpu_peak_buffers": [] if gpu is None else gpu_peak_rows(gpu, plan, args),
-        "xla_gpu_peak_live_bytes": None if gpu is None else gpu.peak_live_bytes,
-        "xla_tpu": None if tpu is None else tpu_summary(tpu),
-        "xla_tpu_peak_buffers": [] if tpu is None else gpu_peak_rows(tpu, plan, args),
-        "xla_tpu_peak_live_bytes": None if tpu is None else tpu.peak_live_bytes,
-        "pool": None if pool is None else {**pool.summary(), "judged_on": "xla_gpu" if gpu is not None else
-                                           "xla_tpu" if tpu is not None else
-                                           "predicted_xla_gpu" if predicted is not None else "xla_cpu"},
-        "xla_note": note,
-    }
+    reason = unavailable_reason()
+    if spec_for(run.device[0]) is None:
+        if run.args.xla == "gpu":
+            raise PlanError(f"--xla gpu needs a GPU preset with an XLA target description, not {run.device[0]!r}")
+        run.want_gpu = False
+    elif reason:
+        run.note = f"XLA:GPU is not available here ({reason}); comparing with XLA:CPU"
+        run.want_gpu = False
+    else:
+        run.worker, run.box = start_gpu_reference(run.target, run.preset, run.donate, run.args.top)
 
 
-# -- running ---------------------------------------------------------------------------------
+def start_xla_tpu(run: Analysis) -> None:
+    """XLA:TPU's deviceless compile (libtpu) for a TPU preset; a note (or, for `--xla tpu`, an
+    error) where it cannot run."""
+    from jaxmem.xla.tpu import unavailable_reason
 
-@contextmanager
-def progress_after(seconds: float, label: str) -> Iterator[None]:
-    """A transient rich progress bar on stderr, shown only when the work lasts over `seconds` and
-    stderr is a terminal (so pipes and `--json` consumers see nothing)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    reason = unavailable_reason()
+    if reason and run.args.xla == "tpu":
+        raise PlanError(f"--xla tpu: XLA:TPU is not available here: {reason}")
+    if reason:
+        run.note = f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU"
+        run.want_tpu = False
+    else:
+        run.worker, run.box = start_tpu_reference(run.target, run.accelerator, run.donate, run.args.top)
 
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        yield
+
+def plan_beside_references(run: Analysis) -> None:
+    """Stage 3: jaxmem's plan (with XLA:CPU's figures compiled beside it, where wanted), then
+    the references started in stage 2 joined."""
+    from jaxmem.reports.terminal import busy
+
+    label = (f"planning · compiling for XLA:GPU ({run.device[0]})" if run.want_gpu else
+             f"planning · compiling for XLA:TPU ({run.device[0]})" if run.want_tpu else "planning")
+    with busy(label):
+        xla = run.cpu_reference and not run.schedulers
+        try:
+            run.plan = run.guarded(lambda: run_plan(run.fn, run.fn_args, run.donate, xla=xla))
+        except BaseException:
+            stop_gpu_reference(run.worker, run.box)
+            raise
+        if run.worker is not None:
+            run.worker.join()
+        for worker in run.schedulers:
+            worker.join()
+
+
+def plan_for_gpu(run: Analysis) -> None:
+    """Stage 4, for a GPU preset: jaxmem's plan with XLA:GPU's fusion rules, and XLA:GPU's
+    figure predicted."""
+    from jaxmem.xla.gpu import spec_for
+
+    if spec_for(run.preset) is None:
         return
-    progress = Progress(SpinnerColumn(), TextColumn(label), BarColumn(), TimeElapsedColumn(),
-                        console=console, transient=True)
-    progress.add_task(label, total=None)
-    timer = threading.Timer(seconds, progress.start)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        timer.join()
-        progress.stop()
+    from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
 
+    run.plan = run.guarded(lambda: plan_on_gpu(run.plan))
+    run.predicted = run.guarded(lambda: predict_plan(run.plan, run.preset))
+
+
+def collect_references(run: Analysis) -> None:
+    """Stage 5: XLA's figures into the run: the better of XLA:CPU's schedulers, XLA:GPU's or
+    XLA:TPU's (or, where that compile could not run, XLA:CPU's in its place, with a note)."""
+    if run.schedulers:
+        best, run.cpu_totals = better_schedule(run.scheduled)
+        run.plan = dataclasses.replace(run.plan, xla=best)
+    if run.box is not None:
+        take_device_reference(run)
+    if run.note:
+        print(f"jaxmem analyze: {run.note}", file=sys.stderr)
+
+
+def take_device_reference(run: Analysis) -> None:
+    """What XLA:GPU's or XLA:TPU's compile handed back: its reference, or its error (raised,
+    unless the compiler is unavailable here: then a note, and XLA:CPU's figures)."""
+    from jaxmem.reports.terminal import busy
+    from jaxmem.xla.gpu import GpuUnavailable
+    from jaxmem.xla.tpu import TpuUnavailable
+
+    assert run.box is not None
+    if "err" not in run.box:
+        if run.want_tpu:
+            run.tpu = run.box["ref"]
+        else:
+            run.gpu = run.box["ref"]
+        return
+    err = run.box["err"]
+    if not isinstance(err, (GpuUnavailable, TpuUnavailable)):
+        raise err
+    which = "XLA:TPU" if run.want_tpu else "XLA:GPU"
+    run.note = f"{which} is not available here ({err}); comparing with XLA:CPU"
+    if run.plan.xla is None:
+        with busy("compiling with XLA:CPU"):
+            cpu = run.guarded(lambda: _cpu_reference(run.fn, run.fn_args, run.donate), "compile")
+        run.plan = dataclasses.replace(run.plan, xla=cpu)
+
+
+def simulate_pool(run: Analysis) -> None:
+    """Stage 6: N training steps in the device's memory, under the GPU client's pool or the TPU
+    runtime's rules."""
+    if run.accelerator is not None and run.accelerator.is_tpu:
+        run.pool, run.fraction = tpu_pool(run), 1.0
+    else:
+        run.pool, run.fraction = gpu_pool(run)
+
+
+def gpu_pool(run: Analysis) -> tuple[Any, float]:
+    """The GPU client's pool verdict over N steps (on XLA:GPU's figures, else the predicted
+    XLA:GPU figures, else XLA:CPU's; None when there are none) and the pool's share of the
+    device; (None, JAX's default share) when the environment holds a setting jaxmem cannot model
+    (said in one line)."""
+    from jaxmem.runtime.steps import program_from_reference, simulate_steps
+
+    args = run.args
+    try:
+        dev = pool_device(args, run.device[1])
+    except ConfigError as err:
+        if any(v is not None for v in (args.mem_fraction, args.preallocate, args.allocator)):
+            raise
+        # The environment holds a setting jaxmem cannot model: the plan and XLA's figures stand,
+        # the pool is not simulated, and the user is told in one line.
+        print(f"jaxmem analyze: the pool is not simulated: {err}", file=sys.stderr)
+        return None, PREALLOCATE_FRACTION
+    if run.gpu is not None:
+        return simulate_steps(program_from_reference(run.gpu), dev, args.steps), dev.mem_fraction
+    if run.predicted is not None:
+        # A GPU preset with no XLA:GPU compile here: the pool over the predicted XLA:GPU figures.
+        return simulate_steps(program_from_reference(run.predicted), dev, args.steps), dev.mem_fraction
+    if run.plan.xla is not None:
+        return simulate_steps(cpu_program(run), dev, args.steps), dev.mem_fraction
+    return None, dev.mem_fraction
+
+
+def tpu_pool(run: Analysis) -> Any:
+    """The TPU runtime's verdict over N steps (`runtime/tpu_pool.py`): on XLA:TPU's figures (its
+    out-of-memory message, when its compile refused the program), else on XLA:CPU's."""
+    from jaxmem.runtime.steps import program_from_reference
+    from jaxmem.runtime.tpu_pool import check_tpu_flags, compile_refused, ignored_gpu_variables, simulate_tpu_steps
+
+    args, accelerator, tpu = run.args, run.accelerator, run.tpu
+    check_tpu_flags(args.mem_fraction, args.preallocate, args.allocator, args.steps)
+    ignored = ignored_gpu_variables()
+    if ignored:
+        print(f"jaxmem analyze: {', '.join(ignored)} set JAX's GPU client; JAX's TPU runtime does not read them "
+              "(ignored for this TPU)", file=sys.stderr)
+    if tpu is not None:
+        if tpu.oom:
+            return compile_refused(tpu, accelerator, args.steps)
+        return simulate_tpu_steps(program_from_reference(tpu), accelerator.capacity_bytes, args.steps,
+                                  code_bytes=tpu.generated_code_bytes, reserved_bytes=tpu.reserved_bytes)
+    if run.plan.xla is not None:
+        return simulate_tpu_steps(cpu_program(run), accelerator.capacity_bytes, args.steps)
+    return None
+
+
+def cpu_program(run: Analysis) -> Any:
+    """The pool's view of a step from XLA:CPU's figures (`cpu_step_program`)."""
+    return run.guarded(lambda: cpu_step_program(run.fn, run.fn_args, run.donate, run.plan.xla.temp_bytes))
+
+
+def summarize_run(run: Analysis) -> AnalysisReport:
+    """Stage 7: the report every view reads (`reports/analysis.py`)."""
+    shown = run.target if run.args.target else f"{DEFAULT_TARGET} (built-in)"
+    data = summarize(run.plan, run.fn_args, target=shown, device=run.device, top=run.args.top, gpu=run.gpu,
+                     pool=run.pool, fraction=run.fraction, note=run.note, predicted=run.predicted, tpu=run.tpu,
+                     accelerator=run.accelerator, cpu_totals=run.cpu_totals)
+    data["total_seconds"] = time.perf_counter() - run.started
+    return AnalysisReport(data, run.plan)
+
+
+def execute(run: Analysis, report: AnalysisReport) -> None:
+    """Stage 8, `--execute`: the planned program against jax.jit, and eagerly under each allocator."""
+    from jaxmem.reports.terminal import busy
+
+    with busy("executing"):
+        result, eager = run.guarded(lambda: run_execute(run.fn, run.fn_args, run.plan, run.donate, run.device[1]),
+                                    "execute")
+    report.add_execution(result, eager)
+
+
+def output(args: argparse.Namespace, report: AnalysisReport) -> int:
+    """Stage 9: the report as JSON or tables, and as the file reports asked for; the exit code."""
+    from jaxmem.reports.analysis_tables import render_report
+    from jaxmem.reports.cli import write_plan_reports
+
+    if args.json:
+        print(report.json())
+    else:
+        render_report(report, report_console())
+    write_plan_reports(args, report.plan, gpu=report.data if report.has_device_reference else None)
+    if not report.plan.valid:
+        print("jaxmem analyze: the checker found the plan invalid", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- XLA's references beside the planner -----------------------------------------------------
 
 def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...], xla: bool) -> Any:
     """Plan `fn(*args)`, with XLA's reference figures compiled in a second thread meanwhile.
@@ -516,280 +598,6 @@ def run_execute(fn: Callable[..., Any], args: Sequence[Any], plan: Any, donate: 
     return execute, eager
 
 
-# -- rendering -------------------------------------------------------------------------------
-
-def _size(n: int | None) -> str:
-    return "—" if n is None else format_size(n)
-
-
-def short_label(label: str, narrow: bool = False) -> str:
-    """An argument's pytree path as a table shows it: `['k']` keys as `.k`; when `narrow`, the
-    last two keys only.
-
-    >>> short_label("args[1][0].nu['params']['Dense_1']['kernel']")
-    'args[1][0].nu.params.Dense_1.kernel'
-    >>> short_label("args[1][0].nu['params']['Dense_1']['kernel']", narrow=True)
-    '….Dense_1.kernel'
-    """
-    text = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", label)
-    if narrow and len(text) > 20 and text.count(".") >= 2:
-        text = "…." + ".".join(text.split(".")[-2:])
-    return text
-
-
-def short_source(source: str, narrow: bool = False) -> str:
-    """A source line as people read it in a table: relative to the working directory when under
-    it, from the package folder for installed libraries and jaxmem's examples, else the last two
-    folders of its path; when `narrow`, the file's name and line only.
-
-    >>> short_source("/nowhere/deep/project/models/x.py:3 (f)")
-    '…/models/x.py:3 (f)'
-    >>> short_source("/v/lib/python3.11/site-packages/flax/linen/linear.py:287 (__call__)")
-    'flax/linen/linear.py:287 (__call__)'
-    >>> short_source("/nowhere/deep/project/models/x.py:3 (f)", narrow=True)
-    'x.py:3'
-    """
-    if narrow and source.startswith("/") and " (" in source:
-        return os.path.basename(source.rsplit(" (", 1)[0])
-    if not source.startswith("/"):
-        return source
-    cwd = os.getcwd().rstrip("/") + "/"
-    if source.startswith(cwd):
-        return source[len(cwd):]
-    for marker, keep in (("/site-packages/", ""), ("/dist-packages/", ""), ("/jaxmem/examples/", "jaxmem/examples/")):
-        if marker in source:
-            return keep + source.split(marker, 1)[1]
-    parts = source.split("/")
-    return "…/" + "/".join(parts[-2:]) if len(parts) > 3 else source
-
-
-def _shape(shape: Sequence[int], dtype: str) -> str:
-    if not dtype:   # a loop or cond body's scratch: bytes, not an array
-        return "—"
-    return f"{dtype}[{','.join(str(d) for d in shape)}]"
-
-
-def _trace_note(data: dict[str, Any]) -> str:
-    trace = data.get("trace_seconds")
-    return f" (+{trace:.2f} s tracing)" if isinstance(trace, (int, float)) else ""
-
-
-def render(data: dict[str, Any], console: Any) -> None:
-    """The analysis as rich tables on `console`."""
-    from rich.table import Table
-    from rich.text import Text
-
-    peak, lower, xla_total = data["peak_bytes"], data["lower_bound_bytes"], data["xla_total_bytes"]
-    from jaxmem.reports.escape import markup
-
-    summary = Table(title=f"jaxmem analyze · {markup(data['target'])}", title_justify="left", show_header=False,
-                    box=None, padding=(0, 2))
-    summary.add_column(style="bold")
-    summary.add_column(justify="right")
-    summary.add_column(style="dim")
-    summary.add_row("jaxmem peak", Text(_size(peak), style="bold green"),
-                    f"arguments {_size(data['argument_bytes'])} + arena {_size(data['arena_bytes'])}")
-    if xla_total is not None:
-        ratio = data["ratio_to_xla"]
-        style = "green" if ratio is not None and ratio <= 1.0 else "red"
-        summary.add_row("XLA total here", _size(xla_total),
-                        Text(f"{ratio:.3f}x of XLA ({data['xla']['scheduler']} scheduler)" if ratio is not None
-                             else f"XLA holds nothing ({data['xla']['scheduler']} scheduler)", style=style))
-        totals = data.get("xla_cpu_schedulers")
-        if totals and len(totals) > 1:
-            summary.add_row("", "", "XLA:CPU's schedulers: " + ", ".join(f"{name} {_size(total)}" for name, total in
-                                                                         totals.items()) + "; the lower is compared")
-        elif data["xla"]["scheduler"] == "default":
-            summary.add_row("", "", "XLA:CPU's memory-optimized scheduler may need less: --cpu-scheduler both "
-                            "compares with both of its schedulers")
-        if data["xla"]["library_hidden_bytes"]:
-            summary.add_row("", "", f"XLA:CPU's YNNPACK fusions hold {_size(data['xla']['library_hidden_bytes'])} "
-                            "of dot/conv results that its figure leaves out")
-    gpu = data.get("xla_gpu")
-    if gpu:
-        ratio = peak / gpu["total_bytes"] if gpu["total_bytes"] else 0.0
-        summary.add_row(f"XLA:GPU {gpu['target']}", Text(_size(gpu["total_bytes"]), style="bold"),
-                        f"arguments {_size(gpu['argument_bytes'])} + outputs {_size(gpu['output_bytes'])} + temp "
-                        f"{_size(gpu['temp_bytes'])} - aliased {_size(gpu['alias_bytes'])}; jaxmem {ratio:.3f}x of it; "
-                        + ("cached" if gpu.get("cached") else f"compiled deviceless in {gpu['compile_seconds']:.1f} s"))
-        if gpu.get("note"):
-            summary.add_row("", "", Text(gpu["note"][:160], style="yellow"))
-    tpu = data.get("xla_tpu")
-    if tpu:
-        render_tpu_row(tpu, peak, summary)
-    predicted = data.get("predicted_xla")
-    if predicted:
-        against = f"; {predicted['total_bytes'] / gpu['total_bytes']:.3f}x of XLA:GPU's" if gpu and gpu["total_bytes"] else ""
-        summary.add_row(f"predicted XLA:GPU {predicted['device']}", _size(predicted["total_bytes"]),
-                        f"arguments {_size(predicted['argument_bytes'])} + outputs {_size(predicted['output_bytes'])} "
-                        f"+ temp {_size(predicted['temp_bytes'])} - aliased {_size(predicted['alias_bytes'])}, "
-                        f"jaxmem's model of XLA:GPU's fusion in {predicted['seconds']:.2f} s{against}")
-    pool = data.get("pool")
-    if pool:
-        on = {"xla_gpu": "XLA:GPU", "xla_tpu": "XLA:TPU",
-              "predicted_xla_gpu": "the predicted XLA:GPU"}.get(pool.get("judged_on"), "XLA:CPU")
-        mode = ("TPU runtime: no preallocation, temporaries reserved, code resident" if pool.get("rules") == "tpu_runtime"
-                else f"{pool['allocator']}, preallocate {str(pool['preallocate']).lower()}, "
-                     f"fraction {pool['mem_fraction']:g}")
-        if pool["fits"]:
-            summary.add_row("pool", Text("fits", style="bold green"),
-                            f"{pool['steps']} steps of {on}'s buffers: peak {_size(pool['peak_bytes'])} of limit "
-                            f"{_size(pool['limit_bytes'])}, headroom {_size(pool['headroom_bytes'])} ({mode})")
-        else:
-            why = "fragmentation: the free bytes add up, no block is large enough" if pool["fragmentation"] else "out of memory"
-            where = "the arguments alone" if pool["failed_step"] == 0 else f"step {pool['failed_step']} of {pool['steps']}"
-            summary.add_row("pool", Text("does not fit", style="bold red"),
-                            f"{where}: {pool['failed_allocation']} "
-                            f"({_size(pool['failed_bytes'])}) under limit {_size(pool['limit_bytes'])}; {why} ({mode})")
-    summary.add_row("lower bound", _size(lower),
-                    f"gap {100 * data['gap_to_lower_bound']:.2f}% (program order: "
-                    f"{_size(data['program_order_lower_bound_bytes'])})")
-    summary.add_row("outputs", _size(data["output_bytes"]),
-                    f"donated arguments: {', '.join(map(str, data['donated'])) or 'none'}")
-    verdict = Text("valid", style="green") if data["valid"] else Text("INVALID", style="bold red")
-    summary.add_row("plan", verdict,
-                    f"{data['num_eqns']} equations, {data['num_buffers']} buffers, planned in "
-                    f"{data['plan_seconds']:.2f} s{_trace_note(data)}; "
-                    f"schedule {data['scheduler'] or '?'}, placement {data['placement'] or '?'}")
-    dev = data["device"]
-    fit = Text("fits", style="bold green") if dev["fits"] else Text("does not fit", style="bold red")
-    if dev.get("pool_rules") == "tpu_runtime":
-        held = (f"{dev['name']}: {_size(dev['capacity_bytes'])}, all of it a program's (JAX's TPU runtime "
-                "preallocates nothing; XLA_PYTHON_CLIENT_* are the GPU client's)")
-    else:
-        held = (f"{dev['name']}: {_size(dev['capacity_bytes'])}, JAX preallocates "
-                f"{int(100 * dev['preallocated_fraction'])}% = {_size(dev['usable_bytes'])}")
-    summary.add_row("jaxmem's plan" if pool else "device", fit, held)
-    unknown = data["unknown_primitives"]
-    summary.add_row("unknown primitives", Text(str(len(unknown)), style="yellow" if unknown else ""),
-                    ", ".join(unknown) + (" (planned conservatively)" if unknown else ""))
-    console.print(summary)
-    console.print()
-
-    where = "on entry" if data["peak_step"] < 0 else f"step {data['peak_step']}"
-    narrow = console.width < 120  # a piped report or a small terminal: one line a row
-    from rich import box
-
-    # Below 100 columns the borders and the row number are what no longer fit.
-    tight = console.width < 100
-    table = Table(title=f"Largest buffers live at the peak ({where})", title_justify="left",
-                  box=box.SIMPLE_HEAD if tight else box.HEAVY_HEAD, padding=(0, 0 if tight else 1),
-                  show_edge=not tight)
-    if not tight:
-        table.add_column("#", justify="right", style="dim", no_wrap=True)
-    table.add_column("size", justify="right", no_wrap=True)
-    table.add_column("array", overflow="fold")
-    table.add_column("category", no_wrap=True)
-    table.add_column("made by", overflow="fold")
-    # Source lines come from the user's frames; a model whose code has none gets no empty column.
-    with_source = any(row["source"] for row in data["top_buffers"])
-    if with_source:
-        table.add_column("source line", overflow="fold")
-    for i, row in enumerate(data["top_buffers"], 1):
-        cells = [*([] if tight else [str(i)]), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]),
-                 row["category"] or row["kind"], short_label(row["label"], narrow)]
-        source = short_source(row["source"], narrow) if row["source"] else "—"
-        table.add_row(*map(markup, cells), *([markup(source)] if with_source else []))
-    console.print(table)
-    if data.get("xla_gpu_peak_buffers"):
-        render_gpu_peak(data, console)
-    if data.get("xla_tpu_peak_buffers"):
-        render_gpu_peak(data, console, platform="tpu")
-
-
-def render_tpu_row(tpu: dict[str, Any], peak: int, summary: Any) -> None:
-    """XLA:TPU's figures (or its refusal) as one row of the summary table."""
-    from rich.text import Text
-
-    from jaxmem.reports.escape import markup
-
-    how = "cached" if tpu.get("cached") else f"compiled deviceless in {tpu['compile_seconds']:.1f} s"
-    if tpu.get("oom"):
-        summary.add_row(f"XLA:TPU {tpu['target']}", Text("does not fit", style="bold red"),
-                        markup(f"{tpu['oom'][:200]} ({how})"))
-        return
-    ratio = peak / tpu["total_bytes"] if tpu["total_bytes"] else 0.0
-    summary.add_row(f"XLA:TPU {tpu['target']}", Text(_size(tpu["total_bytes"]), style="bold"),
-                    f"arguments {_size(tpu['argument_bytes'])} + outputs {_size(tpu['output_bytes'])} + temp "
-                    f"{_size(tpu['temp_bytes'])} - aliased {_size(tpu['alias_bytes'])}; code "
-                    f"{_size(tpu['generated_code_bytes'])} beside it; jaxmem {ratio:.3f}x of it; {how}")
-
-
-def render_gpu_peak(data: dict[str, Any], console: Any, platform: str = "gpu") -> None:
-    """XLA:GPU's (or XLA:TPU's) largest buffers live at its peak, as a rich table."""
-    from rich.table import Table
-
-    from jaxmem.reports.escape import markup
-
-    console.print()
-    live = data.get(f"xla_{platform}_peak_live_bytes")
-    title = f"What XLA:{platform.upper()} holds at its peak on {data[f'xla_{platform}']['target']}"
-    if live:
-        title += f" ({_size(live)} live there)"
-    narrow = console.width < 140
-    table = Table(title=title, title_justify="left")
-    table.add_column("#", justify="right", style="dim", no_wrap=True)
-    table.add_column("size", justify="right", no_wrap=True)
-    table.add_column("array", overflow="fold")
-    table.add_column("kind", no_wrap=True)
-    table.add_column("jaxpr array", overflow="fold")
-    table.add_column("XLA op", overflow="fold")
-    table.add_column("source line", overflow="fold")
-    for i, row in enumerate(data[f"xla_{platform}_peak_buffers"], 1):
-        op = short_op(row["op_name"]) or row["hlo"]
-        cells = [str(i), _size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
-                 short_label(row["jaxpr_array"], narrow) or "—", "…" + op[-27:] if narrow and len(op) > 28 else op,
-                 short_source(row["source"], narrow) if row["source"] else "—"]
-        table.add_row(*map(markup, cells))
-    console.print(table)
-
-
-def short_op(op_name: str) -> str:
-    """An HLO op_name without its leading `jit(fn)/`, as the table shows it.
-
-    >>> short_op("jit(train_step)/jvp()/dot_general")
-    'jvp()/dot_general'
-    """
-    if op_name.startswith("jit(") and "/" in op_name:
-        return op_name.split("/", 1)[1]
-    return op_name
-    console.print(table)
-
-
-def render_execute(execute: dict[str, Any], eager: list[dict[str, Any]], planned_peak: int, console: Any) -> None:
-    """`--execute` results as rich tables; eager peaks are also shown against the planned peak."""
-    from rich.table import Table
-
-    console.print()
-    run = Table(title="Planned execution against jax.jit", title_justify="left")
-    for col in ("results", "max abs err", "rel err", "tolerance", "JAX op by op", "planned", "jax.jit"):
-        run.add_column(col, justify="right")
-    tol, noise = execute.get("tolerance"), execute.get("noise_rel")
-    run.add_row("equal" if execute.get("ok") else "DIFFER", f"{execute.get('max_abs_err', 0.0):.3g}",
-                f"{execute.get('max_rel_err', 0.0):.3g}", "exact" if tol is None else f"{tol:.3g}",
-                "—" if noise is None else f"{noise:.3g}", f"{execute.get('seconds', 0.0):.3f} s",
-                f"{execute.get('jax_jit_seconds', 0.0):.3f} s")
-    console.print(run)
-    if tol is not None:
-        console.print(f"[dim]rel err: the worst output's largest error over its largest magnitude; tolerance: "
-                      f"{execute.get('reduction', 1):,}-term sums in its dtype"
-                      f"{'' if noise is None else ', or 4x JAX op by op against jax.jit'}[/dim]")
-    console.print()
-    table = Table(title="Eager (op by op) under each allocator", title_justify="left")
-    for col in ("allocator", "peak in use", "vs planned", "pool", "largest free", "fragmentation", "allocs",
-                "device allocs", "fits"):
-        table.add_column(col, justify="right" if col != "allocator" else "left")
-    for row in eager:
-        frag = row.get("fragmentation_at_peak")
-        in_use = row.get("peak_bytes_in_use")
-        versus = f"{in_use / planned_peak:.2f}x" if isinstance(in_use, (int, float)) and planned_peak else "—"
-        table.add_row(str(row.get("allocator", "?")), _size(in_use), versus,
-                      _size(row.get("peak_pool_bytes")), _size(row.get("largest_free_block_bytes")),
-                      "—" if frag is None else f"{100 * frag:.1f}%", str(row.get("num_allocs", "—")),
-                      str(row.get("device_allocs", "—")), "yes" if row.get("fits") else "no")
-    console.print(table)
-
-
 def _guarded(work: Callable[[], Any], what: str) -> Any:
     """Run `work`; an error from the user's function (a shape error while tracing, say) becomes one
     line. JAXMEM_TRACEBACK=1 lets it through with its traceback, for debugging jaxmem itself."""
@@ -802,204 +610,3 @@ def _guarded(work: Callable[[], Any], what: str) -> Any:
             raise
         message = " ".join(str(err).split())[:400]
         raise PlanError(f"{what}: {type(err).__name__}: {message} (JAXMEM_TRACEBACK=1 shows where)") from None
-
-
-def _jsonable(obj: Any) -> Any:
-    """Numpy scalars and tuples from the executor's dicts, as plain JSON values."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):
-        return obj.item()
-    return obj
-
-
-def gpu_pool(args: argparse.Namespace, capacity: int, gpu: Any, predicted: Any, plan: Any, fn: Callable[..., Any],
-             fn_args: Sequence[Any], donate: tuple[int, ...], target: str) -> tuple[Any, float]:
-    """The GPU client's pool verdict over N steps (on XLA:GPU's figures, else the predicted
-    XLA:GPU figures, else XLA:CPU's; None when there are none) and the pool's share of the
-    device; (None, JAX's default share) when the environment holds a setting jaxmem cannot model
-    (said in one line)."""
-    from jaxmem.runtime.steps import program_from_reference, simulate_steps
-
-    try:
-        dev = pool_device(args, capacity)
-    except ConfigError as err:
-        if any(v is not None for v in (args.mem_fraction, args.preallocate, args.allocator)):
-            raise
-        # The environment holds a setting jaxmem cannot model: the plan and XLA's figures stand,
-        # the pool is not simulated, and the user is told in one line.
-        print(f"jaxmem analyze: the pool is not simulated: {err}", file=sys.stderr)
-        return None, PREALLOCATE_FRACTION
-    if gpu is not None:
-        return simulate_steps(program_from_reference(gpu), dev, args.steps), dev.mem_fraction
-    if predicted is not None:
-        # A GPU preset with no XLA:GPU compile here: the pool over the predicted XLA:GPU figures.
-        return simulate_steps(program_from_reference(predicted), dev, args.steps), dev.mem_fraction
-    if plan.xla is not None:
-        program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
-        return simulate_steps(program, dev, args.steps), dev.mem_fraction
-    return None, dev.mem_fraction
-
-
-def tpu_pool(args: argparse.Namespace, accelerator: Any, tpu: Any, plan: Any, fn: Callable[..., Any],
-             fn_args: Sequence[Any], donate: tuple[int, ...], target: str) -> Any:
-    """The TPU runtime's verdict over N steps (`runtime/tpu_pool.py`): on XLA:TPU's figures (its
-    out-of-memory message, when its compile refused the program), else on XLA:CPU's."""
-    from jaxmem.runtime.steps import program_from_reference
-    from jaxmem.runtime.tpu_pool import check_tpu_flags, compile_refused, ignored_gpu_variables, simulate_tpu_steps
-
-    check_tpu_flags(args.mem_fraction, args.preallocate, args.allocator, args.steps)
-    ignored = ignored_gpu_variables()
-    if ignored:
-        print(f"jaxmem analyze: {', '.join(ignored)} set JAX's GPU client; JAX's TPU runtime does not read them "
-              "(ignored for this TPU)", file=sys.stderr)
-    if tpu is not None:
-        if tpu.oom:
-            return compile_refused(tpu, accelerator, args.steps)
-        return simulate_tpu_steps(program_from_reference(tpu), accelerator.capacity_bytes, args.steps,
-                                  code_bytes=tpu.generated_code_bytes, reserved_bytes=tpu.reserved_bytes)
-    if plan.xla is not None:
-        program = _guarded(lambda: cpu_step_program(fn, fn_args, donate, plan.xla.temp_bytes), f"cannot plan {target}")
-        return simulate_tpu_steps(program, accelerator.capacity_bytes, args.steps)
-    return None
-
-
-def main(argv: list[str]) -> int:
-    """`jaxmem analyze`: see the module docstring. Returns the exit code."""
-    args = build_parser().parse_args(argv)
-    from jaxmem.compiler.target import jit_donation, load_target
-
-    if args.top < 0:
-        raise PlanError(f"--top must be 0 or more, got {args.top}")
-    device = parse_device(args.device)
-    target = args.target or DEFAULT_TARGET
-    fn, fn_args = load_target(target)
-    donate = parse_donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
-    from jaxmem.cli import sharded
-
-    if sharded.wanted(args, fn_args):
-        # A mesh: per-device figures from a partitioned compile (jaxmem.xla.sharding).
-        return sharded.run(args, target, device, donate, pool_device)
-    if args.execute and has_abstract_args(fn_args):
-        raise PlanError(f"--execute runs the program, and {target} returns jax.ShapeDtypeStruct arguments "
-                        "(no values); plan and compile it without --execute")
-
-    started = time.perf_counter()
-    gpu, tpu, pool, note = None, None, None, None
-    accelerator = find_accelerator(device[0])
-    want_gpu = not args.no_xla and args.xla in ("auto", "gpu")
-    want_tpu = not args.no_xla and args.xla in ("auto", "tpu") and accelerator is not None and accelerator.is_tpu
-    if args.xla == "tpu" and not want_tpu and not args.no_xla:
-        raise PlanError(f"--xla tpu needs a TPU preset ({', '.join(tpu_presets())}), not {device[0]!r}")
-    worker = box = None
-    if want_gpu:
-        from jaxmem.xla.gpu import GpuUnavailable, spec_for, unavailable_reason
-
-        reason = unavailable_reason()
-        if spec_for(device[0]) is None:
-            if args.xla == "gpu":
-                raise PlanError(f"--xla gpu needs a GPU preset with an XLA target description, not {device[0]!r}")
-            want_gpu = False
-        elif reason:
-            note = f"XLA:GPU is not available here ({reason}); comparing with XLA:CPU"
-            want_gpu = False
-        else:
-            worker, box = start_gpu_reference(target, device[0].strip().lower(), donate, args.top)
-    if want_tpu:
-        from jaxmem.xla.tpu import unavailable_reason as tpu_unavailable
-
-        reason = tpu_unavailable()
-        if reason and args.xla == "tpu":
-            raise PlanError(f"--xla tpu: XLA:TPU is not available here: {reason}")
-        if reason:
-            note = f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU"
-            want_tpu = False
-        else:
-            worker, box = start_tpu_reference(target, accelerator, donate, args.top)
-    cpu_reference = not args.no_xla and (args.xla not in ("gpu", "tpu") or not (want_gpu or want_tpu))
-    schedulers, scheduled = [], {}
-    if cpu_reference and args.cpu_scheduler != "default":
-        schedulers, scheduled = start_cpu_schedulers(target, donate, args.cpu_scheduler)
-    label = (f"planning · compiling for XLA:GPU ({device[0]})" if want_gpu else
-             f"planning · compiling for XLA:TPU ({device[0]})" if want_tpu else "planning")
-    with progress_after(1.0, label):
-        try:
-            plan = _guarded(lambda: run_plan(fn, fn_args, donate, xla=cpu_reference and not schedulers),
-                            f"cannot plan {target}")
-        except BaseException:
-            stop_gpu_reference(worker, box)
-            raise
-        if worker is not None:
-            worker.join()
-        for w in schedulers:
-            w.join()
-    predicted = None
-    from jaxmem.xla.gpu import spec_for as _gpu_spec
-
-    if _gpu_spec(device[0].strip().lower()) is not None:
-        # A GPU preset: jaxmem's plan with XLA:GPU's fusion rules, and XLA:GPU's figure predicted.
-        from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
-
-        plan = _guarded(lambda: plan_on_gpu(plan), f"cannot plan {target}")
-        predicted = _guarded(lambda: predict_plan(plan, device[0].strip().lower()), f"cannot plan {target}")
-    cpu_totals = None
-    if schedulers:
-        best, cpu_totals = better_schedule(scheduled)
-        plan = dataclasses.replace(plan, xla=best)
-    if box is not None:
-        from jaxmem.xla.gpu import GpuUnavailable
-        from jaxmem.xla.tpu import TpuUnavailable
-
-        if "err" in box:
-            err = box["err"]
-            if isinstance(err, (GpuUnavailable, TpuUnavailable)):
-                which = "XLA:TPU" if want_tpu else "XLA:GPU"
-                note = f"{which} is not available here ({err}); comparing with XLA:CPU"
-                if plan.xla is None:
-                    with progress_after(1.0, "compiling with XLA:CPU"):
-                        plan = dataclasses.replace(plan, xla=_guarded(lambda: _cpu_reference(fn, fn_args, donate),
-                                                                      f"cannot compile {target}"))
-            else:
-                raise err
-        elif want_tpu:
-            tpu = box["ref"]
-        else:
-            gpu = box["ref"]
-    if note:
-        print(f"jaxmem analyze: {note}", file=sys.stderr)
-    if accelerator is not None and accelerator.is_tpu:
-        pool, fraction = tpu_pool(args, accelerator, tpu, plan, fn, fn_args, donate, target), 1.0
-    else:
-        pool, fraction = gpu_pool(args, device[1], gpu, predicted, plan, fn, fn_args, donate, target)
-    data = summarize(plan, fn_args, target=target if args.target else f"{DEFAULT_TARGET} (built-in)",
-                     device=device, top=args.top, gpu=gpu, pool=pool,
-                     fraction=fraction, note=note,
-                     predicted=predicted, tpu=tpu, accelerator=accelerator)
-    data["predicted_xla_bytes"] = None if predicted is None else predicted.total_bytes
-    data["predicted_xla"] = None if predicted is None else predicted.summary()
-    data["xla_cpu_schedulers"] = cpu_totals
-    data["total_seconds"] = time.perf_counter() - started
-
-    execute = eager = None
-    if args.execute:
-        with progress_after(1.0, "executing"):
-            execute, eager = _guarded(lambda: run_execute(fn, fn_args, plan, donate, device[1]),
-                                      f"cannot execute {target}")
-        data["execute"], data["eager"] = _jsonable(execute), _jsonable(eager)
-
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        console = report_console()
-        render(data, console)
-        if execute is not None:
-            render_execute(data["execute"], data["eager"], data["peak_bytes"], console)
-    from jaxmem.reports.cli import write_plan_reports
-
-    write_plan_reports(args, plan, gpu=data if gpu is not None or tpu is not None or pool is not None else None)
-    if not plan.valid:
-        print("jaxmem analyze: the checker found the plan invalid", file=sys.stderr)
-        return 1
-    return 0

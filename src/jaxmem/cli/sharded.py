@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
     """The sharded analysis `analyze` delegates to; prints tables or JSON, returns the exit code."""
     import sys
 
-    from jaxmem.cli.analyze import progress_after
+    from jaxmem.reports.terminal import busy
     from jaxmem.xla.sharding import LAYOUTS, parse_mesh, sharded_reference
 
     unsupported = [flag for flag, value in (("--html", args.html), ("--pprof", args.pprof), ("--png", args.png),
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
         layouts = [layout for layout in LAYOUTS if layout != "fsdp_tp" or len(sizes) == 2]
         rows = []
         for layout in layouts:
-            with progress_after(1.0, f"compiling {layout} on {mesh} for {on}"):
+            with busy(f"compiling {layout} on {mesh} for {on}"):
                 ref = sharded_reference(target, device=name, xla=xla, mesh=mesh, layout=layout,
                                         donate_argnums=donate, top=args.top, topology=args.topology)
             # A fresh pool per layout: a simulation leaves its buffers in the device it ran in.
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
                 "total_seconds": time.perf_counter() - started}
         _emit(args, data, render_compare)
         return 0
-    with progress_after(1.0, f"compiling per device for {on}"):
+    with busy(f"compiling per device for {on}"):
         ref = sharded_reference(target, device=name, xla=xla, mesh=args.mesh, layout=args.layout,
                                 donate_argnums=donate, top=args.top, topology=args.topology)
     pool = pool_verdict(ref, dev, args.steps) if dev is not None else None
@@ -184,7 +184,7 @@ def render(data: dict[str, Any], console: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from jaxmem.cli.analyze import _shape, short_op, short_source
+    from jaxmem.reports.terminal import shape_text, short_op, short_source
 
     key = next(k for k in ("xla_gpu", "xla_tpu", "xla_cpu") if k in data)
     xla = data[key]
@@ -219,7 +219,7 @@ def render(data: dict[str, Any], console: Any) -> None:
         for column in ("size", "array", "kind", "made by", "source line"):
             top.add_column(column, overflow="fold")
         for row in plan["top"]:
-            top.add_row(format_size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
+            top.add_row(format_size(row["size_bytes"]), shape_text(row["shape"], row["dtype"]), row["kind"],
                         escape(row["label"]), escape(short_source(row["source"])) or "—")
         console.print(top)
     peak = data.get(f"{key}_peak_buffers") or []
@@ -228,7 +228,7 @@ def render(data: dict[str, Any], console: Any) -> None:
         for column in ("size", "array", "kind", "XLA op", "source line"):
             gpu.add_column(column, overflow="fold")
         for row in peak:
-            gpu.add_row(format_size(row["size_bytes"]), _shape(row["shape"], row["dtype"]), row["kind"],
+            gpu.add_row(format_size(row["size_bytes"]), shape_text(row["shape"], row["dtype"]), row["kind"],
                         escape(short_op(row["op_name"]) or row["name"]), escape(short_source(row["source"])) or "—")
         console.print(gpu)
 

@@ -1,4 +1,6 @@
-"""Terminal output with rich: tables of sizes, and progress for work that takes over a second.
+"""Terminal output with rich: tables of sizes, the cells the commands' tables share (an argument's
+path, a source line, an HLO op, an array's dtype and shape), and progress for work that takes over
+a second.
 
     print_table("Largest buffers at the peak", ["size", "source"], rows)
     with progress("replaying", total=len(events)) as advance:
@@ -14,6 +16,8 @@ stderr is a terminal, so quick commands and piped output (`--json`) stay clean.
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -59,6 +63,66 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obje
                 numeric: Sequence[str] = (), out: Console | None = None) -> None:
     """Print `make_table(...)` on stdout (or `out`)."""
     (out or console()).print(make_table(title, columns, rows, numeric))
+
+
+def short_label(label: str, narrow: bool = False) -> str:
+    """An argument's pytree path as a table shows it: `['k']` keys as `.k`; when `narrow`, the
+    last two keys only.
+
+    >>> short_label("args[1][0].nu['params']['Dense_1']['kernel']")
+    'args[1][0].nu.params.Dense_1.kernel'
+    >>> short_label("args[1][0].nu['params']['Dense_1']['kernel']", narrow=True)
+    '….Dense_1.kernel'
+    """
+    text = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", label)
+    if narrow and len(text) > 20 and text.count(".") >= 2:
+        text = "…." + ".".join(text.split(".")[-2:])
+    return text
+
+
+def short_source(source: str, narrow: bool = False) -> str:
+    """A source line as people read it in a table: relative to the working directory when under
+    it, from the package folder for installed libraries and jaxmem's examples, else the last two
+    folders of its path; when `narrow`, the file's name and line only.
+
+    >>> short_source("/nowhere/deep/project/models/x.py:3 (f)")
+    '…/models/x.py:3 (f)'
+    >>> short_source("/v/lib/python3.11/site-packages/flax/linen/linear.py:287 (__call__)")
+    'flax/linen/linear.py:287 (__call__)'
+    >>> short_source("/nowhere/deep/project/models/x.py:3 (f)", narrow=True)
+    'x.py:3'
+    """
+    if narrow and source.startswith("/") and " (" in source:
+        return os.path.basename(source.rsplit(" (", 1)[0])
+    if not source.startswith("/"):
+        return source
+    cwd = os.getcwd().rstrip("/") + "/"
+    if source.startswith(cwd):
+        return source[len(cwd):]
+    for marker, keep in (("/site-packages/", ""), ("/dist-packages/", ""), ("/jaxmem/examples/", "jaxmem/examples/")):
+        if marker in source:
+            return keep + source.split(marker, 1)[1]
+    parts = source.split("/")
+    return "…/" + "/".join(parts[-2:]) if len(parts) > 3 else source
+
+
+def shape_text(shape: Sequence[int], dtype: str) -> str:
+    """An array as a table shows it, `float32[8,128]`; `—` for bytes with no dtype (a loop or
+    cond body's scratch)."""
+    if not dtype:
+        return "—"
+    return f"{dtype}[{','.join(str(d) for d in shape)}]"
+
+
+def short_op(op_name: str) -> str:
+    """An HLO op_name without its leading `jit(fn)/`, as the table shows it.
+
+    >>> short_op("jit(train_step)/jvp()/dot_general")
+    'jvp()/dot_general'
+    """
+    if op_name.startswith("jit(") and "/" in op_name:
+        return op_name.split("/", 1)[1]
+    return op_name
 
 
 def top_blocks_rows(data: ReportData, count: int = 10, step: int | None = None) -> list[list[str]]:

@@ -674,21 +674,8 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     """Compile `fn(*args)` partitioned over the arguments' mesh and plan its per-device program;
     the JSON object the child prints (see `sharded_reference`)."""
     import jax
-    from jax.sharding import AbstractMesh
 
-    from jaxmem.xla.gpu import _kept_arguments, output_aliases, peak_buffers_from_dump
-
-    if mesh_text:
-        sizes_t, names_t = parse_mesh(mesh_text)
-        if layout:
-            mesh = AbstractMesh(sizes_t, names_t)
-            args = with_specs(args, layout_specs(args, layout, dict(zip(names_t, sizes_t))), mesh)
-        found = find_mesh(args) or (sizes_t, names_t)
-    else:
-        found = find_mesh(args)
-        if found is None:
-            raise ShardingError("no argument carries a NamedSharding over more than one device; give --mesh")
-    sizes_t, names_t = found
+    args, (sizes_t, names_t) = _laid_out_mesh(args, mesh_text, layout)
     sizes = dict(zip(names_t, sizes_t))
     check_shardings(args, sizes)
     cmesh, target_text = _compile_mesh(sizes_t, names_t, xla, device, topology)
@@ -729,59 +716,22 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
             hit = sharded_cache_read(key)
             if hit is not None:
                 return hit
-        # libtpu reads no XLA_FLAGS: XLA:TPU's dumps are asked for in the compile's options.
-        options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True,
-                   "xla_dump_hlo_pass_re": PARTITIONING_PASSES} if xla == "tpu" and dump_dir else None
-        compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+        compiled = _compile_partitioned(lowered, xla, dump_dir)
     except JaxmemError:
         raise
     except Exception as err:
-        message = " ".join(str(err).split())
-        if xla == "tpu" and "RESOURCE_EXHAUSTED" in message:
-            raise ShardingError(f"XLA:TPU: the per-chip program does not fit {device}: "
-                                f"{message[message.index('RESOURCE_EXHAUSTED'):][:300]}") from None
-        raise _trace_error(err, sizes) from None
-    stats = compiled.memory_analysis()
-    seconds = time.perf_counter() - started
+        raise _compile_error(err, xla, device, sizes) from None
+    per = _per_device_figures(compiled.memory_analysis(), xla, device, target_text, time.perf_counter() - started)
     out_specs = [tuple(getattr(s, "spec", ()) or ()) for s in jax.tree.leaves(
         compiled.output_shardings, is_leaf=lambda x: hasattr(x, "spec"))]
-    outs = jax.tree.leaves(lowered.out_info)
-    kept = _kept_arguments(lowered, len(flat))
-    aliases = {o: kept[p] for o, p in output_aliases(compiled.as_text() or "").items() if p < len(kept)}
-
-    def leaf_bytes(leaf: Any, spec: Sequence[Any]) -> int:
-        return _nbytes(local_shape(leaf.shape, spec, sizes), leaf.dtype)
-
-    arguments = [{"bytes": leaf_bytes(leaf, _spec_of(leaf)), "donated": donated[i] if i < len(donated) else False,
-                  "shape": f"{leaf.dtype}{list(local_shape(leaf.shape, _spec_of(leaf), sizes))}"}
-                 for i, leaf in enumerate(flat)]
-    outputs = []
-    for j, leaf in enumerate(outs):
-        spec = out_specs[j] if j < len(out_specs) else ()
-        outputs.append({"bytes": leaf_bytes(leaf, spec), "aliases": aliases.get(j),
-                        "shape": f"{leaf.dtype}{list(local_shape(leaf.shape, spec, sizes))}"})
-    peak, live = (peak_buffers_from_dump(dump_dir, top) if dump_dir and xla == "gpu" else
-                  peak_buffers_from_dump(dump_dir, top, live_range="after_optimizations-live-range.txt")
-                  if dump_dir and xla == "tpu" else ([], 0))
-    per = {"target": device if xla in ("gpu", "tpu") else "cpu", "argument_bytes": int(stats.argument_size_in_bytes),
-           "output_bytes": int(stats.output_size_in_bytes), "temp_bytes": int(stats.temp_size_in_bytes),
-           "alias_bytes": int(stats.alias_size_in_bytes), "compile_seconds": round(seconds, 3)}
-    if xla == "tpu":
-        per["generated_code_bytes"] = int(stats.generated_code_size_in_bytes)
-        per["topology"] = target_text.split()[1]
-    per["total_bytes"] = per["argument_bytes"] + per["output_bytes"] + per["temp_bytes"] - per["alias_bytes"]
+    arguments, outputs = _argument_and_output_leaves(lowered, compiled, flat, donated, out_specs, sizes)
+    peak, live = _peak_from_dump(dump_dir, xla, top, flat_closed, getattr(fn, "__name__", "fn"))
     dumps = partitioning_dumps(dump_dir)
     if ja.single_shard_map_body(closed) is None and dumps is not None:
         plan = plan_from_hlo(flat_closed, [local_shape(leaf.shape, _spec_of(leaf), sizes) for leaf in flat],
                              dumps[0], dumps[1], donated)
     else:
         plan = plan_per_device(fn, structs, out_specs, sizes, donate_argnums)
-    names = [f"{ja.eqn_name_stack(e) or ''}" for e in ja.jaxpr_eqns(flat_closed)]
-    own = f"jit({getattr(fn, '__name__', 'fn')})"
-    for row in peak:  # the user's function and name stack in place of jaxmem's scope
-        text = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)
-                           and names[int(m.group(1))] else "", row.get("op_name", ""))
-        row["op_name"] = text.replace("jit(jaxmem_per_device)", own)
     rows = replicated(structs, sizes)
     data = {
         "key": key, "cached": False,
@@ -797,6 +747,100 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
 
         cache_write(cache_dir(), key, data)
     return data
+
+
+def _laid_out_mesh(args: Sequence[Any], mesh_text: str | None,
+                   layout: str | None) -> tuple[Sequence[Any], tuple[tuple[int, ...], tuple[str, ...]]]:
+    """The arguments (laid out under `layout` on `mesh_text`'s mesh, where both are given) and
+    the mesh they are sharded over: the arguments' own, else `mesh_text`'s."""
+    from jax.sharding import AbstractMesh
+
+    if mesh_text:
+        sizes_t, names_t = parse_mesh(mesh_text)
+        if layout:
+            mesh = AbstractMesh(sizes_t, names_t)
+            args = with_specs(args, layout_specs(args, layout, dict(zip(names_t, sizes_t))), mesh)
+        return args, find_mesh(args) or (sizes_t, names_t)
+    found = find_mesh(args)
+    if found is None:
+        raise ShardingError("no argument carries a NamedSharding over more than one device; give --mesh")
+    return args, found
+
+
+def _compile_partitioned(lowered: Any, xla: str, dump_dir: str | None) -> Any:
+    """XLA's compile of the lowered per-device program."""
+    # libtpu reads no XLA_FLAGS: XLA:TPU's dumps are asked for in the compile's options.
+    options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True,
+               "xla_dump_hlo_pass_re": PARTITIONING_PASSES} if xla == "tpu" and dump_dir else None
+    return lowered.compile(compiler_options=options) if options else lowered.compile()
+
+
+def _compile_error(err: BaseException, xla: str, device: str, sizes: dict[str, int]) -> JaxmemError:
+    """A failed lowering or compile as one error: XLA:TPU's out-of-memory refusal as such."""
+    message = " ".join(str(err).split())
+    if xla == "tpu" and "RESOURCE_EXHAUSTED" in message:
+        return ShardingError(f"XLA:TPU: the per-chip program does not fit {device}: "
+                             f"{message[message.index('RESOURCE_EXHAUSTED'):][:300]}")
+    return _trace_error(err, sizes)
+
+
+def _per_device_figures(stats: Any, xla: str, device: str, target_text: str, seconds: float) -> dict[str, Any]:
+    """XLA's `memory_analysis()` of the per-device program, as the JSON's `xla` object."""
+    per = {"target": device if xla in ("gpu", "tpu") else "cpu", "argument_bytes": int(stats.argument_size_in_bytes),
+           "output_bytes": int(stats.output_size_in_bytes), "temp_bytes": int(stats.temp_size_in_bytes),
+           "alias_bytes": int(stats.alias_size_in_bytes), "compile_seconds": round(seconds, 3)}
+    if xla == "tpu":
+        per["generated_code_bytes"] = int(stats.generated_code_size_in_bytes)
+        per["topology"] = target_text.split()[1]
+    per["total_bytes"] = per["argument_bytes"] + per["output_bytes"] + per["temp_bytes"] - per["alias_bytes"]
+    return per
+
+
+def _argument_and_output_leaves(lowered: Any, compiled: Any, flat: Sequence[Any], donated: Sequence[bool],
+                                out_specs: Sequence[tuple[Any, ...]],
+                                sizes: dict[str, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per-device bytes of each argument and output leaf (the pool's view of a step), outputs
+    with the argument XLA aliases them to."""
+    import jax
+
+    from jaxmem.xla.gpu import _kept_arguments, output_aliases
+
+    outs = jax.tree.leaves(lowered.out_info)
+    kept = _kept_arguments(lowered, len(flat))
+    aliases = {o: kept[p] for o, p in output_aliases(compiled.as_text() or "").items() if p < len(kept)}
+
+    def leaf_bytes(leaf: Any, spec: Sequence[Any]) -> int:
+        return _nbytes(local_shape(leaf.shape, spec, sizes), leaf.dtype)
+
+    arguments = [{"bytes": leaf_bytes(leaf, _spec_of(leaf)), "donated": donated[i] if i < len(donated) else False,
+                  "shape": f"{leaf.dtype}{list(local_shape(leaf.shape, _spec_of(leaf), sizes))}"}
+                 for i, leaf in enumerate(flat)]
+    outputs = []
+    for j, leaf in enumerate(outs):
+        spec = out_specs[j] if j < len(out_specs) else ()
+        outputs.append({"bytes": leaf_bytes(leaf, spec), "aliases": aliases.get(j),
+                        "shape": f"{leaf.dtype}{list(local_shape(leaf.shape, spec, sizes))}"})
+    return arguments, outputs
+
+
+def _peak_from_dump(dump_dir: str | None, xla: str, top: int, flat_closed: Any,
+                    fn_name: str) -> tuple[list[dict[str, Any]], int]:
+    """The buffers XLA:GPU or XLA:TPU holds at its peak (from its dumps; none for XLA:CPU) and
+    the bytes live there, each op named by the user's function and name stack in place of
+    jaxmem's per-equation scope."""
+    from jaxmem.compiler import jaxpr_adapter as ja
+    from jaxmem.xla.gpu import peak_buffers_from_dump
+
+    peak, live = (peak_buffers_from_dump(dump_dir, top) if dump_dir and xla == "gpu" else
+                  peak_buffers_from_dump(dump_dir, top, live_range="after_optimizations-live-range.txt")
+                  if dump_dir and xla == "tpu" else ([], 0))
+    names = [f"{ja.eqn_name_stack(e) or ''}" for e in ja.jaxpr_eqns(flat_closed)]
+    own = f"jit({fn_name})"
+    for row in peak:
+        text = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)
+                           and names[int(m.group(1))] else "", row.get("op_name", ""))
+        row["op_name"] = text.replace("jit(jaxmem_per_device)", own)
+    return peak, live
 
 
 # The per-device plan is cached with XLA's figures: a new model of it is a new version.

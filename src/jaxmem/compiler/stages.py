@@ -9,7 +9,7 @@
 Adding a scheduler is one function `(program, analysis) -> order` and one entry in
 `planner.SCHEDULERS`. Two primitives every stage shares live here too: `align` (a value's
 bytes in the arena) and `live_profile` (the one live-bytes profile: fusion, liveness, checker,
-`cli/analyze`, remat's model of XLA:CPU).
+`reports/analysis`, remat's model of XLA:CPU).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def align(nbytes: int) -> int:
 def live_profile(spans: Iterable[tuple[int, int, int]], n: int) -> np.ndarray:
     """Live bytes at each position -1..n (array index p+1) of `spans`, each (start, end, size)
     live from start to end inclusive: the one live-bytes profile (liveness, fusion, checker,
-    `cli/analyze`, remat)."""
+    `reports/analysis`, remat)."""
     diff = np.zeros(n + 3, dtype=np.int64)
     table = np.array(spans if isinstance(spans, (list, tuple)) else list(spans), dtype=np.int64)
     if table.size:

@@ -18,7 +18,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from jaxmem.compiler.stages import live_profile
+from jaxmem.compiler.stages import Span, live_profile
 
 
 class Placement(NamedTuple):
@@ -60,7 +60,7 @@ def _best_gap(lows: list[int], highs: list[int], size: int) -> int:
     return best_off if best_gap is not None else top
 
 
-def place_ordered(buffers: Sequence[tuple[int, int, int]], order: Sequence[int]) -> tuple[list[int], int]:
+def place_ordered(buffers: Sequence[Span], order: Sequence[int]) -> tuple[list[int], int]:
     """Best-fit placement of `buffers` (start, end, size) taken in `order`.
 
     **Returns:** (offset per buffer, arena bytes).
@@ -105,7 +105,7 @@ def place_ordered(buffers: Sequence[tuple[int, int, int]], order: Sequence[int])
 
 
 def place(
-    buffers: Sequence[tuple[int, int, int]],
+    buffers: Sequence[Span],
     orderings: Sequence[str] = ("size", "area", "duration", "start"),
     stop_at: int | None = None,
     restarts: int | None = None,

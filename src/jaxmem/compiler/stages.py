@@ -15,7 +15,7 @@ bytes in the arena) and `live_profile` (the one live-bytes profile: fusion, live
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
@@ -25,7 +25,17 @@ def align(nbytes: int) -> int:
     return (nbytes + 255) & ~255
 
 
-def live_profile(spans: Iterable[tuple[int, int, int]], n: int) -> np.ndarray:
+class Span(NamedTuple):
+    """A buffer's extent in a schedule: live from position `start` to `end` inclusive, `size`
+    bytes. The one span type: liveness, placement, the checker, the GPU model's heap and the
+    reports pass spans as these (a plain `(start, end, size)` tuple is one too)."""
+
+    start: int
+    end: int
+    size: int
+
+
+def live_profile(spans: Iterable[Span], n: int) -> np.ndarray:
     """Live bytes at each position -1..n (array index p+1) of `spans`, each (start, end, size)
     live from start to end inclusive: the one live-bytes profile (liveness, fusion, checker,
     `reports/analysis`, remat)."""

@@ -70,14 +70,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import jax
 import numpy as np
 
 from jaxmem.compiler import jaxpr_adapter as ja
+from jaxmem.compiler.aliasing import donation_aliases
 from jaxmem.compiler.plan_types import Const, SourceLine
 from jaxmem.compiler.program import Program, drop_dead
 # HEROES: operations XLA:GPU never fuses into a consumer as a producer (the table's `hero`
@@ -224,34 +223,6 @@ def _result_cost(p: Program, op: Any, heroes: list[bool], is_out: list[bool]) ->
                     best = min(best, 0 if is_out[w] else p.nbytes[w])
                     stack.append(w)
     return best
-
-
-def _aliases(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int],
-             n_in: int) -> tuple[dict[int, int], set[int]]:
-    """(output position -> flat argument, donated flat arguments with no output named) from JAX's
-    lowering (`tf.aliasing_output`; `jax.buffer_donor`: XLA picks the output itself)."""
-    from jaxmem.xla.gpu import _kept_arguments
-
-    if not donate:
-        return {}, set()
-    lowered = jax.jit(fn, donate_argnums=tuple(donate)).lower(*args)
-    text = lowered.as_text()
-    head = next((line for line in text.splitlines() if "func.func public @main" in line), "")
-    kept = _kept_arguments(lowered, n_in)
-    aliases: dict[int, int] = {}
-    donors: set[int] = set()
-    # Each argument's text runs to the next `%arg` (its attributes may nest braces: shardings).
-    for chunk in head.split("%arg")[1:]:
-        number_text = chunk.split(":", 1)[0]
-        if not number_text.isdigit() or int(number_text) >= len(kept):
-            continue
-        number = int(number_text)
-        found = re.search(r"tf\.aliasing_output = (\d+)", chunk)
-        if found:
-            aliases[int(found.group(1))] = kept[number]
-        elif "jax.buffer_donor" in chunk:
-            donors.add(kept[number])
-    return aliases, donors
 
 
 def _chain(p: Program, heroes: list[bool], arg: int, out: int) -> set[int] | None:
@@ -899,7 +870,10 @@ def _step_program(fn: Callable[..., Any], args: Sequence[Any], donate_argnums: S
     p = drop_dead(ja.inline(traced.closed_jaxpr))
     heroes = [_is_hero(op) for op in p.ops]
     is_out = _is_output(p)
-    aliases, donors = _aliases(fn, args, tuple(donate_argnums), len(p.invars))
+    flags = [k in traced.donated for k in range(len(p.invars))]
+    # constants returned count: JAX pairs every output, XLA writes a returned constant too
+    pairing = donation_aliases(p, flags, constant_outputs=True)
+    aliases, donors = pairing.outputs, set(pairing.donors)
     if floor_bytes is None:
         used = sum(p.nbytes[v] for v in p.invars if p.users[v] or is_out[v])
         # Several outputs: XLA's output also holds the tuple's table of pointers (8 bytes each).

@@ -27,9 +27,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from jaxmem.compiler.placement import place_ordered
+from jaxmem.compiler.stages import Span
 
 
-def event_times(spans: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
+def event_times(spans: Sequence[Span]) -> list[tuple[int, int]]:
     """(alloc tick, free tick) per span: at each schedule position the allocations (ordered
     by start, end, then index, as HeapSimulator::RunComputation sorts its values), then the
     frees in the same order.
@@ -51,7 +52,7 @@ def event_times(spans: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
     return list(zip(alloc, free))
 
 
-def placements(spans: Sequence[tuple[int, int, int]],
+def placements(spans: Sequence[Span],
                ids: Sequence[int] | None = None) -> dict[str, tuple[list[int], int]]:
     """XLA's two placements of (start, end, size) spans (inclusive schedule positions, sizes
     aligned): per name ('spatial', 'temporal'), the offset of each span and the heap's size.
@@ -66,7 +67,7 @@ def placements(spans: Sequence[tuple[int, int, int]],
     return {name: place_ordered(spans, sorted(range(len(spans)), key=key)) for name, key in keys.items()}
 
 
-def xla_heap_size(spans: Sequence[tuple[int, int, int]]) -> int:
+def xla_heap_size(spans: Sequence[Span]) -> int:
     """The heap's size when XLA places these (start, end, size) spans: the smaller of its
     spatial and temporal placements (`placements`)."""
     spans = [sp for sp in spans if sp[2] > 0]
@@ -75,7 +76,7 @@ def xla_heap_size(spans: Sequence[tuple[int, int, int]]) -> int:
     return min(size for _, size in placements(spans).values())
 
 
-def dump_temp_spans(assignment_text: str, live_range_text: str) -> tuple[list[tuple[int, int, int]], list[int], list[int], int]:
+def dump_temp_spans(assignment_text: str, live_range_text: str) -> tuple[list[Span], list[int], list[int], int]:
     """XLA's own temporaries from its dumps (`*-buffer-assignment.txt`, `*-live-range.txt`):
     one span per buffer of the temp allocation (values at one offset whose live ranges touch
     share a buffer: an op written in place), its offset and value id, and the allocation's size.

@@ -32,10 +32,11 @@ from typing import Any, Sequence
 
 from jaxmem.accelerators import ACCELERATORS
 from jaxmem.compiler import planner
+from jaxmem.compiler.aliasing import donation_aliases
 from jaxmem.compiler.fusion import forced_fusion, fusion_of
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.stages import Analysis, Roles
+from jaxmem.compiler.stages import Analysis, Roles, Span
 from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, gpu_fusion, gpu_plan_fusion,
                                          gpu_plan_output_epilogues, prediction_fusion, stored_in_f32)
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues
@@ -88,20 +89,8 @@ class Prediction:
 
 
 def output_aliases(g: Program, donated: Sequence[bool]) -> dict[int, int]:
-    """Output position -> flat argument position whose buffer it takes, as JAX pairs donated
-    arguments with outputs of the same shape and dtype (in order) when it lowers."""
-    free: dict[tuple, list[int]] = {}
-    for k, v in enumerate(g.invars):
-        if k < len(donated) and donated[k]:
-            free.setdefault((g.shapes[v], g.dtypes[v]), []).append(k)
-    out: dict[int, int] = {}
-    for j, v in enumerate(g.outvars):
-        if isinstance(v, Const):
-            continue
-        slot = free.get((g.shapes[v], g.dtypes[v]))
-        if slot:
-            out[j] = slot.pop(0)
-    return out
+    """Output position -> flat argument position whose buffer it takes (`compiler.aliasing`)."""
+    return donation_aliases(g, donated).outputs
 
 
 def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h100-80gb",
@@ -165,7 +154,7 @@ def _device_temps(closed_jaxpr: Any, g: Program, aliases: dict[int, int], worksp
 
 
 def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str, roles: Roles | None = None,
-               store_reread_producers: bool = False) -> tuple[list[tuple[int, int, int]], str, int]:
+               store_reread_producers: bool = False) -> tuple[list[Span], str, int]:
     """(the heap's spans, the scheduler kept, fused values) of XLA:GPU's passes on `g`: fusion,
     split-K, scratch, scheduling and heap (see the module's text). `roles`: a loop body's
     (`gpu_model_scratch.loop_scratch`), None for the program itself."""
@@ -193,7 +182,7 @@ def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
              store_reread_producers: bool) -> tuple[dict[int, int], dict[int, int]]:
     """(per-op scratch, per-loop largest body value) of `g`: loop bodies modelled as programs,
     the split GEMMs' partials kept beside their results, each op's own temporaries."""
-    def body_heap(b: Program, roles: Roles) -> list[tuple[int, int, int]]:
+    def body_heap(b: Program, roles: Roles) -> list[Span]:
         return _temp_heap(b, {}, workspace, device, roles, store_reread_producers)[0]
 
     nested_fusion = partial(prediction_fusion, device=device, store_reread_producers=store_reread_producers)

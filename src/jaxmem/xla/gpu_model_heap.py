@@ -27,7 +27,7 @@ from jaxmem.compiler.liveness import Interval, assign_buffers
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_RELU_ZERO_READERS, storage_rule
-from jaxmem.compiler.stages import Analysis, Roles, align, live_profile
+from jaxmem.compiler.stages import Analysis, Roles, Span, align, live_profile
 from jaxmem.xla.gpu_heap import xla_heap_size
 from jaxmem.xla.gpu_model_ops import merged_dots, no_inplace
 from jaxmem.xla.gpu_model_schedule import merged_order, xla_orders
@@ -53,7 +53,7 @@ class HeapCase:
     pieces: dict[int, int]
 
 
-Spans = list[tuple[int, int, int]]
+Spans = list[Span]
 
 
 def with_pieces(case: HeapCase, intervals: list[Any]) -> list[Any]:
@@ -127,7 +127,7 @@ def _is_zero(u: Any) -> bool:
         return False
 
 
-def shared_zero_spans(case: HeapCase) -> list[tuple[int, int, int]]:
+def shared_zero_spans(case: HeapCase) -> list[Span]:
     """Buffers XLA:GPU adds when a max-pool gradient's zeros are also a relu's zeros.
 
     XLA expands a max-pool gradient (select_and_scatter_add) into a scatter that writes, in
@@ -171,7 +171,7 @@ def shared_zero_spans(case: HeapCase) -> list[tuple[int, int, int]]:
     return spans
 
 
-def scan_output_spans(case: HeapCase) -> list[tuple[int, int, int]]:
+def scan_output_spans(case: HeapCase) -> list[Span]:
     """A scan's stacked outputs are held from the start of the program.
 
     JAX lowers a scan to a while loop whose state holds each stacked output, initialised with
@@ -199,7 +199,7 @@ def scan_output_spans(case: HeapCase) -> list[tuple[int, int, int]]:
     return spans
 
 
-def donated_output_prefix_spans(case: HeapCase) -> list[tuple[int, int, int]]:
+def donated_output_prefix_spans(case: HeapCase) -> list[Span]:
     """Temporaries written in place into a buffer whose output aliases a donated argument.
 
     jaxmem's liveness lets an output's buffer begin as the buffer of an earlier value that the
@@ -262,7 +262,7 @@ def _updates_of(g: Program, pos: dict[int, int], arg: int, members: Sequence[int
     return all(pos.get(r, -1) <= first for r in g.users[arg])
 
 
-def concatenated_operand_spans(case: HeapCase) -> list[tuple[int, int, int]]:
+def concatenated_operand_spans(case: HeapCase) -> list[Span]:
     """The merged dot's other operands, concatenated into one buffer that the merged GEMM reads
     (dot_merger.cc concatenates them), where the concatenation cannot be read inside the Triton
     GEMM: a GEMM fusion takes at most 4 parameters per operand
@@ -317,13 +317,13 @@ def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> i
     return place(heap_after_reuse(intervals, aliased))
 
 
-def place(heap: list[tuple[int, int, int]]) -> int:
+def place(heap: list[Span]) -> int:
     """The temp block's size: the heap placed as XLA's heap simulator places it
     (`gpu_heap.xla_heap_size`), fragmentation included."""
     return xla_heap_size(heap)
 
 
-def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> list[tuple[int, int, int]]:
+def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> list[Span]:
     """XLA's buffer assignment of temporaries (buffer_assignment.cc, AssignBuffersForComputations):
     buffers in decreasing size; each first tries an existing allocation (the smallest first)
     that is large enough and holds nothing live at the same time: the output allocations,
@@ -343,7 +343,7 @@ def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) 
     # neighbours found by bisection, not a scan over every span.
     starts = [[iv.start] for iv in outputs]
     ends = [[iv.end] for iv in outputs]
-    heap: list[tuple[int, int, int]] = []
+    heap: list[Span] = []
     temps = sorted((iv for iv in intervals if iv.kind in ("temp", "scratch") and iv.size),
                    key=lambda iv: (-iv.size, iv.start))
     for iv in temps:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler import planner
 from jaxmem.compiler.program import Program, side_table
-from jaxmem.compiler.stages import Roles, align
+from jaxmem.compiler.stages import Roles, Span, align
 from jaxmem.xla.gpu_cost import device_numbers
 from jaxmem.xla.gpu_model_ops import dot_kind, elements
 
@@ -52,7 +52,7 @@ def float8_fallback_scratch(g: Program, op: Any, device: str) -> int:
     return FLOAT8_FALLBACK_WORKSPACE + sum(2 * elements(g.shapes[u]) for u in op.operands[:2])
 
 
-BodyHeap = Callable[[Program, Roles], list[tuple[int, int, int]]]
+BodyHeap = Callable[[Program, Roles], list[Span]]
 
 
 def loop_scratch(g: Program, body_heap: BodyHeap, place: Callable[[list], int],

@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.examples.suite import ALL_PROGRAMS
 from jaxmem.fitting.judge import Judge, compute_dtype, values_equal
 from jaxmem.fitting.policy import _flops, find_sites, with_policy

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import trace
 from jaxmem.compiler.remat_search import program_flops
 from jaxmem.units import format_size

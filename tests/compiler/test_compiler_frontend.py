@@ -50,7 +50,7 @@ def test_planner_remat_and_executor_read_one_program():
 @pytest.mark.parametrize("entry", ["plan", "jit", "fit"])
 def test_donation_and_tracing_errors_are_one_plan_error_everywhere(entry):
     import jaxmem
-    from jaxmem.compiler.remat import fit
+    from jaxmem.fitting.fit import fit
 
     def call(fn, donate):
         if entry == "plan":

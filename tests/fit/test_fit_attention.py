@@ -115,7 +115,7 @@ GPU_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import jax
     from test_fit_attention import _lm
-    from jaxmem.compiler.remat import fit
+    from jaxmem.fitting.fit import fit
     from jaxmem.fitting.attention import chunked_dot_product_attention
     from jaxmem.xla.gpu import compile_for_gpu
     step, args = _lm()

@@ -36,7 +36,7 @@ for name, (fn, args) in programs.items():
     out[name] = {{"floor": figures.floor, "counted_floor": counted.floor_bytes, "counted": counted.bytes,
                  "bound": bound.bytes, "op": bound.op, "half_temp": figures.half_temp, "totals": totals,
                  "line": infeasible_line(figures.half_temp, bound, judge.name)}}
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 fn, args = programs["moe_train"]
 verdict = fit(fn, *args, budget="half-temp", donate_argnums=(0, 1), device="h100-80gb", policies=False, rewrite=False)
 out["fit"] = {{"infeasible": verdict.infeasible, "budget": verdict.budget_bytes, "ran": verdict.rewrite_ran,

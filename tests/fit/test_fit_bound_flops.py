@@ -63,7 +63,7 @@ for name, ((fn, args), donate) in programs.items():
     out[name] = {{"floor": figures.floor, "budget": figures.half_temp, "capped": capped.bytes,
                  "plain": plain.bytes, "line": capped.describe(), "rows": rows,
                  "infeasible": infeasible_line(figures.half_temp, capped, judge.name)}}
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 fn, args = programs["mlp_train_donated"][0]
 result = fit(fn, *args, budget="half-temp", donate_argnums=(0, 1), device="h100-80gb", policies=False, rewrite=False)
 out["fit"] = {{"infeasible": result.infeasible, "budget": result.budget_bytes}}

@@ -147,7 +147,7 @@ def test_where_only_offload_is_unproven_fit_measures_offload_outside_loops(run_g
     over the budget: XLA:GPU copies such a value out just before it copies it back."""
     got = run_gpu_script(r'''
 import json
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.examples.suite import ALL_PROGRAMS
 from jaxmem.fitting.policy import OFFLOAD
 program = ALL_PROGRAMS["mlp_train_donated"]

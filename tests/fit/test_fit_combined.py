@@ -116,7 +116,7 @@ GPU_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
     from test_fit_combined import cnn_by_hand
-    from jaxmem.compiler.remat import fit
+    from jaxmem.fitting.fit import fit
     from jaxmem.examples.suite import cnn_train
     from jaxmem.fitting.reorder import reordered
     from jaxmem.xla.gpu import compile_for_gpu

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.errors import ConfigError
 from jaxmem.examples import zoo
 from jaxmem.examples.adam import adam_update
@@ -173,7 +173,7 @@ GPU_SCRIPT = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests!r})
     from test_fit_policy import _scanned, _by_hand
-    from jaxmem.compiler.remat import fit
+    from jaxmem.fitting.fit import fit
     from jaxmem.xla.gpu import compile_for_gpu
     fn, args = _scanned()
     r = fit(fn, *args, budget="half-temp", donate_argnums=(0, 1), device="h100-80gb", rewrite=False)

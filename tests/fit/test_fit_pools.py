@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given, settings
 
 from jaxmem.cli.main import main as cli_main
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.examples import cnn
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.pools import pool_lines, pool_sites, pools_rewritten, reshape_max_pool

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from jax._src.interpreters import partial_eval as pe
 
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.examples import zoo
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.rewrites import rewrite_first
@@ -182,7 +182,7 @@ def test_convnet_bn_meets_its_h100_budget_and_the_answer_pasted_compiles_to_it(r
     got = run_gpu_script("""
 import json
 import jax
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.examples import zoo
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.pools import reshape_max_pool

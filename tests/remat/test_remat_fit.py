@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxmem.compiler.costs import eqn_cost, jaxpr_flops
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import profile, search
 from jaxmem.errors import ConfigError

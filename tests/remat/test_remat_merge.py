@@ -9,7 +9,7 @@ import jax
 
 import jaxmem
 from jaxmem.compiler.costs import jaxpr_flops
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import economize, profile, search
 from jaxmem.xla.cpu import xla_reference

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 import jaxmem
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import search
 from jaxmem.xla.cpu import xla_reference

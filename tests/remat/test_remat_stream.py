@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxmem.compiler.remat_search as remat_search
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import trace
 from jaxmem.xla.cpu import xla_reference
 from remat_helpers import assert_close, sgd_step

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxmem
-from jaxmem.compiler.remat import fit
+from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import trace
 from jaxmem.compiler.remat_search import _tail, candidates, profile
 from jaxmem.xla.cpu import xla_reference

@@ -334,7 +334,7 @@ def _least_at_no_extra_flops(found: Any, budget: int) -> Any:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from jaxmem.compiler.remat import fit
+    from jaxmem.fitting.fit import fit
     from jaxmem.compiler.target import jit_donation, load_target
     from jaxmem.fitting.judge import Figures, Judge, resolve_budget
 

@@ -32,7 +32,7 @@ from jaxmem.compiler.placement import Placement, place
 from jaxmem.compiler.plan_types import Const, PlannedBuffer, Plan, Step, ValueInfo
 from jaxmem.compiler.schedule import dfs_schedule, list_schedule, program_order, sink_schedule, topological_orders
 from jaxmem.compiler.stages import Analysis, Roles
-from jaxmem.errors import PlanError
+from jaxmem.errors import ConfigError, PlanError
 
 LOCAL_SEARCH_ROUNDS = 3     # whole-schedule sink moves tried after the best order is chosen
 EXHAUSTIVE_MAX_OPS = 10      # programs this small get every topological order tried ...
@@ -45,25 +45,31 @@ def plan(
     fn: Callable,
     *args: Any,
     donate_argnums: int | Sequence[int] = (),
-    xla: bool = True,
+    xla: bool = False,
     **kwargs: Any,
 ) -> Plan:
-    """Trace `fn(*args, **kwargs)` and plan its memory.
+    """Trace `fn(*args, **kwargs)` and plan its memory; `Plan.xla` stays None.
 
     >>> import jax, jax.numpy as jnp
     >>> def step(w, x):
     ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
     >>> params, batch = jnp.ones((64, 64)), jnp.ones((8, 64))
     >>> p = plan(step, params, batch, donate_argnums=(0,))
-    >>> p.peak_bytes, p.lower_bound_bytes, p.xla.total_bytes
-    (36864, 36864, 36864)
+    >>> p.peak_bytes, p.lower_bound_bytes, p.xla is None
+    (36864, 36864, True)
 
     **Arguments:** `fn` and its example `args` (pytrees of arrays); `donate_argnums`, positional
-    arguments whose buffers outputs may take over; `xla`, also compile with XLA here and record
-    its `memory_analysis()` in `Plan.xla`; keyword arguments are passed to `fn` (closed over).
+    arguments whose buffers outputs may take over; keyword arguments are passed to `fn` (closed
+    over). `xla` must be False: the compiler compiles nothing with XLA (XLA sits on a floor
+    above it, docs/architecture.md); `jaxmem.plan` (`jaxmem.xla.reference.plan`) is this plan
+    with XLA's `memory_analysis()` in `Plan.xla`. The keyword stays so that it is never passed
+    on to `fn`, and calls written for `jaxmem.plan` with `xla=False` mean the same here.
 
     **Returns:** a checked `Plan` (`plan.valid` is the checker's verdict).
     """
+    if xla:
+        raise ConfigError("compiler.planner.plan compiles nothing with XLA: jaxmem.plan "
+                          "(jaxmem.xla.reference.plan) adds XLA's figures")
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
     donate_argnums = tuple(donate_argnums)
@@ -73,19 +79,7 @@ def plan(
     traced_at = time.perf_counter()
     result = plan_jaxpr(traced.closed_jaxpr, donated=donated)
     # JAX's tracing; plan_seconds is ours alone
-    return replace(result, trace_seconds=traced_at - start,
-                   xla=_xla_reference(fn, args, donate_argnums, kwargs) if xla else None)
-
-
-def _xla_reference(fn: Callable, args: Sequence[Any], donate_argnums: tuple[int, ...], kwargs: dict) -> Any:
-    try:
-        from jaxmem.xla.cpu import xla_reference
-    except ImportError:
-        return None
-    # The same split as our tracing: array keywords are inputs, anything else is static.
-    dynamic, static = ja.split_kwargs(kwargs)
-    target = functools.partial(fn, **static) if static else fn
-    return xla_reference(target, args, donate_argnums=donate_argnums, kwargs=dynamic)
+    return replace(result, trace_seconds=traced_at - start)
 
 
 def plan_jaxpr(

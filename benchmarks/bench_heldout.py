@@ -3,6 +3,7 @@
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_heldout.py --set eval --out benchmarks/results/heldout_before.jsonl
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_heldout.py --set tuning --out benchmarks/results/heldout_tuning_before.jsonl
     .venv/bin/python benchmarks/bench_heldout.py --set eval --models moe_top2_scatter:make --devices h100-80gb
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_heldout.py --set both --predict-only   # seconds, no XLA compile
 
 Two sets: `eval`, the held-out training steps of `benchmarks/heldout_models/` (every module's
 `make`; never used to tune `jaxmem.xla.gpu_model`), and `tuning`, the 23 models of
@@ -10,7 +11,9 @@ Two sets: `eval`, the held-out training steps of `benchmarks/heldout_models/` (e
 and device runs as `bench_outside_models` runs it: one `jaxmem analyze MODEL --device D --xla gpu
 --json` process (XLA:GPU deviceless), and the row gives XLA:GPU's total bytes
 (`xla_gpu.total_bytes`), jaxmem's prediction of it (`predicted_xla_bytes`), their ratio and
-whether it is within 5%. A table per set, a summary line per set and device (how many within
+whether it is within 5%. `--predict-only` runs no XLA: it predicts in this process and takes
+XLA:GPU's totals from the recorded rows (`--xla-from`, by default the two files written before
+any change to the model; XLA:GPU's figure does not depend on jaxmem). A table per set, a summary line per set and device (how many within
 5%, the worst ratio), and every row as a JSON line to `--out`.
 """
 
@@ -60,6 +63,45 @@ def run(model: str, device: str, models_dir: str) -> dict:
             "plan": data["peak_bytes"], "valid": data["valid"], "seconds": seconds}
 
 
+RECORDED = [os.path.join(HERE, "results", f) for f in ("heldout_before.jsonl", "heldout_tuning_before.jsonl")]
+
+
+def recorded_xla(paths: list[str]) -> dict[tuple[str, str], int]:
+    """XLA:GPU's total per (model, device) from earlier rows of this benchmark."""
+    totals: dict[tuple[str, str], int] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if "xla" in row:
+                    totals[row["model"], row["device"]] = row["xla"]
+    return totals
+
+
+def predict_only(model: str, device: str, models_dir: str, xla: dict[tuple[str, str], int]) -> dict:
+    """The model's prediction in this process, against the recorded XLA:GPU total."""
+    from jaxmem.compiler.planner import plan
+    from jaxmem.compiler.target import jit_donation, load_target
+    from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
+
+    if (model, device) not in xla:
+        return {"model": model, "device": device, "seconds": 0.0, "error": "no recorded XLA:GPU total"}
+    target, _, donate = model.partition("@")
+    if models_dir not in sys.path:
+        sys.path.insert(0, models_dir)
+    started = time.perf_counter()
+    try:
+        fn, args = load_target(target)
+        donated = tuple(int(d) for d in donate.split(",")) if donate else jit_donation(fn, args)
+        gp = plan_on_gpu(plan(fn, *args, donate_argnums=donated, xla=False))
+        pred = predict_plan(gp, device)
+    except Exception as err:  # noqa: BLE001 - the row records what failed, the run goes on
+        return {"model": model, "device": device, "seconds": time.perf_counter() - started,
+                "error": f"{type(err).__name__}: {err}"[:200]}
+    return {"model": model, "device": device, "xla": xla[model, device], "predicted": pred.total_bytes,
+            "plan": gp.peak_bytes, "valid": gp.valid, "seconds": time.perf_counter() - started}
+
+
 def split_models(text: str) -> list[str]:
     """Comma-separated models; "@0,1" holds a comma, so a digits-only piece rejoins the model before it."""
     joined: list[str] = []
@@ -71,14 +113,14 @@ def split_models(text: str) -> list[str]:
     return joined
 
 
-def run_set(name: str, models: list[str], devices: list[str], models_dir: str, out) -> None:
+def run_set(name: str, models: list[str], devices: list[str], models_dir: str, out, xla=None) -> None:
     print(f"\n== {name} set: {len(models)} models, devices {', '.join(devices)}")
     print(f"{'model':32s} {'device':10s} {'XLA:GPU bytes':>14s} {'predicted':>14s} {'ratio':>7s} "
           f"{'<=5%':>5s} {'s':>6s}", flush=True)
     stats = {d: {"ok": 0, "n": 0, "errors": 0, "worst": None} for d in devices}
     for model in models:
         for device in devices:
-            r = run(model, device, models_dir)
+            r = run(model, device, models_dir) if xla is None else predict_only(model, device, models_dir, xla)
             r["set"] = name
             st = stats[device]
             if "error" in r:
@@ -109,7 +151,14 @@ def main() -> None:
     parser.add_argument("--devices", default=",".join(DEVICES), help="comma-separated device presets")
     parser.add_argument("--models", default="", help="comma-separated module:factory[@donate] (default: all of the set)")
     parser.add_argument("--out", default="", help="JSON-lines file for the rows")
+    parser.add_argument("--predict-only", action="store_true",
+                        help="no XLA compile: predict in this process, XLA:GPU's totals from --xla-from")
+    parser.add_argument("--xla-from", default=",".join(RECORDED),
+                        help="comma-separated JSON-lines files of earlier rows (with --predict-only)")
     args = parser.parse_args()
+    xla = recorded_xla(args.xla_from.split(",")) if args.predict_only else None
+    if xla is not None:
+        os.environ.setdefault("KERAS_BACKEND", "jax")
     devices = [d for d in args.devices.split(",") if d]
     sets = ("eval", "tuning") if args.set == "both" else (args.set,)
     out = open(args.out, "w") if args.out else None
@@ -117,7 +166,7 @@ def main() -> None:
         for name in sets:
             default = eval_models() if name == "eval" else list(TUNING_MODELS)
             models = split_models(args.models) if args.models else default
-            run_set(name, models, devices, EVAL_DIR if name == "eval" else TUNING_DIR, out)
+            run_set(name, models, devices, EVAL_DIR if name == "eval" else TUNING_DIR, out, xla)
     finally:
         if out is not None:
             out.close()

@@ -35,6 +35,14 @@ EVAL_DIR = os.path.join(HERE, "heldout_models")
 TUNING_DIR = os.path.join(HERE, "outside_models")
 
 
+def suite_models() -> list[str]:
+    """The 21 suite programs as `module:factory@donated`: the model was tuned on them too."""
+    from jaxmem.examples.suite import ALL_PROGRAMS
+
+    return [p.target + ("@" + ",".join(map(str, p.donate_argnums)) if p.donate_argnums else "")
+            for p in ALL_PROGRAMS.values()]
+
+
 def eval_models() -> list[str]:
     """Every module of heldout_models/ as `module:make`, sorted."""
     return [os.path.basename(p)[:-3] + ":make" for p in sorted(glob.glob(os.path.join(EVAL_DIR, "*.py")))
@@ -63,13 +71,16 @@ def run(model: str, device: str, models_dir: str) -> dict:
             "plan": data["peak_bytes"], "valid": data["valid"], "seconds": seconds}
 
 
-RECORDED = [os.path.join(HERE, "results", f) for f in ("heldout_before.jsonl", "heldout_tuning_before.jsonl")]
+RECORDED = [os.path.join(HERE, "results", f)
+            for f in ("heldout_before.jsonl", "heldout_tuning_before.jsonl", "heldout_suite_before.jsonl")]
 
 
 def recorded_xla(paths: list[str]) -> dict[tuple[str, str], int]:
     """XLA:GPU's total per (model, device) from earlier rows of this benchmark."""
     totals: dict[tuple[str, str], int] = {}
     for path in paths:
+        if not os.path.exists(path):
+            continue
         with open(path) as f:
             for line in f:
                 row = json.loads(line)
@@ -147,7 +158,8 @@ def run_set(name: str, models: list[str], devices: list[str], models_dir: str, o
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("eval", "tuning", "both"), default="both")
+    parser.add_argument("--set", choices=("eval", "tuning", "suite", "both", "all"), default="both",
+                        help="both: eval and tuning; all: eval, tuning and suite")
     parser.add_argument("--devices", default=",".join(DEVICES), help="comma-separated device presets")
     parser.add_argument("--models", default="", help="comma-separated module:factory[@donate] (default: all of the set)")
     parser.add_argument("--out", default="", help="JSON-lines file for the rows")
@@ -160,13 +172,13 @@ def main() -> None:
     if xla is not None:
         os.environ.setdefault("KERAS_BACKEND", "jax")
     devices = [d for d in args.devices.split(",") if d]
-    sets = ("eval", "tuning") if args.set == "both" else (args.set,)
+    sets = {"both": ("eval", "tuning"), "all": ("eval", "tuning", "suite")}.get(args.set, (args.set,))
     out = open(args.out, "w") if args.out else None
     try:
         for name in sets:
-            default = eval_models() if name == "eval" else list(TUNING_MODELS)
+            default = {"eval": eval_models, "suite": suite_models}.get(name, lambda: list(TUNING_MODELS))()
             models = split_models(args.models) if args.models else default
-            run_set(name, models, devices, EVAL_DIR if name == "eval" else TUNING_DIR, out, xla)
+            run_set(name, models, devices, {"eval": EVAL_DIR, "suite": HERE}.get(name, TUNING_DIR), out, xla)
     finally:
         if out is not None:
             out.close()

@@ -141,6 +141,20 @@ def scan_after_large_temporary():
     return fn, (jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32))
 
 
+def scan_output_into_output():
+    """A scan's stacked output (16 MiB, per-layer gradients) read by a norm and by the update
+    that writes the program's output: XLA gives the loop's buffer the output's allocation (the
+    update is elementwise, its operand dies there), and that allocation holds the stacked
+    output from its zero initialisation, first in the schedule: a GEMM's result (32 MiB, too
+    large for the output's allocation) that dies before the scan is the only large temporary."""
+    def fn(w, a, b):
+        first = jnp.sum(jnp.tanh(a @ b))
+        _, ys = jax.lax.scan(lambda c, wi: (c, jnp.sin(wi) * c), first, w)
+        return w - 0.1 * ys / jnp.sqrt(jnp.sum(ys * ys))
+    return fn, (jnp.ones((16, N // 16, D), jnp.float32), jnp.ones((N, 64), jnp.float32),
+                jnp.ones((64, 2 * D), jnp.float32))
+
+
 BIG = N * D * 4
 STORED = {
     "elementwise_chain": False,
@@ -157,6 +171,7 @@ STORED = {
     "bf16_convert_into_gemm": False,
     "bf16_weight_read_twice": True,
     "scan_after_large_temporary": True,
+    "scan_output_into_output": True,
 }
 
 

@@ -36,7 +36,7 @@ RULES = ["elementwise_chain", "broadcast_into_reduction", "gather_into_matvec", 
                     "(BENCHMARKS.md, issue 17)", strict=True)),
          "log_softmax_rows", "outer_product_into_scatter", "max_pool_gradient", "relu_max_pool_gradient", "merged_dots",
          "merged_dots_concatenated",
-         "bf16_convert_into_gemm", "bf16_weight_read_twice", "scan_after_large_temporary"]
+         "bf16_convert_into_gemm", "bf16_weight_read_twice", "scan_after_large_temporary", "scan_output_into_output"]
 
 
 @needs_gpu_compiler

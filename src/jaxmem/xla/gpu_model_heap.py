@@ -6,7 +6,8 @@ their own allocations and packs every temporary into one block, placed by its he
 (`compiler.liveness.assign_buffers`) gives the buffers; then, in order:
 
 - `INTERVAL_ADJUSTMENTS`, `(case, intervals) -> intervals`: buffers XLA holds otherwise than
-  jaxmem's liveness (a merged dot's results as one buffer, a loop body's largest value);
+  jaxmem's liveness (a merged dot's results as one buffer, an output allocation holding a
+  scan's stacked output from the start, a loop body's largest value);
 - `heap_after_reuse`: temporaries that take a free output allocation leave the heap;
 - `SPAN_ADJUSTMENTS`, `(case) -> spans`: buffers XLA adds that the program does not show
   (shared zeros, scan outputs held from the start, donated-output prefixes, concatenated
@@ -19,7 +20,7 @@ the least, as XLA's memory scheduler keeps its best order.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from jaxmem.compiler import jaxpr_adapter as ja
@@ -171,6 +172,51 @@ def shared_zero_spans(case: HeapCase) -> list[Span]:
     return spans
 
 
+def stacked_outputs(case: HeapCase) -> list[tuple[int, int]]:
+    """(position of the scan, stacked output) for each scan's stacked output that is a
+    temporary of the program (not itself an output, read by something), in the order."""
+    g, roles = case.g, case.roles
+    found = []
+    for p, oi in enumerate(case.order):
+        op = g.ops[oi]
+        if op.primitive != "scan" or p == 0:
+            continue
+        _, num_carry = ja.scan_counts(op.eqn)
+        found.extend((p, y) for y in op.outputs[num_carry:]
+                     if y is not None and not roles.outputs[y] and not roles.external[y] and g.users[y])
+    return found
+
+
+def _in_output_allocation(case: HeapCase, y: int) -> bool:
+    """Whether `y`'s buffer group is an output's own allocation (an output written over it in
+    place), not a donated argument's."""
+    gid = case.live.group[y]
+    return gid >= 0 and gid not in case.aliased and case.live.intervals[gid].kind == "output"
+
+
+def stacked_outputs_from_start(case: HeapCase, intervals: list[Any]) -> list[Any]:
+    """The intervals with each output allocation that a scan's stacked output shares held from
+    the program's start.
+
+    A scan's stacked output is a while loop's state, zero-initialised by a broadcast with no
+    operands that XLA's scheduler runs first; the broadcast, the loop's state, the body's
+    `dynamic_update_slice` and the loop's result are one buffer (copy_insertion.cc adds no
+    copy: the body's update is in place; buffer_assignment.cc colocates a while's operand,
+    body parameter, body root and result, `AddWhileSetToColocatedBuffers`). When an output is
+    then written in place over the stacked output (Adam's update of a scanned layer's weight
+    gradient; buffer_assignment.cc `MaybeAssignBuffer` shares an operand's buffer that dies at
+    its elementwise user), that output's allocation holds the stacked output from the
+    broadcast on: the temporaries before the scan cannot take it (`heap_after_reuse`), and
+    nothing of it is in the temp block (`scan_output_spans` leaves it out). The dump of
+    `tests/gpu/fusion_programs.py:scan_output_into_output`: `loop_broadcast_fusion`,
+    `while.5{1}` and the output `loop_subtract_fusion` in the output's allocation.
+    """
+    starts = {case.live.group[y] for _, y in stacked_outputs(case) if _in_output_allocation(case, y)}
+    if not starts:
+        return intervals
+    return [replace(iv, start=0) if iv.id in starts and iv.kind == "output" else iv for iv in intervals]
+
+
 def scan_output_spans(case: HeapCase) -> list[Span]:
     """A scan's stacked outputs are held from the start of the program.
 
@@ -181,22 +227,14 @@ def scan_output_spans(case: HeapCase) -> list[Span]:
     gradients, 24 MiB of `loop_broadcast_fusion`, live at the cross-entropy gradient before
     the backward scan runs; `tests/gpu/fusion_programs.py:scan_after_large_temporary`). The
     spans cover the positions before the scan; the value's own interval covers the rest.
-    Outputs of the program live in their own allocations and are left out.
+    Outputs of the program live in their own allocations and are left out, and so are stacked
+    outputs an output is written over in place (`stacked_outputs_from_start` holds the
+    output's allocation from the start instead).
 
     **Returns:** (start, end, size) spans over positions of `order`.
     """
-    g, roles = case.g, case.roles
-    spans = []
-    for p, oi in enumerate(case.order):
-        op = g.ops[oi]
-        if op.primitive != "scan" or p == 0:
-            continue
-        _, num_carry = ja.scan_counts(op.eqn)
-        for y in op.outputs[num_carry:]:
-            if y is None or roles.outputs[y] or roles.external[y] or not g.users[y]:
-                continue
-            spans.append((0, p - 1, align(g.nbytes[y])))
-    return spans
+    g = case.g
+    return [(0, p - 1, align(g.nbytes[y])) for p, y in stacked_outputs(case) if not _in_output_allocation(case, y)]
 
 
 def donated_output_prefix_spans(case: HeapCase) -> list[Span]:
@@ -362,7 +400,8 @@ def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) 
 
 
 # Run in this order over the liveness intervals, before output-allocation reuse.
-INTERVAL_ADJUSTMENTS: list[Callable[[HeapCase, list[Any]], list[Any]]] = [merge_intervals, with_pieces]
+INTERVAL_ADJUSTMENTS: list[Callable[[HeapCase, list[Any]], list[Any]]] = [
+    merge_intervals, stacked_outputs_from_start, with_pieces]
 # Spans added to the heap after reuse, in this order.
 SPAN_ADJUSTMENTS: list[Callable[[HeapCase], Spans]] = [
     shared_zero_spans,

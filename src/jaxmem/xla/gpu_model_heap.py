@@ -201,13 +201,15 @@ def stacked_outputs_from_start(case: HeapCase, intervals: list[Any]) -> list[Any
     A scan's stacked output is a while loop's state, zero-initialised by a broadcast with no
     operands that XLA's scheduler runs first; the broadcast, the loop's state, the body's
     `dynamic_update_slice` and the loop's result are one buffer (copy_insertion.cc adds no
-    copy: the body's update is in place; buffer_assignment.cc colocates a while's operand,
-    body parameter, body root and result, `AddWhileSetToColocatedBuffers`). When an output is
-    then written in place over the stacked output (Adam's update of a scanned layer's weight
-    gradient; buffer_assignment.cc `MaybeAssignBuffer` shares an operand's buffer that dies at
-    its elementwise user), that output's allocation holds the stacked output from the
-    broadcast on: the temporaries before the scan cannot take it (`heap_after_reuse`), and
-    nothing of it is in the temp block (`scan_output_spans` leaves it out). The dump of
+    copy: the body's update is in place; hlo_alias_analysis.cc makes a while's init, body
+    parameter, body root and result one HloBuffer, the dump's `(phi)` values). When an output
+    is then written over the stacked output (Adam's update of a scanned layer's weight
+    gradient: the output is defined where the stacked output's last reader runs), buffer
+    assignment gives that buffer the output's allocation (buffer_assignment.cc,
+    `BufferAssigner::MaybeAssignBuffer`: an allocation whose buffers' live ranges do not
+    overlap), which then holds the stacked output from the broadcast on: the temporaries
+    before the scan cannot take it (`heap_after_reuse`), and nothing of it is in the temp
+    block (`scan_output_spans` leaves it out). The dump of
     `tests/gpu/fusion_programs.py:scan_output_into_output`: `loop_broadcast_fusion`,
     `while.5{1}` and the output `loop_subtract_fusion` in the output's allocation.
     """

@@ -591,11 +591,11 @@ def splitk_padded_contraction_bf16():
     return (lambda a, b: a @ b.T), (jnp.ones((128, 1000), jnp.bfloat16), jnp.ones((1000, 1000), jnp.bfloat16))
 
 
-def _concat_edge_mlp(width):
-    """An edge MLP on `concat([e, h[s], tanh(e)])` (pieces `width` wide), trained one SGD
-    step: the forward GEMM contracts over the concatenated dimension, the weight gradient's
-    GEMM reads the concatenation along its non-contracting one."""
-    edges, nodes = 8192, 2048
+def _concat_edge_mlp(width, edges=8192):
+    """An edge MLP on `concat([e, h[s], tanh(e)])` (pieces `width` wide, `edges` rows), trained
+    one SGD step: the forward GEMM contracts over the concatenated dimension, the weight
+    gradient's GEMM reads the concatenation along its non-contracting one."""
+    nodes = 2048
     k = jax.random.split(jax.random.PRNGKey(0), 4)
     w1 = jax.random.normal(k[0], (3 * width, 128))
     w2 = jax.random.normal(k[1], (128, 128))
@@ -629,6 +629,14 @@ def concat_not_tiled_by_gemm():
     """`_concat_edge_mlp` with 96-wide pieces (not a multiple of 64): no GEMM fusion takes the
     concatenation, which is stored and held until the weight gradient."""
     return _concat_edge_mlp(96)
+
+
+def concat_read_by_padded_split_gemm():
+    """`_concat_edge_mlp` over 20000 rows: the split-K rewriter splits the weight gradient's
+    contraction and pads it (20000 is no multiple of the split's step), and the GEMM reads a
+    stored, padded copy of the concatenation (`loop_pad_fusion` of the
+    `input_concatenate_fusion`), not the pieces."""
+    return _concat_edge_mlp(128, 20000)
 
 
 def max_pool_gradient_not_added():

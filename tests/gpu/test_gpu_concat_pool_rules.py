@@ -14,7 +14,7 @@ from jaxmem.compiler.fusion import forced_fusion
 from jaxmem.xla import gpu_model_fusion as gf
 from jaxmem.xla import gpu_model_heap as gh
 from jaxmem.xla.gpu_model import predict
-from jaxmem.xla.gpu_model_fusion_concat import cloned_gemm_concats
+from jaxmem.xla.gpu_model_fusion_concat import cloned_gemm_concats, concat_copy_scratch
 
 from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
@@ -54,6 +54,21 @@ def test_cloned_gemm_concats_fuses_a_concatenation_the_weight_gradient_reads():
     assert _outputs_of(g, changes, "gather") == [None]
     g, changes = _concat_changes("concat_not_tiled_by_gemm")
     assert changes == {}
+    g, changes = _concat_changes("concat_read_by_padded_split_gemm")
+    assert changes == {}
+
+
+def test_concat_copy_scratch_at_the_gemm_that_contracts_the_concatenation():
+    """The forward GEMM of a cloned concatenation reads a copy made right before it; the
+    weight gradient's GEMM and a concatenation no GEMM clones add nothing."""
+    for name, copies in (("concat_read_by_weight_gradient", [384 * 8192 * 4, 0]),
+                         ("concat_not_tiled_by_gemm", [0, 0])):
+        _, factory = load_fusion_program(name)
+        fn, args = factory()
+        g = planner.inlined(jax.make_jaxpr(fn)(*args))
+        concat = next(op for op in g.ops if op.primitive == "concatenate").outputs[0]
+        readers = [g.ops[c] for c in g.users[concat]]
+        assert [concat_copy_scratch(g, op, H100) for op in readers] == copies
 
 
 def test_cloned_gemm_concats_leaves_a_concatenation_only_contracted():
@@ -71,9 +86,12 @@ def test_cloned_gemm_concats_leaves_a_concatenation_only_contracted():
     assert cloned_gemm_concats(ctx, list(forced)) == {}
 
 
+@pytest.mark.slow
 @needs_gpu_compiler
 @pytest.mark.parametrize("name", ["concat_read_by_weight_gradient", "concat_not_tiled_by_gemm"])
 def test_cloned_gemm_concats_matches_xla(name):
+    """H100 exactly; on A100 the model holds one f32[8192, 128] fewer at the peak, by a
+    difference (not the concatenation) the rule does not model."""
     pred, ref, _ = predicted_and_xla(name, H100)
     assert pred.temp_bytes == ref.temp_bytes
     pred, ref, _ = predicted_and_xla(name, A100)
@@ -116,6 +134,7 @@ def test_early_scatter_zero_spans_skip_added_and_shared_zeros(name):
     assert seen["list"] == [] and seen["dfs"] == []
 
 
+@pytest.mark.slow
 @needs_gpu_compiler
 @pytest.mark.parametrize("device", [H100, A100])
 def test_early_scatter_zero_spans_match_xla(device):

@@ -39,6 +39,7 @@ from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import Analysis, Roles, Span
 from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, gpu_fusion, gpu_plan_fusion,
                                          gpu_plan_output_epilogues, prediction_fusion, stored_in_f32)
+from jaxmem.xla.gpu_model_fusion_concat import concat_copy_scratch
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues
 from jaxmem.xla.gpu_model_fusion_producers import updates_read_inside
 from jaxmem.xla.gpu_model_fusion_softmax import softmax_outputs, widened_softmax_roots
@@ -190,7 +191,7 @@ def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
     for oi, extra in partials.items():
         scratch[oi] = scratch.get(oi, 0) + extra
     for op in g.ops:
-        extra = op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
+        extra = op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device) + concat_copy_scratch(g, op, device)
         if extra:
             scratch[op.index] = scratch.get(op.index, 0) + extra
     return scratch, pieces

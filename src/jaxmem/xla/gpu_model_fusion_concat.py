@@ -11,6 +11,7 @@ from typing import Any
 
 from jaxmem.compiler.program import Program
 from jaxmem.xla.gpu_model_ops import FusionContext, dot_kind, float_bytes
+from jaxmem.xla.gpu_splitk import pads_contraction
 
 # triton_tiling_propagation.cc, GetPropagatedDimOrders: kMinConcatFragmentSize, the tile size
 # each concatenated operand's extent along the concatenated dimension must be a multiple of.
@@ -41,7 +42,7 @@ def cloned_gemm_concats(ctx: FusionContext, fused: list[bool]) -> dict[int, bool
         v = op.outputs[0]
         if fused[v] or ctx.roles.outputs[v] or ctx.roles.external[v] or not g.users[v]:
             continue
-        if not any(concat_supported_by_gemm(g, op, g.ops[c]) for c in g.users[v]):
+        if not cloned(g, op, ctx.device):
             continue
         changes[v] = True
         for u in op.inputs:
@@ -50,14 +51,42 @@ def cloned_gemm_concats(ctx: FusionContext, fused: list[bool]) -> dict[int, bool
     return changes
 
 
-def concat_supported_by_gemm(g: Program, concat: Any, dot: Any) -> bool:
+def cloned(g: Program, concat: Any, device: str | None) -> bool:
+    """Whether a GEMM reading `concat` computes it inside (`concat_supported_by_gemm`)."""
+    v = concat.outputs[0]
+    return any(concat_supported_by_gemm(g, concat, g.ops[c], device) for c in g.users[v])
+
+
+def concat_copy_scratch(g: Program, op: Any, device: str) -> int:
+    """The bytes of the concatenation a reader of a cloned concatenate (`cloned_gemm_concats`)
+    reads stored: one that does not take it inside (a forward GEMM contracting over the
+    concatenated dimension) reads an `input_concatenate_fusion` XLA's scheduler runs right
+    before it, live while it runs (`tests/gpu/fusion_programs.py:concat_read_by_weight_gradient`)."""
+    extra = 0
+    for u in dict.fromkeys(x for x in op.inputs if isinstance(x, int)):
+        made = g.producer[u]
+        if made < 0 or g.ops[made].primitive != "concatenate" or len(g.ops[made].outputs) != 1:
+            continue
+        concat = g.ops[made]
+        if op.primitive == "dot_general" and concat_supported_by_gemm(g, concat, op, device):
+            continue
+        if op.primitive == "dot_general" and cloned(g, concat, device):
+            extra += g.nbytes[u]
+    return extra
+
+
+def concat_supported_by_gemm(g: Program, concat: Any, dot: Any, device: str | None) -> bool:
     """Whether GEMM fusion takes `concat` into `dot`'s operand fusion
     (triton_tiling_propagation.cc, GetPropagatedDimOrders for kConcatenate): the dot is a GEMM
     of a floating type Triton computes (not float64); the concatenated dimension is that
     operand's only non-contracting, non-batch dimension of more than one element ("Unsupported
     concatenation", "Concatenations on split non-contracting dimensions are unsupported");
     every piece's extent along it is a multiple of `MIN_CONCAT_FRAGMENT` ("At least one operand
-    of concatenation can not be perfectly tiled")."""
+    of concatenation can not be perfectly tiled"). On `device`, a GEMM whose contraction the
+    split-K rewriter pads (xla/service/gpu/transforms/split_k_gemm_rewriter.cc,
+    PadDotOperandsIfNeededForSplitK; `gpu_splitk.pads_contraction`) reads a stored, padded
+    copy of the concatenation instead (a `loop_pad_fusion` of the `input_concatenate_fusion`;
+    `tests/gpu/fusion_programs.py:concat_read_by_padded_split_gemm`)."""
     v = concat.outputs[0]
     if dot.primitive != "dot_general" or dot_kind(dot, g) != "gemm" or dot.operands.count(v) != 1:
         return False
@@ -72,5 +101,7 @@ def concat_supported_by_gemm(g: Program, concat: Any, dot: Any) -> bool:
     free = [d for d in range(len(shape)) if d not in taken and shape[d] > 1]
     dim = concat.params["dimension"]
     if free != [dim]:
+        return False
+    if device and pads_contraction(g, dot, device):
         return False
     return all(isinstance(u, int) and g.shapes[u][dim] % MIN_CONCAT_FRAGMENT == 0 for u in concat.operands)

@@ -192,13 +192,15 @@ def early_scatter_zero_spans(case: HeapCase) -> list[Span]:
     frees the most bytes net of what it defines: a broadcast that defines less than the
     forward pass's convolutions runs before them, and its buffer is held until the scatter
     (the dump of `tests/gpu/fusion_programs.py:max_pool_gradient_not_added`: the zeros'
-    `loop_broadcast_fusion` first in the schedule). Where the gradient is added to another
-    (a skip connection's), the algebraic simplifier's scatter fold
+    `loop_broadcast_fusion` first in the schedule). XLA's DFS order visits the broadcast as
+    the scatter's operand, right before it, so only the list order holds it early.
+
+    No zeros are left where the gradient's only reader adds it to another gradient of its
+    shape (a skip connection's): the algebraic simplifier's scatter fold
     (xla/service/algebraic_simplifier.cc, HandleAdd: `A + scatter(0, i, u)` is
-    `scatter(A, i, u)`) removes the zeros (`max_pool_gradient`; unet's dump: the scatter's
-    operand is the other gradient's `wrapped_slice`), and XLA's DFS order computes the
-    broadcast right before the scatter, so only the list order holds it. Zeros shared with a
-    relu are `shared_zero_spans`'.
+    `scatter(A, i, u)`) makes that gradient the scatter's operand
+    (`tests/gpu/fusion_programs.py:max_pool_gradient_added`, unet's dump: the scatter reads a
+    `wrapped_slice`). Zeros shared with a relu are `shared_zero_spans`'.
 
     **Returns:** (start, end, size) spans over positions of `order`.
     """

@@ -604,3 +604,100 @@ def splitk_padded_contraction():
 def splitk_padded_contraction_bf16():
     """`splitk_padded_contraction` in bfloat16: the step is 8 elements a chunk (1024 on both)."""
     return (lambda a, b: a @ b.T), (jnp.ones((128, 1000), jnp.bfloat16), jnp.ones((1000, 1000), jnp.bfloat16))
+
+
+def _concat_edge_mlp(width, edges=8192):
+    """An edge MLP on `concat([e, h[s], tanh(e)])` (pieces `width` wide, `edges` rows), trained
+    one SGD step: the forward GEMM contracts over the concatenated dimension, the weight
+    gradient's GEMM reads the concatenation along its non-contracting one."""
+    nodes = 2048
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    w1 = jax.random.normal(k[0], (3 * width, 128))
+    w2 = jax.random.normal(k[1], (128, 128))
+    h = jax.random.normal(k[2], (nodes, width))
+    e = jax.random.normal(k[3], (edges, width))
+    s = jnp.arange(edges, dtype=jnp.int32) % nodes
+
+    def loss(p, h, e, s):
+        w1, w2 = p
+        x = jnp.concatenate([e, h[s], jnp.tanh(e)], -1)
+        y = jax.nn.silu(x @ w1)
+        z = jax.nn.silu(y @ w2)
+        return jnp.sum(jax.nn.silu(z @ w2) * e[:, :1])
+
+    def step(p, h, e, s):
+        g = jax.grad(loss)(p, h, e, s)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((w1, w2), h, e, s)
+
+
+def concat_read_by_weight_gradient():
+    """`_concat_edge_mlp` with 128-wide pieces: XLA's GEMM fusion computes the concatenation
+    inside the weight gradient's GEMM (one `gemm_fusion_dot` holds the concatenate, reading
+    `e`, the gathered rows and the stored tanh), so the f32[8192, 384] concatenation is not
+    held from the forward pass to the backward; the forward GEMM reads an
+    `input_concatenate_fusion` made right before it."""
+    return _concat_edge_mlp(128)
+
+
+def concat_not_tiled_by_gemm():
+    """`_concat_edge_mlp` with 96-wide pieces (not a multiple of 64): no GEMM fusion takes the
+    concatenation, which is stored and held until the weight gradient."""
+    return _concat_edge_mlp(96)
+
+
+def concat_read_by_padded_split_gemm():
+    """`_concat_edge_mlp` over 20000 rows: the split-K rewriter splits the weight gradient's
+    contraction and pads it (20000 is no multiple of the split's step), and the GEMM reads a
+    stored, padded copy of the concatenation (`loop_pad_fusion` of the
+    `input_concatenate_fusion`), not the pieces."""
+    return _concat_edge_mlp(128, 20000)
+
+
+def max_pool_gradient_not_added():
+    """Three conv / tanh / max-pool layers and a linear head, one SGD step. Each pool
+    gradient is a scatter into zeros that nothing adds to: XLA's list scheduler runs the three
+    zero broadcasts (`loop_broadcast_fusion`, no operands) first, before the forward
+    convolutions, and keeps that order."""
+    channels = [3, 32, 64, 128]
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    ws = [jax.random.normal(k, (3, 3, a, b)) * 0.1 for k, a, b in zip(ks, channels[:-1], channels[1:])]
+    head = jax.random.normal(ks[3], (128, 10)) * 0.1
+
+    def loss(p, x):
+        ws, head = p
+        for w in ws:
+            x = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            x = jax.lax.reduce_window(jnp.tanh(x), -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.sum((x.mean(axis=(1, 2)) @ head) ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((ws, head), jnp.ones((64, 32, 32, 3), jnp.float32))
+
+
+def max_pool_gradient_added():
+    """A max pool whose input is also a skip connection (a U-Net's): the pooled activation's
+    gradient is the pool gradient plus the skip's, which the backward convolution computes, and
+    XLA's algebraic simplifier makes that gradient the scatter's operand (`scatter(A, i, u)`:
+    the dump's `input_scatter_fusion` reads a `wrapped_slice`), so no zero broadcast is left."""
+    ks = jax.random.split(jax.random.PRNGKey(0), 3)
+    w1 = jax.random.normal(ks[0], (3, 3, 3, 32)) * 0.1
+    w2 = jax.random.normal(ks[1], (3, 3, 32, 64)) * 0.1
+    w3 = jax.random.normal(ks[2], (3, 3, 96, 8)) * 0.1
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def loss(p, x):
+        w1, w2, w3 = p
+        h = jnp.tanh(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims))
+        d = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        d = jnp.tanh(jax.lax.conv_general_dilated(d, w2, (1, 1), "SAME", dimension_numbers=dims))
+        up = jnp.repeat(jnp.repeat(d, 2, axis=1), 2, axis=2)
+        u = jax.lax.conv_general_dilated(jnp.concatenate([up, h], -1), w3, (1, 1), "SAME", dimension_numbers=dims)
+        return jnp.sum(u ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((w1, w2, w3), jnp.ones((64, 32, 32, 3), jnp.float32))

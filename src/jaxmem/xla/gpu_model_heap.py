@@ -41,8 +41,8 @@ GEMM_PARAMETERS_PER_OPERAND = 4
 class HeapCase:
     """One schedule as the heap adjustments read it: the program, the (merged) order, its
     liveness, the roles, the dot merger's groups, the interval ids of outputs in donated
-    arguments' allocations (`aliased`) with the argument each takes (`donated_sources`), and
-    per loop op its body's largest value (`pieces`)."""
+    arguments' allocations (`aliased`) with the argument each takes (`donated_sources`),
+    per loop op its body's largest value (`pieces`), and the scheduler whose order it is."""
 
     g: Program
     order: list[int]
@@ -52,6 +52,7 @@ class HeapCase:
     aliased: set[int]
     donated_sources: dict[int, int]
     pieces: dict[int, int]
+    scheduler: str = ""
 
 
 Spans = list[Span]
@@ -128,6 +129,29 @@ def _is_zero(u: Any) -> bool:
         return False
 
 
+def _shared_zeros(g: Program, pos: dict[int, int], op: Any) -> tuple[bool, int]:
+    """(whether the zeros of the max-pool gradient `op` are shared with other zeros of its
+    shape, the position of their last reader): a zero broadcast of the pooled operand's shape
+    and dtype, or a relu reading a literal zero of that shape (`shared_zero_spans`)."""
+    operand = op.inputs[-1]
+    shape, dtype = g.shapes[operand], g.dtypes[operand]
+    last, shared = pos[op.index], False
+    for other in g.ops:
+        if other.index not in pos or not other.outputs or other.outputs[0] is None:
+            continue
+        out = other.outputs[0]
+        if g.shapes[out] != shape:
+            continue
+        zeros = [u for u in other.operands if _is_zero(u)]
+        if other.primitive == "broadcast_in_dim" and zeros and g.dtypes[out] == dtype:
+            shared = True
+            last = max([last] + [pos[c] for c in g.users[out] if c in pos])
+        elif zeros and other.primitive in GPU_RELU_ZERO_READERS:
+            shared = True
+            last = max(last, pos[other.index])
+    return shared, last
+
+
 def shared_zero_spans(case: HeapCase) -> list[Span]:
     """Buffers XLA:GPU adds when a max-pool gradient's zeros are also a relu's zeros.
 
@@ -139,7 +163,7 @@ def shared_zero_spans(case: HeapCase) -> list[Span]:
     operands, which its scheduler runs first (the dump of
     `tests/gpu/fusion_programs.py:relu_max_pool_gradient`). So both are live from the start of
     the program: the copy until the scatter takes it over, the zeros until their last reader.
-    A lone max-pool gradient (no other zeros of its shape) stores neither.
+    A lone max-pool gradient (no other zeros of its shape): `early_scatter_zero_spans`.
 
     **Returns:** (start, end, size) spans over positions of `order`.
     """
@@ -149,24 +173,9 @@ def shared_zero_spans(case: HeapCase) -> list[Span]:
     for op in g.ops:
         if op.primitive != "select_and_scatter_add" or len(op.inputs) < 2 or op.index not in pos:
             continue
-        operand = op.inputs[-1]
-        shape, dtype = g.shapes[operand], g.dtypes[operand]
-        last, shared = pos[op.index], False
-        for other in g.ops:
-            if other.index not in pos or not other.outputs or other.outputs[0] is None:
-                continue
-            out = other.outputs[0]
-            if g.shapes[out] != shape:
-                continue
-            zeros = [u for u in other.operands if _is_zero(u)]
-            if other.primitive == "broadcast_in_dim" and zeros and g.dtypes[out] == dtype:
-                shared = True
-                last = max([last] + [pos[c] for c in g.users[out] if c in pos])
-            elif zeros and other.primitive in GPU_RELU_ZERO_READERS:
-                shared = True
-                last = max(last, pos[other.index])
+        shared, last = _shared_zeros(g, pos, op)
         if shared:
-            size = align(g.nbytes[operand])
+            size = align(g.nbytes[op.inputs[-1]])
             spans.append((0, pos[op.index] - 1, size))   # the copy, the scatter's in-place buffer
             spans.append((0, last, size))                # the shared zeros
     return spans
@@ -217,6 +226,58 @@ def stacked_outputs_from_start(case: HeapCase, intervals: list[Any]) -> list[Any
     if not starts:
         return intervals
     return [replace(iv, start=0) if iv.id in starts and iv.kind == "output" else iv for iv in intervals]
+
+
+def early_scatter_zero_spans(case: HeapCase) -> list[Span]:
+    """A lone max-pool gradient's zeros, live from the start of the program in the list
+    scheduler's order.
+
+    XLA's SelectAndScatterExpander (xla/service/select_and_scatter_expander.cc) rewrites the
+    gradient into a reduce-window and a scatter that adds, in place, into a zero broadcast of
+    the pooled operand's shape; that broadcast is a loop fusion with no operands. XLA's list
+    scheduler (xla/service/hlo_memory_scheduler.cc, ListScheduler::CreateSchedule) puts every
+    instruction with no operands in its ready list at the start and runs the ready one that
+    frees the most bytes net of what it defines: a broadcast that defines less than the
+    forward pass's convolutions runs before them, and its buffer is held until the scatter
+    (the dump of `tests/gpu/fusion_programs.py:max_pool_gradient_not_added`: the zeros'
+    `loop_broadcast_fusion` first in the schedule). XLA's DFS order visits the broadcast as
+    the scatter's operand, right before it, so only the list order holds it early.
+
+    No zeros are left where the gradient's only reader adds it to another gradient of its
+    shape (a skip connection's): the algebraic simplifier's scatter fold
+    (xla/service/algebraic_simplifier.cc, HandleAdd: `A + scatter(0, i, u)` is
+    `scatter(A, i, u)`) makes that gradient the scatter's operand
+    (`tests/gpu/fusion_programs.py:max_pool_gradient_added`, unet's dump: the scatter reads a
+    `wrapped_slice`). Zeros shared with a relu are `shared_zero_spans`'.
+
+    **Returns:** (start, end, size) spans over positions of `order`.
+    """
+    if case.scheduler != "list":
+        return []
+    g = case.g
+    pos = {oi: p for p, oi in enumerate(case.order)}
+    spans = []
+    for op in g.ops:
+        if op.primitive != "select_and_scatter_add" or len(op.inputs) < 2 or op.index not in pos:
+            continue
+        if _added_to_another(g, op) or _shared_zeros(g, pos, op)[0] or pos[op.index] == 0:
+            continue
+        spans.append((0, pos[op.index] - 1, align(g.nbytes[op.inputs[-1]])))
+    return spans
+
+
+def _added_to_another(g: Program, op: Any) -> bool:
+    """Whether the scatter's result is read only by an add of another value of its shape and
+    dtype, which the algebraic simplifier folds into the scatter's operand."""
+    v = op.outputs[0] if op.outputs else None
+    if v is None or len(g.users[v]) != 1:
+        return False
+    add = g.ops[g.users[v][0]]
+    if add.primitive not in ("add", "add_any") or add.operands.count(v) != 1:
+        return False
+    other = [u for u in add.operands if u != v]
+    return (len(other) == 1 and isinstance(other[0], int) and g.shapes[other[0]] == g.shapes[v]
+            and g.dtypes[other[0]] == g.dtypes[v])
 
 
 def scan_output_spans(case: HeapCase) -> list[Span]:
@@ -407,6 +468,7 @@ INTERVAL_ADJUSTMENTS: list[Callable[[HeapCase, list[Any]], list[Any]]] = [
 # Spans added to the heap after reuse, in this order.
 SPAN_ADJUSTMENTS: list[Callable[[HeapCase], Spans]] = [
     shared_zero_spans,
+    early_scatter_zero_spans,
     concatenated_operand_spans,
     scan_output_spans,
     donated_output_prefix_spans,
@@ -441,7 +503,7 @@ def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
         sources = {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
                    if live.group[g.outvars[j]] >= 0}
-        heap = case_heap(HeapCase(g, order, live, analysis.roles, groups, aliased, sources, pieces))
+        heap = case_heap(HeapCase(g, order, live, analysis.roles, groups, aliased, sources, pieces, name))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])

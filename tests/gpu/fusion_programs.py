@@ -606,54 +606,6 @@ def splitk_padded_contraction_bf16():
     return (lambda a, b: a @ b.T), (jnp.ones((128, 1000), jnp.bfloat16), jnp.ones((1000, 1000), jnp.bfloat16))
 
 
-def _concat_edge_mlp(width, edges=8192):
-    """An edge MLP on `concat([e, h[s], tanh(e)])` (pieces `width` wide, `edges` rows), trained
-    one SGD step: the forward GEMM contracts over the concatenated dimension, the weight
-    gradient's GEMM reads the concatenation along its non-contracting one."""
-    nodes = 2048
-    k = jax.random.split(jax.random.PRNGKey(0), 4)
-    w1 = jax.random.normal(k[0], (3 * width, 128))
-    w2 = jax.random.normal(k[1], (128, 128))
-    h = jax.random.normal(k[2], (nodes, width))
-    e = jax.random.normal(k[3], (edges, width))
-    s = jnp.arange(edges, dtype=jnp.int32) % nodes
-
-    def loss(p, h, e, s):
-        w1, w2 = p
-        x = jnp.concatenate([e, h[s], jnp.tanh(e)], -1)
-        y = jax.nn.silu(x @ w1)
-        z = jax.nn.silu(y @ w2)
-        return jnp.sum(jax.nn.silu(z @ w2) * e[:, :1])
-
-    def step(p, h, e, s):
-        g = jax.grad(loss)(p, h, e, s)
-        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
-    return step, ((w1, w2), h, e, s)
-
-
-def concat_read_by_weight_gradient():
-    """`_concat_edge_mlp` with 128-wide pieces: XLA's GEMM fusion computes the concatenation
-    inside the weight gradient's GEMM (one `gemm_fusion_dot` holds the concatenate, reading
-    `e`, the gathered rows and the stored tanh), so the f32[8192, 384] concatenation is not
-    held from the forward pass to the backward; the forward GEMM reads an
-    `input_concatenate_fusion` made right before it."""
-    return _concat_edge_mlp(128)
-
-
-def concat_not_tiled_by_gemm():
-    """`_concat_edge_mlp` with 96-wide pieces (not a multiple of 64): no GEMM fusion takes the
-    concatenation, which is stored and held until the weight gradient."""
-    return _concat_edge_mlp(96)
-
-
-def concat_read_by_padded_split_gemm():
-    """`_concat_edge_mlp` over 20000 rows: the split-K rewriter splits the weight gradient's
-    contraction and pads it (20000 is no multiple of the split's step), and the GEMM reads a
-    stored, padded copy of the concatenation (`loop_pad_fusion` of the
-    `input_concatenate_fusion`), not the pieces."""
-    return _concat_edge_mlp(128, 20000)
-
-
 def max_pool_gradient_not_added():
     """Three conv / tanh / max-pool layers and a linear head, one SGD step. Each pool
     gradient is a scatter into zeros that nothing adds to: XLA's list scheduler runs the three

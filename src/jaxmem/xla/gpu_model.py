@@ -5,8 +5,8 @@ that states XLA's rules on jaxmem's program representation (`compiler.program`, 
 front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and liveness:
 
 - fusion (`gpu_model_fusion`): which values are never stored, a list of named rules
-  (`FUSION_RULES`, `PRODUCER_RULES`; softmax, GEMM, concatenate and cost-model rules in
-  `gpu_model_fusion_softmax`, `_gemm`, `_concat`, `_cost`, `_producers`); then the split-K rewrite
+  (`FUSION_RULES`, `PRODUCER_RULES`; softmax, GEMM and cost-model rules in
+  `gpu_model_fusion_softmax`, `_gemm`, `_cost`, `_producers`); then the split-K rewrite
   (`gpu_splitk`) and bfloat16 stored as float32 where the device computes it so;
 - scratch (`gpu_model_scratch`): cuBLAS workspaces, loop bodies modelled as programs;
 - scheduling (`gpu_model_schedule`): the orders XLA's memory scheduler tries, merged dots;
@@ -39,7 +39,6 @@ from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import Analysis, Roles, Span
 from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, gpu_fusion, gpu_plan_fusion,
                                          gpu_plan_output_epilogues, prediction_fusion, stored_in_f32)
-from jaxmem.xla.gpu_model_fusion_concat import concat_copy_scratch
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues
 from jaxmem.xla.gpu_model_fusion_producers import updates_read_inside
 from jaxmem.xla.gpu_model_fusion_softmax import softmax_outputs, widened_softmax_roots
@@ -191,8 +190,7 @@ def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
     for oi, extra in partials.items():
         scratch[oi] = scratch.get(oi, 0) + extra
     for op in g.ops:
-        extra = (op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
-                 + concat_copy_scratch(g, op, device))
+        extra = op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
         if extra:
             scratch[op.index] = scratch.get(op.index, 0) + extra
     return scratch, pieces

@@ -625,3 +625,14 @@ def transposed_conv_of_activation():
         h = jnp.where(x > 0, x, 0.01 * x)
         return jax.lax.conv_transpose(h, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
     return _conv_loss(conv), (jnp.full((4, 4, 64, 32), 0.1), jnp.ones((32, 16, 16, 64)))
+
+
+def splitk_film_broadcast():
+    """A FiLM modulation from a split-K Dense: `h * (1 + scale) + shift`, the Dense's halves
+    broadcast over the feature map and the result read twice (a swish). The split's reduce is a
+    kernel of its own; the modulated map is computed inside its readers, never stored."""
+    def fn(h, t, w):
+        scale, shift = jnp.split(t @ w, 2, -1)
+        y = h * (1 + scale[:, None, None]) + shift[:, None, None]
+        return jnp.sum(y * jax.nn.sigmoid(y))
+    return fn, (jnp.ones((32, 32, 32, 32)), jnp.ones((32, 4096)), jnp.full((4096, 64), 0.01))

@@ -653,3 +653,50 @@ def max_pool_gradient_added():
         g = jax.grad(loss)(p, x)
         return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
     return step, ((w1, w2, w3), jnp.ones((64, 32, 32, 3), jnp.float32))
+
+
+# --- convolutions: cuDNN's operands (gpu_model_conv)
+
+def _conv_loss(conv):
+    """A weight step and the input's gradient through `conv(x, w)`."""
+    def fn(w, x):
+        gw, gx = jax.grad(lambda w, x: jnp.sum(jnp.tanh(conv(x, w))), argnums=(0, 1))(w, x)
+        return w - 0.1 * gw, gx
+    return fn
+
+
+def strided_conv_grad():
+    """A 4x4 stride-2 SAME convolution's gradients: forward, backward-filter and backward-input
+    cuDNN calls, symmetric padding, nothing stored besides its values (NHWC on H100; NCHW on
+    A100, where the input is copied to NCHW and the input's gradient copied back)."""
+    conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), "SAME",
+                                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return _conv_loss(conv), (jnp.full((4, 4, 32, 64), 0.1), jnp.ones((32, 64, 64, 32)))
+
+
+def transposed_conv_grad():
+    """A 4x4 stride-2 transposed convolution's gradients: its base dilation becomes an explicit
+    pad of the input (f32[32,35,35,64]); its weight gradient has its operands swapped (the
+    kernel is larger than the input), both transposed for cuDNN."""
+    conv = lambda x, w: jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return _conv_loss(conv), (jnp.full((4, 4, 64, 32), 0.1), jnp.ones((32, 16, 16, 64)))
+
+
+def transposed_conv_of_activation():
+    """The transposed convolution of a leaky relu: the activation is never stored, the pad and
+    the weight gradient's transpose each compute it from the input."""
+    def conv(x, w):
+        h = jnp.where(x > 0, x, 0.01 * x)
+        return jax.lax.conv_transpose(h, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return _conv_loss(conv), (jnp.full((4, 4, 64, 32), 0.1), jnp.ones((32, 16, 16, 64)))
+
+
+def splitk_film_broadcast():
+    """A FiLM modulation from a split-K Dense: `h * (1 + scale) + shift`, the Dense's halves
+    broadcast over the feature map and the result read twice (a swish). The split's reduce is a
+    kernel of its own; the modulated map is computed inside its readers, never stored."""
+    def fn(h, t, w):
+        scale, shift = jnp.split(t @ w, 2, -1)
+        y = h * (1 + scale[:, None, None]) + shift[:, None, None]
+        return jnp.sum(y * jax.nn.sigmoid(y))
+    return fn, (jnp.ones((32, 32, 32, 32)), jnp.ones((32, 4096)), jnp.full((4096, 64), 0.01))

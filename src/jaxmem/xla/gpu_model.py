@@ -37,6 +37,7 @@ from jaxmem.compiler.fusion import forced_fusion, fusion_of
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import Analysis, Roles, Span
+from jaxmem.xla.gpu_model_conv import conv_operand_scratch, conv_plan
 from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, gpu_fusion, gpu_plan_fusion,
                                          gpu_plan_output_epilogues, prediction_fusion, stored_in_f32)
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues
@@ -181,7 +182,8 @@ def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
 def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
              store_reread_producers: bool) -> tuple[dict[int, int], dict[int, int]]:
     """(per-op scratch, per-loop largest body value) of `g`: loop bodies modelled as programs,
-    the split GEMMs' partials kept beside their results, each op's own temporaries."""
+    the split GEMMs' partials kept beside their results, each op's own temporaries (a
+    convolution's: `gpu_model_conv`)."""
     def body_heap(b: Program, roles: Roles) -> list[Span]:
         return _temp_heap(b, {}, workspace, device, roles, store_reread_producers)[0]
 
@@ -189,8 +191,10 @@ def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
     scratch, pieces = loop_scratch(g, body_heap, place, nested_fusion)
     for oi, extra in partials.items():
         scratch[oi] = scratch.get(oi, 0) + extra
+    convs = conv_plan(g, device)
     for op in g.ops:
-        extra = op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
+        extra = (op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
+                 + conv_operand_scratch(g, op, convs))
         if extra:
             scratch[op.index] = scratch.get(op.index, 0) + extra
     return scratch, pieces

@@ -46,7 +46,7 @@ from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import DOT_LIKE, GPU_HLO_REDUCE, GPU_SPLITK_ABSORBING
 from jaxmem.xla.gpu_cost import device_numbers
-from jaxmem.xla.gpu_model_ops import ELEMENTWISE, TRITON_ROW_FUSION, merged_dots
+from jaxmem.xla.gpu_model_ops import ELEMENTWISE, TRITON_ROW_FUSION, elements, merged_dots
 
 # The candidate factors (ChooseSplitK).
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -294,6 +294,8 @@ def _stored_readers(g: Program, v: int, fused: list[bool]) -> None:
         op = g.ops[ci]
         if op.primitive == "dynamic_update_slice" and op.operands[0] != read:
             continue
+        if _broadcast_downstream(g, op, read):
+            continue
         for w in op.outputs:
             if w is None or not fused[w]:
                 continue
@@ -301,6 +303,19 @@ def _stored_readers(g: Program, v: int, fused: list[bool]) -> None:
                 fused[w] = False
             else:
                 todo.extend((c, w) for c in g.users[w])
+
+
+def _broadcast_downstream(g: Program, op: Any, read: int) -> bool:
+    """Whether `op` broadcasts the value it reads from the split result (`read`) to more
+    elements (a broadcast, or an elementwise op whose operand has size-1 dimensions the result
+    does not): the walk of `_stored_readers` stops there. Priority fusion's cost model
+    (priority_fusion.cc, GpuPerformanceModel::EstimateRunTimes) does not fuse the split's reduce
+    into a fusion that would read each partial once per broadcast element; the reduce stays a
+    kernel of its own writing the small result, and the values computed downstream of the
+    broadcast keep the fusion they had (a FiLM shift `h * (1 + scale) + shift[:, None, None]`
+    from a split Dense is computed inside its readers, not stored)."""
+    return ((op.primitive == "broadcast_in_dim" or op.primitive in ELEMENTWISE) and bool(op.outputs)
+            and op.outputs[0] is not None and elements(g.shapes[op.outputs[0]]) > elements(g.shapes[read]))
 
 
 def with_splitk_partials(g: Program, fused: Sequence[bool],

@@ -1,0 +1,81 @@
+"""The XLA:GPU model's convolution passes (`gpu_model_conv`): which cuDNN call each jaxpr
+convolution becomes (conv_rewriter.cc), whose operands are swapped (conv_operand_swapper.cc),
+which inputs are padded (conv_padding_legalization.cc) or copied to cuDNN's layout
+(layout_assignment.cc), checked on the small programs of `fusion_programs.py` and against
+XLA:GPU's deviceless compile."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from jaxmem.compiler import planner
+from jaxmem.compiler.fusion import forced_fusion
+from jaxmem.xla import gpu_model_conv as gc
+from jaxmem.xla import gpu_model_fusion as gf
+
+from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
+
+H100, A100 = "h100-80gb", "a100-40gb"
+
+
+def _program(name):
+    _, factory = load_fusion_program(name)
+    fn, args = factory()
+    return planner.inlined(jax.make_jaxpr(fn)(*args))
+
+
+def _calls(g, device=H100):
+    """Per jaxpr convolution: (cuDNN kind, operands swapped, padded elements, stored copies' bytes)."""
+    plan = gc.conv_plan(g, device)
+    out = []
+    for op in g.ops:
+        if op.primitive == "conv_general_dilated":
+            c = gc.conv_of(g, op)
+            s = gc.swapped(c)
+            kind, _, padded = gc.cudnn_roles(s)
+            out.append((kind, s is not c, padded, gc.conv_operand_scratch(g, op, plan)))
+    return out
+
+
+def test_a_strided_convolution_gradient_is_three_cudnn_calls_with_nothing_stored_on_h100():
+    assert _calls(_program("strided_conv_grad")) == [("forward", False, 0, 0), ("backward_filter", False, 0, 0),
+                                                     ("backward_input", False, 0, 0)]
+
+
+def test_nchw_on_a100_copies_the_input_and_the_returned_gradient():
+    calls = _calls(_program("strided_conv_grad"), A100)
+    x_bytes = 32 * 64 * 64 * 32 * 4
+    assert calls[0][3] == x_bytes and calls[2][3] == x_bytes
+
+
+def test_a_transposed_convolution_pads_its_input_and_swaps_its_weight_gradient():
+    (fwd, wgrad, xgrad) = _calls(_program("transposed_conv_grad"))
+    assert fwd[:3] == ("forward", False, 32 * 35 * 35 * 64)          # (16 - 1) * 2 + 1 + 2 + 2
+    assert wgrad[:2] == ("forward", True)                             # kernel 32x32 > input 16x16
+    assert wgrad[3] == 32 * 32 * 32 * 32 * 4 + 32 * 16 * 16 * 64 * 4  # both operands transposed
+    assert xgrad == ("forward", False, 0, 0)                          # a strided convolution
+
+
+def test_conv_operands_materialized_fuses_the_activation_into_the_pad_and_transpose():
+    g = _program("transposed_conv_of_activation")
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
+    fused = forced_fusion(g, roles)
+    ctx = gf.fusion_context(g, roles, device=H100, store_shared_casts=True, output_epilogues=True,
+                            store_reread_producers=False, fused=fused)
+    act = next(op.outputs[0] for op in ctx.g.ops if op.primitive == "select_n")
+    assert gc.conv_operands_materialized(ctx, [False] * ctx.g.num_values) == {act: True}
+    assert gc.conv_operands_materialized(gf.fusion_context(g, roles, device=None, store_shared_casts=True,
+                                                           output_epilogues=True, store_reread_producers=False,
+                                                           fused=fused), [False] * ctx.g.num_values) == {}
+    assert gc.conv_operands_materialized in gf.FUSION_RULES
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("name,device,tolerance", [
+    ("strided_conv_grad", H100, 0.01), ("strided_conv_grad", A100, 0.01),
+    ("transposed_conv_grad", H100, 0.01), ("transposed_conv_of_activation", H100, 0.01),
+    ("transposed_conv_of_activation", A100, 0.05)])
+def test_convolution_programs_against_xla(name, device, tolerance):
+    pred, ref, _ = predicted_and_xla(name, device)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) <= tolerance

@@ -8,7 +8,8 @@ front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and live
   (`FUSION_RULES`, `PRODUCER_RULES`; softmax, GEMM and cost-model rules in
   `gpu_model_fusion_softmax`, `_gemm`, `_cost`, `_producers`); then the split-K rewrite
   (`gpu_splitk`) and bfloat16 stored as float32 where the device computes it so;
-- scratch (`gpu_model_scratch`): cuBLAS workspaces, loop bodies modelled as programs;
+- scratch (`gpu_model_scratch`): cuBLAS workspaces, loop bodies modelled as programs; the
+  copies cuDNN's convolutions read (`gpu_model_conv`);
 - scheduling (`gpu_model_schedule`): the orders XLA's memory scheduler tries, merged dots;
 - heap (`gpu_model_heap`): liveness to XLA's heap, with named adjustments, placed as XLA's heap
   simulator places it (`gpu_heap`); the least of the orders is the temp figure.

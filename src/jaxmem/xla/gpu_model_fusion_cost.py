@@ -37,9 +37,11 @@ def count_reread(g: Program, u: int, reads: dict[int, int], rereads: dict[Any, t
 
 def constant_rereads(op: Any, size: int, rereads: dict[Any, tuple[int, int]]) -> None:
     """An elementwise op's constant operands: during priority fusion a constant is an operand
-    of the fusion, broadcast inside it (in clip_contrastive's H100 dump gelu's fusion lists its
-    scalar constants with `n_bytes_total` the fusion's elements times 4 and `n_bytes_net` 4),
-    so each is read once per element, from cache (`Device.reread_ns`)."""
+    of the fusion, broadcast inside it, and the cost analysis counts it read once per element
+    (gpu_performance_model.cc, EstimateRunTimeForInstruction; the VLOG of
+    `tests/gpu/fusion_programs.py:gelu_step_wide` on H100 lists each scalar constant of the
+    gelu fusions with `n_bytes_total` the fusion's elements times 4, `n_bytes_net` 4): read
+    again from cache (`Device.reread_ns`)."""
     for k, c in enumerate(op.operands):
         if not isinstance(c, Const):
             continue

@@ -9,7 +9,9 @@ EstimateRunTimesForPriorityFusion):
     fused   = launch * n       + sum_i t(producer fused into consumer_i)
     t(kernel) = compute + memory - 0.95 * min(compute, memory)
 
-with a launch overhead of 1 us, memory time = bytes / the device's bandwidth, compute time =
+with a launch overhead of 1 us, memory time = bytes / the device's bandwidth (an operand a kernel
+reads in several places, or a constant it broadcasts, read again at the L2 or L1 cache's
+bandwidth where it fits: `Device.reread_ns`), compute time =
 flops / (cores * FPUs per core * clock * 2), and an elementwise op's flops per element read from
 XLA's measured per-device profile (hlo_op_profiles_data.h: clock cycles per op and type, per
 compute capability; 3 for an op the profile lacks). Duplicating a transcendental chain costs
@@ -23,8 +25,9 @@ duplicated on both. The device's numbers come from XLA's target description (`ta
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from jaxmem.compiler.rules import GPU_NOT_DUPLICATED, GPU_UPCAST_HLO_OPS, rule
 
@@ -67,6 +70,9 @@ DEFAULT_PROFILE = "sm_86"        # gpu_hlo_cost_analysis.cc: FlopsPerElement's f
 DEFAULT_FLOPS_PER_ELEMENT = 3    # kDefaultFlopsPerElement
 LAUNCH_NS = 1000.0               # GpuPerformanceModelBase::kKernelLaunchOverhead
 MEMORY_COMPUTE_PARALLELISM = 0.95
+L2_CACHE_SPEEDUP = 2.5           # GpuPerformanceModelBase::kL2CacheSpeedup
+L1_CACHE_SPEEDUP = 8.0           # GpuPerformanceModelBase::kL1CacheSpeedup
+L1_CACHE_SIZE_PER_SM = 2 * 1024  # GpuPerformanceModelBase::kL1CacheSizePerSM
 
 # The HLO ops XLA:GPU emits for a jaxpr primitive are the `gpu_hlo_ops` column of
 # `compiler.rules` (logistic is expanded by LogisticExpander: 1 / (1 + exp(-x))). Transcendentals
@@ -87,6 +93,7 @@ class Device:
     fpus_per_core: int
     clock_ghz: float
     bandwidth: float   # bytes per second
+    l2_cache_size: int = 0
 
     def flops_per_ns(self, elements: int) -> float:
         """Effective FLOP rate of a loop kernel over `elements` (CalculateEffectiveFlopsPerNs:
@@ -94,11 +101,26 @@ class Device:
         blocks = max(1, -(-elements // 128))
         return min(blocks, self.cores) * self.fpus_per_core * self.clock_ghz * 2
 
-    def kernel_ns(self, flops: float, elements: int, nbytes: float) -> float:
-        """One kernel's time (CombineComputeAndMemoryAccessTime)."""
+    def kernel_ns(self, flops: float, elements: int, nbytes: float, cached_ns: float = 0.0) -> float:
+        """One kernel's time (CombineComputeAndMemoryAccessTime); `cached_ns`: its re-reads
+        (`reread_ns`)."""
         compute = flops / self.flops_per_ns(elements)
-        memory = nbytes / self.bandwidth * 1e9
+        memory = nbytes / self.bandwidth * 1e9 + cached_ns
         return compute + memory - MEMORY_COMPUTE_PARALLELISM * min(compute, memory)
+
+    def reread_ns(self, net: int, total: int) -> float:
+        """The time of reading an operand of `net` bytes `total` bytes' worth, less its first
+        read (gpu_performance_model_base.cc, ReadTimeWithDRAMHeuristic): the bytes read again
+        come from the L2 cache where the operand is smaller than it, and from L1 where it is
+        smaller than `L1_CACHE_SIZE_PER_SM` a core; from DRAM otherwise."""
+        if total <= net:
+            return 0.0
+        rate = self.bandwidth
+        if net < self.l2_cache_size:
+            rate *= L2_CACHE_SPEEDUP
+            if net < L1_CACHE_SIZE_PER_SM * self.cores:
+                rate *= L1_CACHE_SPEEDUP
+        return (total - net) / rate * 1e9
 
 
 @lru_cache(maxsize=None)
@@ -126,7 +148,7 @@ def device_numbers(device: str) -> Device | None:
     minor = re.search(r"minor:\s*(\d+)", cc.group(1)) if cc else None
     sm = f"sm_{major.group(1) if major else 0}{minor.group(1) if minor else 0}"
     return Device(sm, int(number("core_count")), int(number("fpus_per_core")), number("clock_rate_ghz"),
-                  number("memory_bandwidth"))
+                  number("memory_bandwidth"), int(number("l2_cache_size")))
 
 
 def bf16_arithmetic_native(device: Device) -> bool:
@@ -170,6 +192,13 @@ class Kernel:
     elements: int
     reads: dict[int, int]
     written: int
+    # operands read more than once a kernel, by key (a value, or a constant operand of an op):
+    # (bytes of the operand, bytes read in all); their time is `Device.reread_ns`
+    rereads: dict[Any, tuple[int, int]] = field(default_factory=dict)
+
+    def cached_ns(self, device: Device, leave_out: Any = None) -> float:
+        """The time of this kernel's re-reads (`leave_out`'s left out)."""
+        return sum(device.reread_ns(net, total) for k, (net, total) in self.rereads.items() if k != leave_out)
 
 
 def duplicate_is_faster(device: Device, producer: Kernel, value: int, consumers: list[Kernel]) -> bool:
@@ -178,10 +207,11 @@ def duplicate_is_faster(device: Device, producer: Kernel, value: int, consumers:
     consumer reads the producer's inputs instead of `value`, an input both read counted once."""
     p_bytes = sum(producer.reads.values()) + producer.written
     unfused = LAUNCH_NS * (len(consumers) + 1) + device.kernel_ns(sum(producer.flops.values()), producer.elements,
-                                                                 p_bytes)
+                                                                 p_bytes, producer.cached_ns(device))
     fused = LAUNCH_NS * len(consumers)
     for c in consumers:
-        unfused += device.kernel_ns(sum(c.flops.values()), c.elements, sum(c.reads.values()) + c.written)
+        unfused += device.kernel_ns(sum(c.flops.values()), c.elements, sum(c.reads.values()) + c.written,
+                                    c.cached_ns(device))
         reads = {u: b for u, b in c.reads.items() if u != value}
         reads.update(producer.reads)
         # the producer's utilization by this consumer: a consumer that broadcasts the value
@@ -189,5 +219,18 @@ def duplicate_is_faster(device: Device, producer: Kernel, value: int, consumers:
         times = max(1.0, c.elements / max(1, producer.elements))
         flops = {**c.flops, **{k: f * times for k, f in producer.flops.items()}}
         fused += device.kernel_ns(sum(flops.values()), max(c.elements, producer.elements),
-                                  sum(reads.values()) + c.written)
+                                  sum(reads.values()) + c.written, fused_rereads_ns(device, producer, value, c))
     return fused < unfused
+
+
+def fused_rereads_ns(device: Device, producer: Kernel, value: int, consumer: Kernel) -> float:
+    """The re-reads of `producer` fused into `consumer`: an operand both read is read, in all,
+    the bytes each reads less one read of it (GetSharedOperandBytesAccessed, an elementwise
+    producer's common utilization of 1)."""
+    rereads = {k: r for k, r in consumer.rereads.items() if k != value}
+    for k, (net, total) in producer.rereads.items():
+        if k in rereads:
+            rereads[k] = (net, total + rereads[k][1] - net)
+        else:
+            rereads[k] = (net, total)
+    return sum(device.reread_ns(net, total) for net, total in rereads.values())

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Roles
@@ -22,6 +23,32 @@ from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP
 
 # How far the cost model follows a chain (values); past it the chain is stored.
 WALK_LIMIT = 400
+
+
+def count_reread(g: Program, u: int, reads: dict[int, int], rereads: dict[Any, tuple[int, int]]) -> None:
+    """One more op of a kernel reading the stored value `u`: XLA's cost analysis counts an
+    operand's bytes once per use inside the fusion (GpuHloCostAnalysis's operand utilization,
+    `n_bytes_total` in gpu_performance_model.cc), the uses past the first re-reads."""
+    if u not in reads:
+        return
+    net, total = rereads.get(u, (reads[u], reads[u]))
+    rereads[u] = (net, total + reads[u])
+
+
+def constant_rereads(op: Any, size: int, rereads: dict[Any, tuple[int, int]]) -> None:
+    """An elementwise op's constant operands: during priority fusion a constant is an operand
+    of the fusion, broadcast inside it, and the cost analysis counts it read once per element
+    (gpu_performance_model.cc, EstimateRunTimeForInstruction; the VLOG of
+    `tests/gpu/fusion_programs.py:gelu_step_wide` on H100 lists each scalar constant of the
+    gelu fusions with `n_bytes_total` the fusion's elements times 4, `n_bytes_net` 4): read
+    again from cache (`Device.reread_ns`)."""
+    for k, c in enumerate(op.operands):
+        if not isinstance(c, Const):
+            continue
+        aval = c.aval
+        itemsize = getattr(getattr(aval, "dtype", None), "itemsize", 4)
+        net = max(1, int(getattr(aval, "size", 1) or 1)) * itemsize
+        rereads[(op.index, k)] = (net, size * itemsize)
 
 
 @dataclass
@@ -70,6 +97,7 @@ class _Chain:
         rop = g.ops[root]
         flops: dict[int, float] = {}
         reads: dict[int, int] = {}
+        rereads: dict[Any, tuple[int, int]] = {}
         seen: set[int] = set()
         todo = [root]
         while todo:
@@ -82,8 +110,10 @@ class _Chain:
             if op.primitive in ELEMENTWISE or op.primitive in REDUCTIONS:
                 flops[oi] = flops_per_element(dev, op.primitive, str(g.dtypes[out]) if out is not None else "",
                                               op.params) * size
+                constant_rereads(op, size, rereads)
             for u in op.inputs:
                 if u in seen:
+                    count_reread(g, u, reads, rereads)
                     continue
                 seen.add(u)
                 if len(seen) > WALK_LIMIT:
@@ -97,7 +127,7 @@ class _Chain:
         # a reduction's kernel runs over its input: a value broadcast into it is read (and,
         # fused, computed) once per element of that input
         space = rop.inputs[0] if rop.primitive in REDUCTIONS and rop.inputs else out
-        return Kernel(flops, elements(g.shapes[space]), reads, written)
+        return Kernel(flops, elements(g.shapes[space]), reads, written, rereads)
 
     def producer_kernel(self) -> Kernel | None:
         """`v`'s own kernel, through the values already fused into it; None where a chain XLA
@@ -105,6 +135,7 @@ class _Chain:
         g, dev, roles, fused = self.g, self.dev, self.roles, self.fused
         pflops: dict[int, float] = {}
         preads: dict[int, int] = {}
+        prereads: dict[Any, tuple[int, int]] = {}
         seen, todo = set(), [self.start]
         while todo:
             oi = todo.pop()
@@ -115,8 +146,10 @@ class _Chain:
             if op.primitive in ELEMENTWISE:
                 pflops[oi] = (flops_per_element(dev, op.primitive, str(g.dtypes[out]), op.params)
                               * elements(g.shapes[out]))
+                constant_rereads(op, elements(g.shapes[out]), prereads)
             for u in op.inputs:
                 if u in seen:
+                    count_reread(g, u, preads, prereads)
                     continue
                 seen.add(u)
                 if len(seen) > WALK_LIMIT:
@@ -125,7 +158,7 @@ class _Chain:
                     todo.append(g.producer[u])
                 else:
                     preads[u] = g.nbytes[u]
-        return Kernel(pflops, elements(g.shapes[self.v]), preads, g.nbytes[self.v])
+        return Kernel(pflops, elements(g.shapes[self.v]), preads, g.nbytes[self.v], prereads)
 
     def reader_roots(self) -> list[int] | None:
         """The kernels reading `v`: the first ops, along each path of fused values, whose result
@@ -214,12 +247,13 @@ class _Reread:
                 return False
         return True
 
-    def cone(self, root: int, stop: int) -> tuple[dict[int, float], dict[int, int]]:
+    def cone(self, root: int, stop: int) -> tuple[dict[int, float], dict[int, int], dict[Any, tuple[int, int]]]:
         """FLOPs of the ops computed in the kernel rooted at op `root`, bytes of the stored
-        values it reads (`stop` counted as read)."""
+        values it reads (`stop` counted as read), its re-reads (`Kernel.rereads`)."""
         g = self.g
         flops: dict[int, float] = {}
         reads: dict[int, int] = {}
+        rereads: dict[Any, tuple[int, int]] = {}
         seen, todo = set(), [root]
         while todo and len(seen) <= WALK_LIMIT:
             op = g.ops[todo.pop()]
@@ -227,15 +261,17 @@ class _Reread:
             if out is not None and (op.primitive in ELEMENTWISE or op.primitive in REDUCTIONS):
                 flops[op.index] = flops_per_element(self.dev, op.primitive, str(g.dtypes[out]),
                                                     op.params) * kernel_space(g, op)
+                constant_rereads(op, kernel_space(g, op), rereads)
             for u in op.inputs:
                 if u in seen:
+                    count_reread(g, u, reads, rereads)
                     continue
                 seen.add(u)
                 if u != stop and self.fusible(u, False):
                     todo.append(g.producer[u])
                 else:
                     reads[u] = g.nbytes[u]
-        return flops, reads
+        return flops, reads, rereads
 
     def reader_roots(self, v: int) -> list[int] | None:
         """The readers' kernels: the first ops, along each path of fused values, whose result is
@@ -267,13 +303,13 @@ class _Reread:
         """Whether the performance model finds storing `v` (made by `op`) faster than computing it
         in each of the kernels `roots`."""
         g = self.g
-        pflops, preads = self.cone(op.index, -1)
-        producer = Kernel(pflops, elements(g.shapes[v]), preads, g.nbytes[v])
+        pflops, preads, prereads = self.cone(op.index, -1)
+        producer = Kernel(pflops, elements(g.shapes[v]), preads, g.nbytes[v], prereads)
         consumers = []
         for r in roots:
-            cflops, creads = self.cone(r, v)
+            cflops, creads, crereads = self.cone(r, v)
             written = sum(g.nbytes[w] for w in g.ops[r].outputs if w is not None)
-            consumers.append(Kernel(cflops, kernel_space(g, g.ops[r]), creads, written))
+            consumers.append(Kernel(cflops, kernel_space(g, g.ops[r]), creads, written, crereads))
         return not duplicate_is_faster(self.dev, producer, v, consumers)
 
 

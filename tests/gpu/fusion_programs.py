@@ -710,3 +710,15 @@ def splitk_film_broadcast():
         y = h * (1 + scale[:, None, None]) + shift[:, None, None]
         return jnp.sum(y * jax.nn.sigmoid(y))
     return fn, (jnp.ones((32, 32, 32, 32)), jnp.ones((32, 4096)), jnp.full((4096, 64), 0.01))
+
+
+
+def scatter_unit_sum():
+    """A scatter-add into zeros with a size-one axis (a vmapped pool gradient's shape), summed
+    over that axis and read by two row reductions: the sum is a bitcast to XLA (the algebraic
+    simplifier's reduce of size-one dimensions), so nothing but the scatter's f32[512,1,1024]
+    is stored."""
+    def fn(g, idx):
+        r = jnp.zeros((512, 1, 1024)).at[idx].add(g).sum(axis=1)
+        return jnp.sin(r).sum(1), (r * r).sum(1)
+    return fn, (jnp.ones((256, 1, 1024)), jnp.arange(256) * 2)

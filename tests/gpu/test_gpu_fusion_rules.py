@@ -19,7 +19,7 @@ from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusin
                                                    reread_by_its_readers, too_many_readers,
                                                    transcendental_into_gemm, transcendental_not_duplicated)
 
-from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler
+from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
 H100, A100 = "h100-80gb", "a100-40gb"
 F32 = jnp.float32
@@ -195,3 +195,22 @@ def test_output_epilogues_write_the_sgd_update_from_the_gemm():
     assert _changed(ctx, changes, "dot_general") == [True] and _changed(ctx, changes, "mul") == [True]
     assert _context(fn, args, epilogues=False)[0].output_epilogues is False
     assert gf.output_epilogues(_context(fn, args, epilogues=False)[0], fused) == {}
+
+
+def test_a_reduction_over_size_one_dimensions_is_a_squeeze():
+    """algebraic_simplifier.cc (HandleReduce): a reduce that keeps every element is a reshape;
+    the model's simplified program has a squeeze there, which fuses into its readers."""
+    from jaxmem.xla.gpu_model_ops import strength_reduced
+    module, factory = load_fusion_program("scatter_unit_sum")
+    g = strength_reduced(planner.inlined(jax.make_jaxpr(factory()[0])(*factory()[1])))
+    kinds = [op.primitive for op in g.ops]
+    assert "squeeze" in kinds and kinds.count("reduce_sum") == 2
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", [H100, A100])
+def test_a_reduction_over_size_one_dimensions_stores_nothing_as_xla(device):
+    """The scatter's f32[512,1,1024] summed over its size-one axis: XLA:GPU stores only the
+    scatter (2 MiB, and a 16-byte tuple of the two reductions); the sum is never stored."""
+    pred, ref, _ = predicted_and_xla("scatter_unit_sum", device)
+    assert ref.temp_bytes - 16 == pred.temp_bytes == 512 * 1024 * 4

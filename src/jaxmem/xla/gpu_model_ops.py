@@ -122,10 +122,15 @@ def strength_reduced(g: Program) -> Program:
     no free dimension (a batched matrix-vector product) a multiply and a reduction
     (algebraic_simplifier.cc, dot strength reduction). Both then fuse like any elementwise op or
     reduction: MoE's `einsum("td,tdf->tf", x, w1[idx])` reads the gathered weights inside a
-    reduction and never stores them. Other ops are kept; the program is not copied otherwise."""
+    reduction and never stores them. A reduction over dimensions of size one only is a squeeze,
+    computed inside its readers like any reshape (`_unit_reduction`). Other ops are kept; the program is not copied otherwise."""
     ops = list(g.ops)
     changed = False
     for op in g.ops:
+        if _unit_reduction(g, op):
+            ops[op.index] = replace(op, primitive="squeeze")
+            changed = True
+            continue
         if op.primitive != "dot_general" or len(op.inputs) < 1:
             continue
         kind = dot_kind(op, g)
@@ -133,6 +138,22 @@ def strength_reduced(g: Program) -> Program:
             ops[op.index] = replace(op, primitive="mul" if kind == "outer" else "reduce_sum")
             changed = True
     return replace(g, ops=ops) if changed else g
+
+
+def _unit_reduction(g: Program, op: Any) -> bool:
+    """Whether `op` reduces only dimensions of size one, keeping its operand's type. XLA's
+    algebraic simplifier (algebraic_simplifier.cc, AlgebraicSimplifierVisitor::HandleReduce)
+    replaces a reduce whose result has as many elements as its operand by a reshape of the
+    operand (the init value is the reduction's identity), which XLA:GPU emits as a bitcast: a
+    vmapped pool gradient's `sum` over its size-one axis reads the scatter's buffer, and nothing
+    new is stored."""
+    if op.primitive not in REDUCTIONS or len(op.inputs) != 1 or len(op.outputs) != 1 or op.outputs[0] is None:
+        return False
+    axes = op.params.get("axes")
+    u, v = op.inputs[0], op.outputs[0]
+    if not axes or g.dtypes[u] != g.dtypes[v]:
+        return False
+    return all(g.shapes[u][int(a)] == 1 for a in axes)
 
 
 def read_by_gemm(g: Program, v: int, depth: int = 4, through: frozenset = GPU_GEMM_LAYOUT) -> bool:

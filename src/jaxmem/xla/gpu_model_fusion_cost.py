@@ -25,7 +25,7 @@ from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP
 WALK_LIMIT = 400
 
 
-def count_reread(g: Program, u: int, reads: dict[int, int], rereads: dict[Any, tuple[int, int]]) -> None:
+def count_reread(u: int, reads: dict[int, int], rereads: dict[Any, tuple[int, int]]) -> None:
     """One more op of a kernel reading the stored value `u`: XLA's cost analysis counts an
     operand's bytes once per use inside the fusion (GpuHloCostAnalysis's operand utilization,
     `n_bytes_total` in gpu_performance_model.cc), the uses past the first re-reads."""
@@ -113,7 +113,7 @@ class _Chain:
                 constant_rereads(op, size, rereads)
             for u in op.inputs:
                 if u in seen:
-                    count_reread(g, u, reads, rereads)
+                    count_reread(u, reads, rereads)
                     continue
                 seen.add(u)
                 if len(seen) > WALK_LIMIT:
@@ -149,7 +149,7 @@ class _Chain:
                 constant_rereads(op, elements(g.shapes[out]), prereads)
             for u in op.inputs:
                 if u in seen:
-                    count_reread(g, u, preads, prereads)
+                    count_reread(u, preads, prereads)
                     continue
                 seen.add(u)
                 if len(seen) > WALK_LIMIT:
@@ -264,7 +264,7 @@ class _Reread:
                 constant_rereads(op, kernel_space(g, op), rereads)
             for u in op.inputs:
                 if u in seen:
-                    count_reread(g, u, reads, rereads)
+                    count_reread(u, reads, rereads)
                     continue
                 seen.add(u)
                 if u != stop and self.fusible(u, False):

@@ -616,6 +616,119 @@ def splitk_padded_contraction_bf16():
     return (lambda a, b: a @ b.T), (jnp.ones((128, 1000), jnp.bfloat16), jnp.ones((1000, 1000), jnp.bfloat16))
 
 
+def _concat_edge_mlp(width, edges=8192):
+    """An edge MLP on `concat([e, h[s], tanh(e)])` (pieces `width` wide, `edges` rows), trained
+    one SGD step: the forward GEMM contracts over the concatenated dimension, the weight
+    gradient's GEMM reads the concatenation along its non-contracting one."""
+    nodes = 2048
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    w1 = jax.random.normal(k[0], (3 * width, 128))
+    w2 = jax.random.normal(k[1], (128, 128))
+    h = jax.random.normal(k[2], (nodes, width))
+    e = jax.random.normal(k[3], (edges, width))
+    s = jnp.arange(edges, dtype=jnp.int32) % nodes
+
+    def loss(p, h, e, s):
+        w1, w2 = p
+        x = jnp.concatenate([e, h[s], jnp.tanh(e)], -1)
+        y = jax.nn.silu(x @ w1)
+        z = jax.nn.silu(y @ w2)
+        return jnp.sum(jax.nn.silu(z @ w2) * e[:, :1])
+
+    def step(p, h, e, s):
+        g = jax.grad(loss)(p, h, e, s)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((w1, w2), h, e, s)
+
+
+def concat_read_by_weight_gradient():
+    """`_concat_edge_mlp` with 128-wide pieces: XLA's GEMM fusion computes the concatenation
+    inside the weight gradient's GEMM (one `gemm_fusion_dot` holds the concatenate, reading
+    `e`, the gathered rows and the stored tanh), so the f32[8192, 384] concatenation is not
+    held from the forward pass to the backward; the forward GEMM reads an
+    `input_concatenate_fusion` made right before it."""
+    return _concat_edge_mlp(128)
+
+
+def concat_not_tiled_by_gemm():
+    """`_concat_edge_mlp` with 96-wide pieces (not a multiple of 64): no GEMM fusion takes the
+    concatenation, which is stored and held until the weight gradient."""
+    return _concat_edge_mlp(96)
+
+
+def concat_read_by_padded_split_gemm():
+    """`_concat_edge_mlp` over 20000 rows: the split-K rewriter splits the weight gradient's
+    contraction and pads it (20000 is no multiple of the split's step), and the GEMM reads a
+    stored, padded copy of the concatenation (`loop_pad_fusion` of the
+    `input_concatenate_fusion`), not the pieces."""
+    return _concat_edge_mlp(128, 20000)
+
+
+def _message_passing(rounds, edges=16384, nodes=2048, width=128):
+    """`rounds` rounds of an edge MLP on `concat([e, h[s], h[r]])` (128-wide pieces) with a
+    residual node update from the edge messages summed per receiver, trained one SGD step.
+    Each round's weight gradient reads its concatenation along the non-contracting dimension
+    (cloned into the GEMM), so its two gathers are recomputed in the backward pass."""
+    k = jax.random.split(jax.random.PRNGKey(0), 2 * rounds + 3)
+    ws = [jax.random.normal(k[i], (3 * width, width)) * 0.05 for i in range(rounds)]
+    vs = [jax.random.normal(k[rounds + i], (width, width)) * 0.05 for i in range(rounds)]
+    h = jax.random.normal(k[-3], (nodes, width))
+    e = jax.random.normal(k[-2], (edges, width))
+    s = jax.random.randint(k[-1], (edges,), 0, nodes)
+    r = (s * 7 + 3) % nodes
+
+    def loss(p, h, e, s, r):
+        for w, v in zip(*p):
+            m = jax.nn.silu(jnp.concatenate([e, h[s], h[r]], -1) @ w)
+            e = e + m
+            h = h + jax.ops.segment_sum(m, r, num_segments=nodes) @ v
+        return jnp.sum(h ** 2) + jnp.sum(e ** 2)
+
+    def step(p, h, e, s, r):
+        g = jax.grad(loss)(p, h, e, s, r)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((ws, vs), h, e, s, r)
+
+
+def sibling_gathers_of_cloned_concats():
+    """`_message_passing` over three rounds: XLA computes the backward's six gathers (every
+    round's `h[s]` and `h[r]`, read by the weight gradients' GEMMs that hold the cloned
+    concatenations) in one sibling multi-output fusion, they share the index operands, so all
+    six are live from the last round's weight gradient on."""
+    return _message_passing(3)
+
+
+def sibling_gathers_of_residual_edge_layers():
+    """Three residual edge layers `e += silu(concat([e, h_k[s], h_k[r]]) @ w_k)` on fixed node
+    features `h_k = h * (k + 1)` (no gradient flows into the gathers), weights trained one SGD
+    step: XLA computes the backward's six gathers in one sibling multi-output fusion (they
+    share `h`, `s` and `r`) before the last layer's weight gradient, all six live from there."""
+    edges, nodes, width = 16384, 2048, 128
+    k = jax.random.split(jax.random.PRNGKey(0), 6)
+    ws = [jax.random.normal(k[i], (3 * width, width)) * 0.05 for i in range(3)]
+    h = jax.random.normal(k[3], (nodes, width))
+    e = jax.random.normal(k[4], (edges, width))
+    s = jax.random.randint(k[5], (edges,), 0, nodes)
+    r = (s * 7 + 3) % nodes
+
+    def loss(ws, h, e, s, r):
+        for i, w in enumerate(ws):
+            hk = h * (i + 1.0)
+            e = e + jax.nn.silu(jnp.concatenate([e, hk[s], hk[r]], -1) @ w)
+        return jnp.sum(e ** 2)
+
+    def step(ws, h, e, s, r):
+        g = jax.grad(loss)(ws, h, e, s, r)
+        return [a - 0.1 * b for a, b in zip(ws, g)]
+    return step, (ws, h, e, s, r)
+
+
+def gathers_of_one_cloned_concat():
+    """`_message_passing` over one round: the weight gradient's two gathers, one multi-output
+    fusion run right before it."""
+    return _message_passing(1)
+
+
 def max_pool_gradient_not_added():
     """Three conv / tanh / max-pool layers and a linear head, one SGD step. Each pool
     gradient is a scatter into zeros that nothing adds to: XLA's list scheduler runs the three

@@ -5,8 +5,8 @@ that states XLA's rules on jaxmem's program representation (`compiler.program`, 
 front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and liveness:
 
 - fusion (`gpu_model_fusion`): which values are never stored, a list of named rules
-  (`FUSION_RULES`, `PRODUCER_RULES`; softmax, GEMM and cost-model rules in
-  `gpu_model_fusion_softmax`, `_gemm`, `_cost`, `_producers`); then the split-K rewrite
+  (`FUSION_RULES`, `PRODUCER_RULES`; softmax, GEMM, concatenate and cost-model rules in
+  `gpu_model_fusion_softmax`, `_gemm`, `_concat`, `_cost`, `_producers`); then the split-K rewrite
   (`gpu_splitk`) and bfloat16 stored as float32 where the device computes it so;
 - scratch (`gpu_model_scratch`): cuBLAS workspaces, loop bodies modelled as programs; the
   copies cuDNN's convolutions read (`gpu_model_conv`);
@@ -41,6 +41,7 @@ from jaxmem.compiler.stages import Analysis, Roles, Span
 from jaxmem.xla.gpu_model_conv import conv_operand_scratch, conv_plan
 from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, gpu_fusion, gpu_plan_fusion,
                                          gpu_plan_output_epilogues, prediction_fusion, stored_in_f32)
+from jaxmem.xla.gpu_model_fusion_concat import concat_copy_scratch
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues
 from jaxmem.xla.gpu_model_fusion_producers import updates_read_inside
 from jaxmem.xla.gpu_model_fusion_softmax import softmax_outputs, widened_softmax_roots
@@ -176,7 +177,7 @@ def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
     g = stored_in_f32(g, roles, fused, device)
     scratch, pieces = _scratch(g, workspace, device, partials, store_reread_producers)
     analysis = Analysis(roles, fusion_of(g, fused), scratch)
-    heap, best_name = best_heap(g, unsplit, analysis, fused, row_loops, aliases, pieces)
+    heap, best_name = best_heap(g, unsplit, analysis, fused, row_loops, aliases, pieces, device)
     return heap, best_name, sum(fused)
 
 
@@ -195,7 +196,7 @@ def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
     convs = conv_plan(g, device)
     for op in g.ops:
         extra = (op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
-                 + conv_operand_scratch(g, op, convs))
+                 + conv_operand_scratch(g, op, convs) + concat_copy_scratch(g, op, device))
         if extra:
             scratch[op.index] = scratch.get(op.index, 0) + extra
     return scratch, pieces

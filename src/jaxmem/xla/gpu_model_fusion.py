@@ -29,6 +29,7 @@ from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_SLICE_PER_OUTPUT
 from jaxmem.compiler.stages import Roles
 from jaxmem.xla.gpu_cost import bf16_arithmetic_native, device_numbers
 from jaxmem.xla.gpu_model_conv import conv_operands_materialized
+from jaxmem.xla.gpu_model_fusion_concat import cloned_gemm_concats
 from jaxmem.xla.gpu_model_fusion_cost import reread_stored
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues, output_epilogues, shared_masks_stored
 from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
@@ -86,6 +87,7 @@ def fuse_cheap_producers(ctx: FusionContext, fused: list[bool]) -> dict[int, boo
 # Run in this order; each sees the flags the ones before it left.
 FUSION_RULES: list[ProgramRule] = [
     fuse_cheap_producers,
+    cloned_gemm_concats,
     shared_masks_stored,
     conv_operands_materialized,
     softmax_fusions,

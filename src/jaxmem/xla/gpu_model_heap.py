@@ -11,7 +11,7 @@ their own allocations and packs every temporary into one block, placed by its he
 - `heap_after_reuse`: temporaries that take a free output allocation leave the heap;
 - `SPAN_ADJUSTMENTS`, `(case) -> spans`: buffers XLA adds that the program does not show
   (shared zeros, scan outputs held from the start, donated-output prefixes, concatenated
-  operands of a merged dot).
+  operands of a merged dot, the gathers a cloned concatenate's GEMMs read).
 
 `best_heap` scores every schedule of the scheduling pass by its heap's lower bound and keeps
 the least, as XLA's memory scheduler keeps its best order.
@@ -30,6 +30,7 @@ from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_RELU_ZERO_READERS, storage_rule
 from jaxmem.compiler.stages import Analysis, Roles, Span, align, live_profile
 from jaxmem.xla.gpu_heap import xla_heap_size
+from jaxmem.xla.gpu_model_fusion_concat import sibling_gather_spans
 from jaxmem.xla.gpu_model_ops import merged_dots, no_inplace
 from jaxmem.xla.gpu_model_schedule import merged_order, xla_orders
 
@@ -42,7 +43,8 @@ class HeapCase:
     """One schedule as the heap adjustments read it: the program, the (merged) order, its
     liveness, the roles, the dot merger's groups, the interval ids of outputs in donated
     arguments' allocations (`aliased`) with the argument each takes (`donated_sources`),
-    per loop op its body's largest value (`pieces`), and the scheduler whose order it is."""
+    per loop op its body's largest value (`pieces`), the scheduler whose order it is, the
+    fused flags and the device ("" where not known)."""
 
     g: Program
     order: list[int]
@@ -53,6 +55,8 @@ class HeapCase:
     donated_sources: dict[int, int]
     pieces: dict[int, int]
     scheduler: str = ""
+    fused: Sequence[bool] = ()
+    device: str = ""
 
 
 Spans = list[Span]
@@ -390,6 +394,18 @@ def concatenated_operand_spans(case: HeapCase) -> list[Span]:
     return spans
 
 
+def cloned_concat_operand_spans(case: HeapCase) -> list[Span]:
+    """The gathers XLA stores for the GEMMs a concatenate is cloned into, computed together by
+    sibling multi-output fusion (xla/service/gpu/transforms/multi_output_fusion.cc;
+    `gpu_model_fusion_concat.sibling_gather_spans`). The model leaves them fused (the GEMM
+    reads a concatenate it computes inside), so they are spans the program does not show.
+
+    **Returns:** (start, end, size) spans over positions of `order`."""
+    if not case.device or not case.fused:
+        return []
+    return sibling_gather_spans(case.g, case.order, case.fused, case.device)
+
+
 def merge_intervals(case: HeapCase, intervals: list[Any]) -> list[Any]:
     """The liveness intervals with each merged group's results as one buffer: from the merged
     dot to the last read of any of its slices (xla/service/gpu/transforms/dot_merger.cc makes
@@ -470,6 +486,7 @@ SPAN_ADJUSTMENTS: list[Callable[[HeapCase], Spans]] = [
     shared_zero_spans,
     early_scatter_zero_spans,
     concatenated_operand_spans,
+    cloned_concat_operand_spans,
     scan_output_spans,
     donated_output_prefix_spans,
 ]
@@ -488,7 +505,8 @@ def case_heap(case: HeapCase) -> Spans:
 
 
 def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[bool],
-              row_loops: dict[int, list[int]], aliases: dict[int, int], pieces: dict[int, int]) -> tuple[Spans, str]:
+              row_loops: dict[int, list[int]], aliases: dict[int, int], pieces: dict[int, int],
+              device: str = "") -> tuple[Spans, str]:
     """(the heap's spans, the scheduler kept) for `g` under `analysis`: each order of the
     scheduling pass (`xla_orders`, merged dots run together; the dot merger groups GEMMs by
     their sizes before split-K, read from `unsplit`) is scored by its heap's lower bound and
@@ -503,7 +521,8 @@ def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[
         aliased = {live.group[v] for v in aliased_values if live.group[v] >= 0}
         sources = {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
                    if live.group[g.outvars[j]] >= 0}
-        heap = case_heap(HeapCase(g, order, live, analysis.roles, groups, aliased, sources, pieces, name))
+        heap = case_heap(HeapCase(g, order, live, analysis.roles, groups, aliased, sources, pieces, name,
+                                       fused, device))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])

@@ -180,6 +180,17 @@ def padded_k(k: int, split: int, lhs_bits: int, rhs_bits: int) -> int:
     return -(-k // step) * step
 
 
+def pads_contraction(g: Program, op: Any, device: str) -> bool:
+    """Whether the split-K rewriter splits the GEMM `op` on `device` and pads its contraction
+    (`padded_k` differs from it): each operand is then a `pad` XLA stores (`padded_operand_bytes`)."""
+    split = dot_split(g, op, device)
+    if split <= 1:
+        return False
+    lhs, rhs = op.operands[:2]
+    k = _dims(g, op)[3]
+    return k > 0 and padded_k(k, split, _side_bits(g, lhs), _side_bits(g, rhs)) != k
+
+
 def padded_operand_bytes(g: Program, op: Any, split: int, group: Sequence[Any] = (),
                          fused: Sequence[bool] | None = None) -> int:
     """The bytes of the zero-padded operand copies a split GEMM reads when its contraction is

@@ -835,3 +835,24 @@ def scatter_unit_sum():
         r = jnp.zeros((512, 1, 1024)).at[idx].add(g).sum(axis=1)
         return jnp.sin(r).sum(1), (r * r).sum(1)
     return fn, (jnp.ones((256, 1, 1024)), jnp.arange(256) * 2)
+
+
+def _bn_relu_loss(x, gamma):
+    mean = jnp.mean(x, axis=(0, 1, 2))
+    c = x - mean
+    var = jnp.mean(c * c, axis=(0, 1, 2))
+    return jnp.sum(jax.nn.relu(c * jax.lax.rsqrt(var + 1e-5) * gamma) ** 2)
+
+
+def bn_column(shape=(64, 8, 8, 256)):
+    """Batch-norm statistics of NHWC data, and their gradient: each sum over N, H, W is a column
+    reduction of 4096 rows, which XLA:GPU runs on 4 blocks. Priority fusion keeps the centred
+    value `x - mean` (4 MiB) out of the variance's sum and stores it: fused, that slow kernel
+    would read `x` and the broadcast mean."""
+    return jax.grad(_bn_relu_loss), (jnp.ones(shape, jnp.float32), jnp.ones(shape[-1:], jnp.float32))
+
+
+def bn_column_split():
+    """`bn_column` over 16384 rows: the tree reduction rewriter splits each sum over many blocks,
+    and nothing of 4 MiB is stored."""
+    return bn_column((64, 16, 16, 256))

@@ -50,8 +50,19 @@ def _changed(ctx, changes, primitive):
 
 def test_the_registries_hold_every_rule_once_in_order():
     assert gf.FUSION_RULES[0] is gf.fuse_cheap_producers
-    assert len(set(gf.PRODUCER_RULES)) == len(gf.PRODUCER_RULES) == 8
+    assert len(set(gf.PRODUCER_RULES)) == len(gf.PRODUCER_RULES) == 9
     assert all(rule.__doc__ for rule in gf.PRODUCER_RULES + gf.FUSION_RULES)
+
+
+def test_read_by_slow_reduction():
+    # the centred value of batch-norm statistics over 4096 NHWC rows (4 blocks): stored; over
+    # 16384 rows (split over many blocks): fused (XLA:GPU alike: test_gpu_slow_reductions.py)
+    for name, stored in (("bn_column", True), ("bn_column_split", False)):
+        _, factory = load_fusion_program(name)
+        ctx, fused = _context(*factory(), device=A100)
+        op = next(op for op in ctx.g.ops if op.primitive == "sub" and len(ctx.g.shapes[op.outputs[0]]) == 4)
+        assert gf.read_by_slow_reduction(ctx, fused, op, op.outputs[0]) is stored
+    assert gf.PRODUCER_RULES[-1] is gf.read_by_slow_reduction
 
 
 def test_too_many_readers():

@@ -73,6 +73,7 @@ MEMORY_COMPUTE_PARALLELISM = 0.95
 L2_CACHE_SPEEDUP = 2.5           # GpuPerformanceModelBase::kL2CacheSpeedup
 L1_CACHE_SPEEDUP = 8.0           # GpuPerformanceModelBase::kL1CacheSpeedup
 L1_CACHE_SIZE_PER_SM = 2 * 1024  # GpuPerformanceModelBase::kL1CacheSizePerSM
+MEMORY_TRANSACTIONS_PER_CLOCK = 32  # DeviceDescription::memory_transactions_per_clock (CUDA)
 
 # The HLO ops XLA:GPU emits for a jaxpr primitive are the `gpu_hlo_ops` column of
 # `compiler.rules` (logistic is expanded by LogisticExpander: 1 / (1 + exp(-x))). Transcendentals
@@ -95,24 +96,36 @@ class Device:
     bandwidth: float   # bytes per second
     l2_cache_size: int = 0
 
-    def flops_per_ns(self, elements: int) -> float:
+    def flops_per_ns(self, elements: int, blocks: int | None = None) -> float:
         """Effective FLOP rate of a loop kernel over `elements` (CalculateEffectiveFlopsPerNs:
-        active cores times FPUs per core, an FMA counted twice; 128 threads a block)."""
-        blocks = max(1, -(-elements // 128))
+        active cores times FPUs per core, an FMA counted twice; 128 threads a block), or of a
+        kernel launched on `blocks` blocks of at least as many threads as a core's FPUs."""
+        if blocks is None:
+            blocks = max(1, -(-elements // 128))
         return min(blocks, self.cores) * self.fpus_per_core * self.clock_ghz * 2
 
-    def kernel_ns(self, flops: float, elements: int, nbytes: float, cached_ns: float = 0.0) -> float:
+    def block_bandwidth(self, rate: float, blocks: int | None) -> float:
+        """`rate` limited by a launch of `blocks` blocks (gpu_performance_model_base.cc,
+        AdjustBandwidth: each core issues one 32 B memory transaction a clock; an H100 needs
+        about 53 busy blocks to saturate its DRAM). None: a loop kernel, taken as saturating."""
+        if blocks is None:
+            return rate
+        return min(rate, blocks * self.clock_ghz * 1e9 * MEMORY_TRANSACTIONS_PER_CLOCK)
+
+    def kernel_ns(self, flops: float, elements: int, nbytes: float, cached_ns: float = 0.0,
+                  blocks: int | None = None) -> float:
         """One kernel's time (CombineComputeAndMemoryAccessTime); `cached_ns`: its re-reads
-        (`reread_ns`)."""
-        compute = flops / self.flops_per_ns(elements)
-        memory = nbytes / self.bandwidth * 1e9 + cached_ns
+        (`reread_ns`); `blocks`: its launch where it is not a loop kernel's."""
+        compute = flops / self.flops_per_ns(elements, blocks)
+        memory = nbytes / self.block_bandwidth(self.bandwidth, blocks) * 1e9 + cached_ns
         return compute + memory - MEMORY_COMPUTE_PARALLELISM * min(compute, memory)
 
-    def reread_ns(self, net: int, total: int) -> float:
+    def reread_ns(self, net: int, total: int, blocks: int | None = None) -> float:
         """The time of reading an operand of `net` bytes `total` bytes' worth, less its first
         read (gpu_performance_model_base.cc, ReadTimeWithDRAMHeuristic): the bytes read again
         come from the L2 cache where the operand is smaller than it, and from L1 where it is
-        smaller than `L1_CACHE_SIZE_PER_SM` a core; from DRAM otherwise."""
+        smaller than `L1_CACHE_SIZE_PER_SM` a core; from DRAM otherwise; no faster than a
+        launch of `blocks` blocks reads (`block_bandwidth`)."""
         if total <= net:
             return 0.0
         rate = self.bandwidth
@@ -120,7 +133,7 @@ class Device:
             rate *= L2_CACHE_SPEEDUP
             if net < L1_CACHE_SIZE_PER_SM * self.cores:
                 rate *= L1_CACHE_SPEEDUP
-        return (total - net) / rate * 1e9
+        return (total - net) / self.block_bandwidth(rate, blocks) * 1e9
 
 
 @lru_cache(maxsize=None)
@@ -195,23 +208,28 @@ class Kernel:
     # operands read more than once a kernel, by key (a value, or a constant operand of an op):
     # (bytes of the operand, bytes read in all); their time is `Device.reread_ns`
     rereads: dict[Any, tuple[int, int]] = field(default_factory=dict)
+    # the launch's blocks where it is not a loop kernel's (a column reduction's: `gpu_reduction`)
+    blocks: int | None = None
 
     def cached_ns(self, device: Device, leave_out: Any = None) -> float:
         """The time of this kernel's re-reads (`leave_out`'s left out)."""
-        return sum(device.reread_ns(net, total) for k, (net, total) in self.rereads.items() if k != leave_out)
+        return sum(device.reread_ns(net, total, self.blocks)
+                   for k, (net, total) in self.rereads.items() if k != leave_out)
+
+    def ns(self, device: Device) -> float:
+        """This kernel's time alone."""
+        return device.kernel_ns(sum(self.flops.values()), self.elements, sum(self.reads.values()) + self.written,
+                                self.cached_ns(device), self.blocks)
 
 
 def duplicate_is_faster(device: Device, producer: Kernel, value: int, consumers: list[Kernel]) -> bool:
     """Whether priority fusion fuses `producer` (whose output is `value`) into every consumer
     kernel: the fused kernels' time against the unfused ones' (see the module's text). A fused
     consumer reads the producer's inputs instead of `value`, an input both read counted once."""
-    p_bytes = sum(producer.reads.values()) + producer.written
-    unfused = LAUNCH_NS * (len(consumers) + 1) + device.kernel_ns(sum(producer.flops.values()), producer.elements,
-                                                                 p_bytes, producer.cached_ns(device))
+    unfused = LAUNCH_NS * (len(consumers) + 1) + producer.ns(device)
     fused = LAUNCH_NS * len(consumers)
     for c in consumers:
-        unfused += device.kernel_ns(sum(c.flops.values()), c.elements, sum(c.reads.values()) + c.written,
-                                    c.cached_ns(device))
+        unfused += c.ns(device)
         reads = {u: b for u, b in c.reads.items() if u != value}
         reads.update(producer.reads)
         # the producer's utilization by this consumer: a consumer that broadcasts the value
@@ -219,7 +237,8 @@ def duplicate_is_faster(device: Device, producer: Kernel, value: int, consumers:
         times = max(1.0, c.elements / max(1, producer.elements))
         flops = {**c.flops, **{k: f * times for k, f in producer.flops.items()}}
         fused += device.kernel_ns(sum(flops.values()), max(c.elements, producer.elements),
-                                  sum(reads.values()) + c.written, fused_rereads_ns(device, producer, value, c))
+                                  sum(reads.values()) + c.written, fused_rereads_ns(device, producer, value, c),
+                                  c.blocks)
     return fused < unfused
 
 
@@ -233,4 +252,4 @@ def fused_rereads_ns(device: Device, producer: Kernel, value: int, consumer: Ker
             rereads[k] = (net, total + rereads[k][1] - net)
         else:
             rereads[k] = (net, total)
-    return sum(device.reread_ns(net, total) for net, total in rereads.values())
+    return sum(device.reread_ns(net, total, consumer.blocks) for net, total in rereads.values())

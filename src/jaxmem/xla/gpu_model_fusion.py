@@ -28,15 +28,15 @@ from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_SLICE_PER_OUTPUT
 from jaxmem.compiler.stages import Roles
 from jaxmem.xla.gpu_cost import bf16_arithmetic_native, device_numbers
-from jaxmem.xla.gpu_model_conv import conv_operands_materialized
+from jaxmem.xla.gpu_model_conv import conv_layouts, conv_operands_materialized
 from jaxmem.xla.gpu_model_fusion_concat import cloned_gemm_concats
-from jaxmem.xla.gpu_model_fusion_cost import reread_stored
+from jaxmem.xla.gpu_model_fusion_cost import capped_reductions, reread_stored, slow_reduction_stored
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues, output_epilogues, shared_masks_stored
 from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
-                                                   new_movement_read_by_gemm, reader_does_not_absorb,
-                                                   reread_by_its_readers, tainted_values, too_many_readers,
-                                                   transcendental_into_gemm, transcendental_not_duplicated,
-                                                   updates_read_inside)
+                                                   new_movement_read_by_gemm, read_by_slow_reduction,
+                                                   reader_does_not_absorb, reread_by_its_readers, tainted_values,
+                                                   too_many_readers, transcendental_into_gemm,
+                                                   transcendental_not_duplicated, updates_read_inside)
 from jaxmem.xla.gpu_model_fusion_softmax import softmax_fusions, widened_softmax_roots_stored
 from jaxmem.xla.gpu_model_ops import (ELEMENTWISE, FUSIBLE_PRODUCERS, REDUCTIONS, FusionContext,
                                       strength_reduced)
@@ -54,6 +54,7 @@ PRODUCER_RULES: list[ProducerRule] = [
     gemm_prologue_not_worth_fusing,
     transcendental_not_duplicated,
     narrowing_cast_shared,
+    read_by_slow_reduction,
 ]
 
 
@@ -116,6 +117,10 @@ def fusion_context(g: Program, roles: Roles, *, device: str | None, store_shared
     if dev and store_reread_producers:
         ctx.reread = reread_stored(g, roles, list(fused), ctx.tainted, dev)
     ctx.updates_inside = updates_read_inside(g, roles)
+    if dev:
+        capped = capped_reductions(g, conv_layouts(g, device), dev)
+        if capped:
+            ctx.slow_stored = slow_reduction_stored(g, roles, list(fused), ctx.tainted, dev, capped)
     return ctx
 
 

@@ -3,9 +3,10 @@ computes a producer inside each kernel that reads it or stores it once.
 
 Priority fusion (xla/service/gpu/transforms/priority_fusion.cc: CalculateProducerPriority)
 fuses a producer into all its consumers only where gpu_performance_model.cc
-(EstimateRunTimesForPriorityFusion) finds the fused kernels faster. Two rules ask it:
-`duplicated` (a transcendental chain read by several loop kernels) and `reread_stored` (a
-cheap value its readers read many times per element).
+(EstimateRunTimesForPriorityFusion) finds the fused kernels faster. Three rules ask it:
+`duplicated` (a transcendental chain read by several loop kernels), `reread_stored` (a
+cheap value its readers read many times per element) and `slow_reduction_stored` (a
+cheap value a column reduction on few blocks reads).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS
+from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_HLO_REDUCE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Roles
 from jaxmem.xla.gpu_cost import Kernel, duplicate_is_faster, flops_per_element
-from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, REDUCTIONS, absorbs,
-                                      elements, kernel_space)
+from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, MOVEMENT, REDUCTIONS,
+                                      absorbs, elements, kernel_space)
+from jaxmem.xla.gpu_reduction import column_reduction_blocks
 
 # How far the cost model follows a chain (values); past it the chain is stored.
 WALK_LIMIT = 400
@@ -351,5 +353,99 @@ def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[boo
         if roots is None or not roots or all(kernel_space(g, g.ops[r]) <= n for r in roots):
             continue
         if walk.stored_is_faster(op, v, roots):
+            walk.stored.add(v)
+    return walk.stored
+
+
+def capped_reductions(g: Program, layouts: dict[int, tuple[int, ...]], dev: Any) -> dict[int, int]:
+    """Reduce op -> its blocks, for each column reduction launched on too few blocks to reach
+    the device's DRAM bandwidth (`gpu_reduction.column_reduction_blocks`, in the operand's
+    physical order `layouts`: a convolution's NCHW result on A100 is reduced per channel as
+    a row reduction, its NHWC one on H100 as a column reduction)."""
+    found = {}
+    for op in g.ops:
+        if op.primitive not in GPU_HLO_REDUCE or not op.inputs:
+            continue
+        u = op.inputs[0]
+        shape = g.shapes[u]
+        itemsize = g.nbytes[u] // max(1, elements(shape))
+        blocks = column_reduction_blocks(shape, tuple(op.params.get("axes") or ()),
+                                         layouts.get(u, tuple(range(len(shape)))), itemsize)
+        if blocks is not None and dev.block_bandwidth(dev.bandwidth, blocks) < dev.bandwidth:
+            found[op.index] = blocks
+    return found
+
+
+@dataclass
+class _SlowReduction(_Reread):
+    """`reread_stored`'s walk for `slow_reduction_stored`; `producer_at`: the op whose own kernel
+    `cone` is building (its movement operands, and the cheap values it alone reads, fused into
+    it; a value other kernels read too is read)."""
+
+    producer_at: int = -1
+
+    def fusible(self, w: int, reader_side: bool) -> bool:
+        p = self.g.producer[w]
+        if (self.producer_at >= 0 and p >= 0 and self.g.ops[p].primitive not in MOVEMENT
+                and len(self.g.users[w]) > 1):
+            return False
+        return super().fusible(w, reader_side)
+
+    def kernel(self, root: int, stop: int, space: int, written: int, blocks: int | None) -> Kernel:
+        """The kernel rooted at op `root` running over `space` elements: `cone`'s FLOPs and
+        reads, every stored value it reads counted `space` elements' worth (the operand's
+        utilization in GpuHloCostAnalysis: a per-channel vector broadcast over the kernel is read
+        once per element, from cache but through the launch's bandwidth)."""
+        self.producer_at = root if stop < 0 else -1
+        flops, reads, rereads = self.cone(root, stop)
+        self.producer_at = -1
+        for u, net in reads.items():
+            total = space * (self.g.nbytes[u] // max(1, elements(self.g.shapes[u])))
+            if total > rereads.get(u, (net, net))[1]:
+                rereads[u] = (net, total)
+        return Kernel(flops, space, reads, written, rereads, blocks)
+
+
+def slow_reduction_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any,
+                          capped: dict[int, int]) -> set[int]:
+    """Cheap elementwise values XLA:GPU stores because a column reduction on few blocks
+    (`capped_reductions`) reads them, rather than computing them inside that reduction.
+
+    The performance model limits a kernel's bandwidth by its blocks (AdjustBandwidth), re-reads
+    from cache included, and counts a broadcast operand once per element the kernel reads
+    (gpu_performance_model_base.cc, ReadTimeWithDRAMHeuristic with GpuHloCostAnalysis's operand
+    utilization). A producer fused into a column reduction of 4096 rows of NHWC data, 4 blocks
+    on an H100, makes that kernel read the producer's operands, a broadcast per-channel mean
+    among them, at about 250 GB/s, so priority fusion (priority_fusion.cc,
+    CalculateProducerPriority) finds `fused_time` above `unfused_time` and stores it: the batch
+    norm's centred value `x - mean` that the variance reads, the relu gradient's select, the
+    product the scale's gradient sums (`tests/gpu/fusion_programs.py:bn_column`, whose dump
+    stores `loop_subtract_fusion` on H100 and A100). A longer reduction is split over many
+    blocks by the tree reduction rewriter and fuses them all (`bn_column_split`).
+
+    Consumers first, each producer with what it alone reads (its broadcasts and other movement
+    operands, and cheap values no other kernel reads: fusing those removes a kernel and
+    duplicates nothing, the highest priorities, so a relu gradient's select holds its compare
+    by then), its other operands read: priority fusion fuses an op into a reduction first where
+    that reads no more (a square into the variance's sum) and prices the op before it against
+    the grown reduction; a value whose reader was stored is priced against that reader's loop
+    kernel (the centred value feeding a stored product is fused into it).
+    """
+    walk = _SlowReduction(g, roles, fused, tainted, dev, set())
+    for op in reversed(g.ops):
+        if (op.primitive not in ELEMENTWISE or op.primitive in GPU_EXPENSIVE or len(op.outputs) != 1
+                or op.outputs[0] is None or op.effectful):
+            continue
+        v = op.outputs[0]
+        if fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
+            continue
+        roots = walk.reader_roots(v)
+        if not roots or not any(r in capped for r in roots):
+            continue
+        producer = walk.kernel(op.index, -1, elements(g.shapes[v]), g.nbytes[v], None)
+        consumers = [walk.kernel(r, v, kernel_space(g, g.ops[r]),
+                                 sum(g.nbytes[w] for w in g.ops[r].outputs if w is not None), capped.get(r))
+                     for r in roots]
+        if not duplicate_is_faster(dev, producer, v, consumers):
             walk.stored.add(v)
     return walk.stored

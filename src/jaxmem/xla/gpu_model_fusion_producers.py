@@ -189,3 +189,11 @@ def narrowing_cast_shared(ctx: FusionContext, fused: list[bool], op: Any, v: int
     if g.nbytes[op.inputs[0]] - g.nbytes[v] <= IO_TOLERANCE_BYTES:
         return False
     return _into_gemm(g, v)
+
+
+def read_by_slow_reduction(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
+    """A cheap elementwise value that a column reduction on few blocks reads is stored where the
+    device's performance model finds that faster than computing it in the reduction
+    (`gpu_model_fusion_cost.slow_reduction_stored`: priority_fusion.cc prices the reduction's
+    bandwidth by its blocks). Only with a device (the prediction)."""
+    return v in ctx.slow_stored

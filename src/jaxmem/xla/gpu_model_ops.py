@@ -41,7 +41,7 @@ class FusionContext:
     and per-value facts the driver keeps: `costly` (a fused chain holding a transcendental),
     `tainted` (computed from a transcendental through cheap ops), `reread` (cheap values the
     performance model stores), `updates_inside` (dynamic_update_slice ops computed in their
-    readers)."""
+    readers), `slow_stored` (cheap values a column reduction on few blocks would read slowly)."""
 
     g: Program
     roles: Roles
@@ -53,6 +53,7 @@ class FusionContext:
     tainted: list[bool] = field(default_factory=list)
     reread: set[int] = field(default_factory=set)
     updates_inside: set[int] = field(default_factory=set)
+    slow_stored: set[int] = field(default_factory=set)
 
 
 def elements(shape: Sequence[int]) -> int:

@@ -856,3 +856,83 @@ def bn_column_split():
     """`bn_column` over 16384 rows: the tree reduction rewriter splits each sum over many blocks,
     and nothing of 4 MiB is stored."""
     return bn_column((64, 16, 16, 256))
+
+
+def relu_max_pool_gradient_added():
+    """`max_pool_gradient_added` with a relu before the pool (a U-Net's encoder): the relu's
+    zeros do not make the pool gradient's zeros shared, because there are none left: the
+    algebraic simplifier makes the skip connection's gradient the scatter's operand (the dump's
+    `input_scatter_fusion` reads a `wrapped_slice`) and no zero broadcast is stored."""
+    ks = jax.random.split(jax.random.PRNGKey(0), 3)
+    w1 = jax.random.normal(ks[0], (3, 3, 3, 32)) * 0.1
+    w2 = jax.random.normal(ks[1], (3, 3, 32, 64)) * 0.1
+    w3 = jax.random.normal(ks[2], (3, 3, 96, 8)) * 0.1
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def loss(p, x):
+        w1, w2, w3 = p
+        h = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims))
+        d = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        d = jax.nn.relu(jax.lax.conv_general_dilated(d, w2, (1, 1), "SAME", dimension_numbers=dims))
+        up = jnp.repeat(jnp.repeat(d, 2, axis=1), 2, axis=2)
+        u = jax.lax.conv_general_dilated(jnp.concatenate([up, h], -1), w3, (1, 1), "SAME", dimension_numbers=dims)
+        return jnp.sum(u ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((w1, w2, w3), jnp.ones((64, 32, 32, 3), jnp.float32))
+
+
+def conv_batchnorm_grad():
+    """Two convolutions with a batch norm (batch statistics) and a relu between them, one SGD
+    step. The batch norm's input gradient is computed in the fusion that reads the first
+    convolution's result for the last time, but XLA's heap simulator never writes it over that
+    result (a cuDNN call's output is read through a get-tuple-element): the dump's
+    `loop_add_fusion` and `cudnn-conv.3{0}` are at offsets of their own."""
+    ks = jax.random.split(jax.random.PRNGKey(0), 2)
+    w1 = jax.random.normal(ks[0], (3, 3, 16, 32)) * 0.1
+    w2 = jax.random.normal(ks[1], (3, 3, 32, 8)) * 0.1
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def loss(p, x):
+        w1, w2 = p
+        h = jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims)
+        mean = h.mean(axis=(0, 1, 2))
+        var = ((h - mean) ** 2).mean(axis=(0, 1, 2))
+        h = jax.nn.relu((h - mean) * jax.lax.rsqrt(var + 1e-5))
+        u = jax.lax.conv_general_dilated(h, w2, (1, 1), "SAME", dimension_numbers=dims)
+        return jnp.sum(u ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((w1, w2), jnp.ones((64, 32, 32, 16), jnp.float32))
+
+
+def pool_indices_in_decoder():
+    """A two-level U-Net with relus, a max pool, a strided transposed convolution up and a skip
+    concatenation, one SGD step. XLA's list scheduler runs the pool gradient's variadic
+    reduce-window (the pooled values and four s32 index arrays) during the forward decoder, so
+    its index arrays are live from there to the backward's scatter, through the backward's
+    peak (`gpu_model_heap.pool_index_spans`)."""
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    w1 = jax.random.normal(ks[0], (3, 3, 8, 32)) * 0.1
+    w2 = jax.random.normal(ks[1], (3, 3, 32, 64)) * 0.1
+    wu = jax.random.normal(ks[2], (2, 2, 64, 32)) * 0.1
+    w3 = jax.random.normal(ks[3], (3, 3, 64, 8)) * 0.1
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def loss(p, x):
+        w1, w2, wu, w3 = p
+        h = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims))
+        d = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        d = jax.nn.relu(jax.lax.conv_general_dilated(d, w2, (1, 1), "SAME", dimension_numbers=dims))
+        up = jax.lax.conv_transpose(d, wu, (2, 2), "SAME", dimension_numbers=dims)
+        u = jax.lax.conv_general_dilated(jnp.concatenate([up, h], -1), w3, (1, 1), "SAME", dimension_numbers=dims)
+        return jnp.sum(u ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((w1, w2, wu, w3), jnp.ones((64, 32, 32, 8), jnp.float32))

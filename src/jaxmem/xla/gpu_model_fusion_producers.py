@@ -14,7 +14,7 @@ from typing import Any
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_STORED_FOR_GEMM, GPU_VIEWS, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Roles
-from jaxmem.xla.gpu_model_fusion_cost import duplicated
+from jaxmem.xla.gpu_model_fusion_cost import duplicated, sum_of_stored_values
 from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, IO_TOLERANCE_BYTES, FusionContext,
                                       absorbs, elements, read_by_gemm)
 
@@ -189,3 +189,12 @@ def narrowing_cast_shared(ctx: FusionContext, fused: list[bool], op: Any, v: int
     if g.nbytes[op.inputs[0]] - g.nbytes[v] <= IO_TOLERANCE_BYTES:
         return False
     return _into_gemm(g, v)
+
+
+def stored_sum_read_by_several(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
+    """A sum of stored values read by several kernels is stored where XLA:GPU's performance
+    model finds that faster than reading the values in each (priority_fusion.cc,
+    CalculateProducerPriority; `gpu_model_fusion_cost.sum_of_stored_values`): a residual
+    stream's sums. Without a device (jaxmem's own plan) it is computed in its readers."""
+    return ctx.dev is not None and sum_of_stored_values(ctx.g, ctx.roles, fused, ctx.tainted, ctx.dev,
+                                                        ctx.reread, op, v)

@@ -261,7 +261,7 @@ def written_by_gemm(g: Program, fused: Sequence[bool], op: Any) -> bool:
     a fusion (and a cuBLAS custom call) as it is (float_normalization.cc,
     FloatNormalizationVisitor::DefaultAction returns early for kFusion and kCustomCall): the
     result stays bfloat16 on A100, and readers computing in float32 convert it there. The
-    bias GEMMs of `tests/gpu/fusion_programs.py:bf16_residual_mlp` and mixer_bf16:
+    bias GEMMs of `tests/gpu/fusion_programs.py:bf16_residual_mlp`:
     `gemm_fusion_dot` bf16[8192,1024] on both devices, read by the float32 gelu fusion
     (`loop_convert_tanh_fusion`) on A100."""
     todo = [u for u in op.inputs if fused[u]]

@@ -332,6 +332,57 @@ def bf16_log_softmax_loss():
 STORED["bf16_log_softmax_loss"] = True
 
 
+def bf16_bias_gelu_grad():
+    """The gradient of a bfloat16 bias GEMM and tanh gelu. The bias add is the GEMM fusion's
+    epilogue, its result bf16[4096,2048] (16 MiB) on both devices. On A100 (bfloat16 arithmetic
+    in float32) the activation gradient is stored in float32 (`loop_add_fusion` f32, 32 MiB)
+    with a bfloat16 copy for the weight gradient's GEMM (`input_convert_reduce_fusion{1}`,
+    beside the bias gradient's reduction): 48 MiB of temp there, 24 MiB on H100."""
+    def fn(w, b, x):
+        def loss(w, b):
+            return jnp.sum(jax.nn.gelu(x @ w + b, approximate=True).astype(jnp.float32))
+        return jax.grad(loss, argnums=(0, 1))(w, b)
+    bf = jnp.bfloat16
+    return fn, (jnp.ones((256, 2048), bf), jnp.ones((2048,), bf), jnp.ones((4096, 256), bf))
+
+
+def _bf16_layer_norm(x, scale, bias):
+    """flax's LayerNorm at dtype bfloat16: float32 statistics, the normalized value cast back."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.maximum((xf * xf).mean(-1, keepdims=True) - mean * mean, 0.0)
+    y = (xf - mean) * jax.lax.rsqrt(var + 1e-6)
+    return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(jnp.bfloat16)
+
+
+def bf16_residual_mlp(blocks: int = 4, batch: int = 32, tokens: int = 256, dim: int = 256, hidden: int = 1024):
+    """A bfloat16 pre-LayerNorm residual stack of bias-gelu MLPs (an MLP-Mixer's channel
+    mixing), trained by SGD. XLA stores the residual stream's sums: on H100 in bfloat16
+    (`input_add_reduce_fusion.N{2}` bf16[32,256,256]), on A100 in float32 (f32[32,256,256]:
+    LayerNorm reads it in float32 and the simplifier drops the bfloat16 round trip); each MLP's
+    bias GEMM result stays bfloat16 on both (`gemm_fusion_dot` bf16[8192,1024]), gelu's tanh is
+    float32 on A100. Temp 232 MiB on H100, 304 MiB on A100."""
+    bf = jnp.bfloat16
+
+    def mlp(x, w1, b1, w2, b2):
+        return jax.nn.gelu(x @ w1 + b1, approximate=True) @ w2 + b2
+
+    def fn(params, x):
+        def loss(params):
+            y = x
+            for (dense, scale, bias) in params:
+                y = y + mlp(_bf16_layer_norm(y, scale, bias), *dense)
+            return jnp.sum(y.astype(jnp.float32) ** 2)
+        grads = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, q: p - 0.1 * q, params, grads)
+
+    def linear(a, b):
+        return (jnp.ones((a, b), bf) * 0.01, jnp.zeros((b,), bf))
+    params = [(linear(dim, hidden) + linear(hidden, dim), jnp.ones((dim,), bf), jnp.zeros((dim,), bf))
+              for _ in range(blocks)]
+    return fn, (params, jnp.ones((batch, tokens, dim), bf))
+
+
 # --- Triton split-K (`jaxmem.xla.gpu_splitk`): (512 x 2048) @ (2048 x 512) splits 8 ways on
 # H100 and 4 on A100, its float32 partials 8 and 4 MiB against a 1 MiB result.
 

@@ -9,6 +9,7 @@ import pytest
 
 from jaxmem.xla.gpu import xla_gpu_reference
 
+from gpu_test_support import predicted_and_xla
 from test_gpu_model import FUSION, _load, _predict, needs_gpu_compiler
 
 MiB = 1 << 20
@@ -80,3 +81,62 @@ def test_bf16_train_prediction_within_5_percent(device):
     ref = xla_gpu_reference(program.target, device=device, donate_argnums=program.donate_argnums, top=0)
     pred = _predict(*program.factory(), donate=program.donate_argnums, device=device)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.05, pred.total_bytes / ref.total_bytes
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", ["h100-80gb", "a100-40gb"])
+def test_bias_gemm_result_and_gradient_copy_have_xla_gpus_bytes(device):
+    """A bfloat16 bias GEMM's result is the GEMM fusion's, bf16 on both devices
+    (`written_by_gemm`: 16 MiB, not 32 on A100); on A100 the activation gradient is stored in
+    float32 (32 MiB) beside the bfloat16 copy its weight-gradient GEMM reads (16 MiB,
+    `bf16_gemm_copies`). Before both: 40 MiB predicted against 48 on A100."""
+    module, factory = _load("bf16_bias_gelu_grad")
+    ref = xla_gpu_reference(f"{FUSION}:bf16_bias_gelu_grad", device=device, top=4)
+    wide = [b for b in ref.peak_buffers if b["dtype"] == "f32" and b["shape"] == [4096, 2048]]
+    assert bool(wide) is (device == "a100-40gb")
+    pred = _predict(*factory(), device=device)
+    assert abs(pred.temp_bytes - ref.temp_bytes) < MiB, (pred.temp_bytes, ref.temp_bytes)
+
+
+def test_a_gemm_epilogue_root_keeps_its_type_and_a_gemm_read_value_gets_a_copy():
+    """The rules' own decisions on `bf16_bias_gelu_grad` (A100): the bias add is written by
+    the GEMM and not widened; the activation gradient (read by the bias gradient's reduction
+    and a GEMM) is widened and has a bfloat16 copy of its own bytes; on H100 neither."""
+    import jax
+
+    from jaxmem.compiler import planner
+    from jaxmem.compiler.fusion import forced_fusion
+    from jaxmem.xla.gpu_model import prediction_fusion
+    from jaxmem.xla.gpu_model_fusion import bf16_gemm_copies, widened_values, written_by_gemm
+
+    _, factory = _load("bf16_bias_gelu_grad")
+    fn, args = factory()
+    g = planner.inlined(jax.make_jaxpr(fn)(*args))
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
+    fused = prediction_fusion(g, roles, forced_fusion(g, roles), device="a100-40gb")
+    bias_add = next(op for op in g.ops if op.primitive == "add")
+    assert written_by_gemm(g, fused, bias_add) and not fused[bias_add.outputs[0]]
+    widened = widened_values(g, roles, fused, "a100-40gb")
+    assert bias_add.outputs[0] not in widened
+    copies = bf16_gemm_copies(g, roles, fused, "a100-40gb")
+    assert len(copies) == 1
+    (v, size), = copies.items()
+    assert v in widened and size == g.nbytes[v] == 4096 * 2048 * 2
+    assert widened_values(g, roles, fused, "h100-80gb") == []
+
+
+@pytest.mark.slow
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", ["h100-80gb", "a100-40gb"])
+def test_bf16_residual_stream_has_xla_gpus_bytes(device):
+    """A bfloat16 pre-LayerNorm residual MLP stack (an MLP-Mixer's channel mixing): the bias
+    GEMMs' results stay bfloat16 on A100 (`written_by_gemm`), gelu's tanh and the gradients
+    are float32 there (`widened_values`, `bf16_gemm_copies`). Before these rules the model
+    predicted 1.215 of XLA's total on A100 (1.000 on H100); now 0.974 and 1.000. What is left
+    on A100: XLA stores the residual stream's sums (f32[32,256,256], `input_add_reduce_fusion`),
+    the model computes them in their readers and stores the bfloat16 branch results instead
+    (the same bytes on H100). A rule storing a sum of stored values read by several kernels
+    closed it (within 0.1%) but stored sums XLA computes in their readers elsewhere, and was
+    left out (BENCHMARKS.md, issue 36)."""
+    pred, ref, _ = predicted_and_xla("bf16_residual_mlp", device)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) < 0.03, (pred.total_bytes, ref.total_bytes)

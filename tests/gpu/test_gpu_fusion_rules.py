@@ -16,8 +16,9 @@ from jaxmem.xla.gpu import xla_gpu_reference
 from jaxmem.xla.gpu_model import predict
 from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
                                                    new_movement_read_by_gemm, reader_does_not_absorb,
-                                                   reread_by_its_readers, too_many_readers,
-                                                   transcendental_into_gemm, transcendental_not_duplicated)
+                                                   reread_by_its_readers,
+                                                   too_many_readers, transcendental_into_gemm,
+                                                   transcendental_not_duplicated)
 
 from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 

@@ -39,8 +39,9 @@ from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import Analysis, Roles, Span
 from jaxmem.xla.gpu_model_conv import conv_operand_scratch, conv_plan
-from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, gpu_fusion, gpu_plan_fusion,
-                                         gpu_plan_output_epilogues, prediction_fusion, stored_in_f32)
+from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, bf16_gemm_copies, gpu_fusion,
+                                         gpu_plan_fusion, gpu_plan_output_epilogues, prediction_fusion,
+                                         stored_in_f32)
 from jaxmem.xla.gpu_model_fusion_concat import concat_copy_scratch
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues
 from jaxmem.xla.gpu_model_fusion_producers import updates_read_inside
@@ -174,10 +175,11 @@ def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
     unsplit = g
     g, partials, fused = with_splitk_partials(g, fused, device)
     # after the split, which may store more values (`_stored_readers`): each is sized as stored
+    copies = bf16_gemm_copies(g, roles, fused, device)
     g = stored_in_f32(g, roles, fused, device)
     scratch, pieces = _scratch(g, workspace, device, partials, store_reread_producers)
     analysis = Analysis(roles, fusion_of(g, fused), scratch)
-    heap, best_name = best_heap(g, unsplit, analysis, fused, row_loops, aliases, pieces, device)
+    heap, best_name = best_heap(g, unsplit, analysis, fused, row_loops, aliases, pieces, device, copies)
     return heap, best_name, sum(fused)
 
 

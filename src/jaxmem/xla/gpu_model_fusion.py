@@ -56,6 +56,10 @@ PRODUCER_RULES: list[ProducerRule] = [
     narrowing_cast_shared,
     read_by_slow_reduction,
 ]
+# Tried and left out: storing a sum of stored values read by several kernels (a residual
+# stream's sums, priced by the performance model) is right on `tests/gpu/fusion_programs.py:bf16_residual_mlp` and brings
+# mixer_bf16 on A100 to 1.005, but takes linen_resnet_bottleneck from 0.994 / 0.980 to
+# 1.201 / 1.184 and gqa_attention on A100 from 1.130 to 1.156 (BENCHMARKS.md, issue 36).
 
 
 def fuse_cheap_producers(ctx: FusionContext, fused: list[bool]) -> dict[int, bool]:
@@ -193,28 +197,91 @@ def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) 
     float normalization, xla/service/float_normalization.cc with GpuFloatSupport).
 
     There a bfloat16 elementwise chain runs in float32; a value of it that is stored and read
-    only by other elementwise ops or reductions (also run in float32) is stored as computed,
-    in float32: twice its bytes. A value read by a GEMM is converted back to bfloat16 (the
-    GEMM reads bfloat16). bf16_train on A100: gelu's stored tanh is f32[4,256,1536] (6 MiB),
-    on H100 bf16 (3 MiB), each layer; the same in `tests/gpu/fusion_programs.py:gelu_step_bf16`
-    (the activation fusion's second output: f32 on A100, bf16 on H100).
-    Converts are left as they are (a convert's result is its stated type).
+    by other elementwise ops or reductions (also run in float32) is stored as computed, in
+    float32: twice its bytes (`widened_values`). bf16_train on A100: gelu's stored tanh is
+    f32[4,256,1536] (6 MiB), on H100 bf16 (3 MiB), each layer; the same in
+    `tests/gpu/fusion_programs.py:gelu_step_bf16` (the activation fusion's second output: f32
+    on A100, bf16 on H100). A GEMM reading it too reads a bfloat16 copy (`bf16_gemm_copies`).
     """
+    widened = widened_values(g, roles, fused, device)
+    if not widened:
+        return g
+    nbytes = list(g.nbytes)
+    for v in widened:
+        nbytes[v] = 2 * g.nbytes[v]
+    return replace(g, nbytes=nbytes)
+
+
+def bf16_gemm_copies(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> dict[int, int]:
+    """Per value `widened_values` stores in float32 that a GEMM reads too, the bytes of its
+    bfloat16 copy (`g` before `stored_in_f32`; held by `gpu_model_heap.bf16_copy_intervals`).
+    float_normalization.cc leaves `convert(f32 -> bf16)` before each GEMM reading the float32
+    value (the GEMM reads bfloat16; the simplifier drops only convert pairs): XLA stores the
+    float32 value until its last float32 reader and the bfloat16 copy until its last GEMM (an
+    activation gradient read by the bias gradient's reduction and the weight gradient's GEMM:
+    `loop_add_fusion` f32 and `input_convert_reduce_fusion{1}` bf16, both live at the peak, in
+    the A100 dump of `tests/gpu/fusion_programs.py:bf16_bias_gelu_grad`)."""
+    return {v: g.nbytes[v] for v in widened_values(g, roles, fused, device)
+            if any(g.ops[c].primitive == "dot_general" for c in g.users[v])}
+
+
+def widened_values(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> list[int]:
+    """The stored bfloat16 values XLA:GPU stores in float32 on `device` (see `stored_in_f32`):
+    results of bfloat16 arithmetic (not converts, whose result is their stated type, nor a
+    GEMM's epilogue root, `written_by_gemm`) read by elementwise ops or reductions, and
+    otherwise only by GEMMs."""
     dev = device_numbers(device) if device else None
     if dev is None or bf16_arithmetic_native(dev):
-        return g
-    nbytes = None
+        return []
+    found = []
     for op in g.ops:
         if op.primitive not in ELEMENTWISE or op.primitive == "convert_element_type" or len(op.outputs) != 1:
             continue
         v = op.outputs[0]
         if v is None or fused[v] or roles.outputs[v] or roles.external[v] or str(g.dtypes[v]) != "bfloat16":
             continue
-        readers = [g.ops[c].primitive for c in g.users[v]]
-        if not readers or any(r == "convert_element_type" or (r not in ELEMENTWISE and r not in REDUCTIONS)
-                              for r in readers):
+        readers = [g.ops[c] for c in g.users[v]]
+        wide = [r for r in readers if _reads_in_f32(g, r)]
+        gemms = [r for r in readers if r.primitive == "dot_general"]
+        if wide and len(wide) + len(gemms) == len(readers) and not written_by_gemm(g, fused, op):
+            found.append(v)
+    return found
+
+
+def _reads_in_f32(g: Program, reader: Any) -> bool:
+    """Whether `reader` of a float32-computed bfloat16 value reads it in float32: an elementwise
+    op or reduction (normalized to float32 too), or a convert to float32, which
+    SimplifyFPConversions removes with the bfloat16 convert before it
+    (xla/hlo/transforms/simplifiers/simplify_fp_conversions.h: `f32 -> bf16 -> f32` chains,
+    under xla_allow_excess_precision, on by default): LayerNorm's `x.astype(f32)` of a residual
+    sum reads the float32 sum (`bf16_residual_mlp` on A100: the sums f32[32,256,256])."""
+    if reader.primitive == "convert_element_type":
+        out = reader.outputs[0] if len(reader.outputs) == 1 else None
+        return out is not None and str(g.dtypes[out]) == "float32"
+    return reader.primitive in ELEMENTWISE or reader.primitive in REDUCTIONS
+
+
+def written_by_gemm(g: Program, fused: Sequence[bool], op: Any) -> bool:
+    """Whether elementwise `op` is the last op of a GEMM's epilogue (`gemm_output_epilogues`:
+    a fused dot reached through fused single-reader elementwise ops and transposes): its value
+    is the GEMM fusion's result, written in the fusion's own type. Float normalization leaves
+    a fusion (and a cuBLAS custom call) as it is (float_normalization.cc,
+    FloatNormalizationVisitor::DefaultAction returns early for kFusion and kCustomCall): the
+    result stays bfloat16 on A100, and readers computing in float32 convert it there. The
+    bias GEMMs of `tests/gpu/fusion_programs.py:bf16_residual_mlp`:
+    `gemm_fusion_dot` bf16[8192,1024] on both devices, read by the float32 gelu fusion
+    (`loop_convert_tanh_fusion`) on A100."""
+    todo = [u for u in op.inputs if fused[u]]
+    seen: set[int] = set()
+    while todo:
+        u = todo.pop()
+        p = g.producer[u]
+        if u in seen or p < 0 or len(g.users[u]) != 1:
             continue
-        if nbytes is None:
-            nbytes = list(g.nbytes)
-        nbytes[v] = 2 * g.nbytes[v]
-    return replace(g, nbytes=nbytes) if nbytes is not None else g
+        seen.add(u)
+        prod = g.ops[p]
+        if prod.primitive == "dot_general":
+            return True
+        if prod.primitive in ELEMENTWISE or prod.primitive == "transpose":
+            todo.extend(w for w in prod.inputs if fused[w])
+    return False

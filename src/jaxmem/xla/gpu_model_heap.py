@@ -60,6 +60,7 @@ class HeapCase:
     fused: Sequence[bool] = ()
     device: str = ""
     analysis: Analysis | None = None
+    copies: dict[int, int] | None = None
 
 
 Spans = list[Span]
@@ -479,6 +480,33 @@ def cloned_concat_operand_spans(case: HeapCase) -> list[Span]:
     return sibling_gather_spans(case.g, case.order, case.fused, case.device)
 
 
+def bf16_copy_intervals(case: HeapCase, intervals: list[Any]) -> list[Any]:
+    """The intervals with each float32-stored value that GEMMs read too (`case.copies`,
+    `gpu_model_fusion.bf16_gemm_copies`) held as XLA holds it: the float32 buffer until its
+    last reader other than a GEMM, and its bfloat16 copy (float_normalization.cc's convert
+    before the GEMMs) from the first GEMM, or the last float32 reader where that runs first
+    (the convert fused beside it), to the last GEMM. In the A100 dump of
+    `tests/gpu/fusion_programs.py:bf16_bias_gelu_grad` the weight gradient's split-K partials
+    take the float32 gradient's place, dead by then."""
+    if not case.copies:
+        return intervals
+    g, live = case.g, case.live
+    pos = {oi: p for p, oi in enumerate(case.order)}
+    by_id = {iv.id: k for k, iv in enumerate(intervals)}
+    out = list(intervals)
+    for v, size in case.copies.items():
+        k = by_id.get(live.group[v], -1)
+        readers = [c for c in g.users[v] if c in pos]
+        gemms = [pos[c] for c in readers if g.ops[c].primitive == "dot_general"]
+        wide = [pos[c] for c in readers if g.ops[c].primitive != "dot_general"]
+        if k < 0 or not gemms or not wide or out[k].kind != "temp" or list(out[k].members)[-1:] != [v]:
+            continue
+        iv = out[k]
+        out[k] = replace(iv, end=max(iv.start, max(wide)))
+        out.append(Interval(-20_000_000 - v, [], min(min(gemms), max(wide)), max(gemms), align(size), "temp"))
+    return out
+
+
 def merge_intervals(case: HeapCase, intervals: list[Any]) -> list[Any]:
     """The liveness intervals with each merged group's results as one buffer: from the merged
     dot to the last read of any of its slices (xla/service/gpu/transforms/dot_merger.cc makes
@@ -593,7 +621,7 @@ def heap_after_reuse(intervals: Sequence[Any], aliased: set[int] = frozenset()) 
 
 # Run in this order over the liveness intervals, before output-allocation reuse.
 INTERVAL_ADJUSTMENTS: list[Callable[[HeapCase, list[Any]], list[Any]]] = [
-    merge_intervals, conv_results_kept, stacked_outputs_from_start, with_pieces]
+    merge_intervals, conv_results_kept, stacked_outputs_from_start, with_pieces, bf16_copy_intervals]
 # Spans added to the heap after reuse, in this order.
 SPAN_ADJUSTMENTS: list[Callable[[HeapCase], Spans]] = [
     shared_zero_spans,
@@ -620,12 +648,13 @@ def case_heap(case: HeapCase) -> Spans:
 
 def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[bool],
               row_loops: dict[int, list[int]], aliases: dict[int, int], pieces: dict[int, int],
-              device: str = "") -> tuple[Spans, str]:
+              device: str = "", copies: dict[int, int] | None = None) -> tuple[Spans, str]:
     """(the heap's spans, the scheduler kept) for `g` under `analysis`: each order of the
     scheduling pass (`xla_orders`, merged dots run together; the dot merger groups GEMMs by
     their sizes before split-K, read from `unsplit`) is scored by its heap's lower bound and
     the least kept; only the winner is placed (placement is most of the model's time).
-    `aliases`: output -> donated argument; `row_loops`: `softmax_outputs`' mixed diamonds."""
+    `aliases`: output -> donated argument; `row_loops`: `softmax_outputs`' mixed diamonds;
+    `copies`: float32 values' bfloat16 copies for GEMMs (`bf16_copy_intervals`)."""
     aliased_values = {g.outvars[j] for j in aliases}
     scored = []
     for name, order in xla_orders(g, analysis).items():
@@ -636,7 +665,7 @@ def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[
         sources = {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
                    if live.group[g.outvars[j]] >= 0}
         heap = case_heap(HeapCase(g, order, live, analysis.roles, groups, aliased, sources, pieces, name,
-                                       fused, device, analysis))
+                                  fused, device, analysis, copies))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])

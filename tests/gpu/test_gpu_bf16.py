@@ -132,11 +132,9 @@ def test_bf16_residual_stream_has_xla_gpus_bytes(device):
     """A bfloat16 pre-LayerNorm residual MLP stack (an MLP-Mixer's channel mixing): the bias
     GEMMs' results stay bfloat16 on A100 (`written_by_gemm`), gelu's tanh and the gradients
     are float32 there (`widened_values`, `bf16_gemm_copies`). Before these rules the model
-    predicted 1.215 of XLA's total on A100 (1.000 on H100); now 0.974 and 1.000. What is left
-    on A100: XLA stores the residual stream's sums (f32[32,256,256], `input_add_reduce_fusion`),
-    the model computes them in their readers and stores the bfloat16 branch results instead
-    (the same bytes on H100). A rule storing a sum of stored values read by several kernels
-    closed it (within 0.1%) but stored sums XLA computes in their readers elsewhere, and was
-    left out (BENCHMARKS.md, issue 36)."""
+    predicted 1.215 of XLA's total on A100 (1.000 on H100); then 0.974 and 1.000. What was left
+    on A100: the residual stream's sums XLA stores (f32[32,256,256], `input_add_reduce_fusion`):
+    `stored_sum_read_by_several` stores them, priced against the ops reading them (1.000 on
+    both devices)."""
     pred, ref, _ = predicted_and_xla("bf16_residual_mlp", device)
     assert abs(pred.total_bytes / ref.total_bytes - 1) < 0.03, (pred.total_bytes, ref.total_bytes)

@@ -16,7 +16,7 @@ from jaxmem.xla.gpu import xla_gpu_reference
 from jaxmem.xla.gpu_model import predict
 from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
                                                    new_movement_read_by_gemm, reader_does_not_absorb,
-                                                   reread_by_its_readers,
+                                                   reread_by_its_readers, stored_sum_read_by_several,
                                                    too_many_readers, transcendental_into_gemm,
                                                    transcendental_not_duplicated)
 
@@ -51,7 +51,7 @@ def _changed(ctx, changes, primitive):
 
 def test_the_registries_hold_every_rule_once_in_order():
     assert gf.FUSION_RULES[0] is gf.fuse_cheap_producers
-    assert len(set(gf.PRODUCER_RULES)) == len(gf.PRODUCER_RULES) == 9
+    assert len(set(gf.PRODUCER_RULES)) == len(gf.PRODUCER_RULES) == 10
     assert all(rule.__doc__ for rule in gf.PRODUCER_RULES + gf.FUSION_RULES)
 
 
@@ -134,6 +134,35 @@ def test_transcendental_not_duplicated_as_xla_decides(device):
     assert _asked(transcendental_not_duplicated, ctx, fused, "tanh") is module.TRANSCENDENTAL_STORED[("gelu_step", device)]
     plan_ctx, plan_fused = _context(*factory(), device=None)
     assert _asked(transcendental_not_duplicated, plan_ctx, plan_fused, "tanh") is True   # no device: stored
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("device", [H100, A100])
+def test_stored_sum_read_by_several(device):
+    """The residual stream's sums of `bf16_residual_mlp` (each `y + mlp(norm(y))`, read by the
+    next LayerNorm's ops, the next sum and the backward) are stored on A100, as XLA stores them
+    (`input_add_reduce_fusion{2}` f32); on H100 the sum is bfloat16 and its widening convert is
+    one reader of two, so this rule leaves it (XLA stores it there too, the model the same bytes
+    as bfloat16 branch results: the program's total is matched on both); `residual_relu`'s sum, read by a relu and its
+    gradient's mask only, is computed in both (XLA:GPU's temp holds the masked product alone,
+    16 MiB, no sum beside it); a sum of two arguments read by one reduction is computed inside
+    it; no device (jaxmem's own plan): never stored by this rule."""
+    _, factory = load_fusion_program("bf16_residual_mlp")
+    ctx, fused = _context(*factory(blocks=2), device=device)
+    sums = [op for op in ctx.g.ops if op.primitive == "add" and len(ctx.g.users[op.outputs[0]]) >= 2
+            and ctx.g.shapes[op.outputs[0]] == (32, 256, 256)]
+    assert sums and all(stored_sum_read_by_several(ctx, fused, op, op.outputs[0]) == (device == A100) for op in sums)
+    _, relu_factory = load_fusion_program("residual_relu")
+    relu_ctx, relu_fused = _context(*relu_factory(), device=device)
+    assert _asked(stored_sum_read_by_several, relu_ctx, relu_fused, "add") is False
+    ref = xla_gpu_reference(f"{FUSION}:residual_relu", device=device, top=0)
+    assert ref.temp_bytes < 2 * 4096 * 1024 * 4, ref.temp_bytes
+    x = jnp.ones((1024, 1024), F32)
+    once, once_fused = _context(lambda a, b: jnp.sum(a + b, axis=1), (x, x), device=device)
+    assert _asked(stored_sum_read_by_several, once, once_fused, "add") is False
+    plan_ctx, plan_fused = _context(*factory(blocks=2), device=None)
+    assert not any(stored_sum_read_by_several(plan_ctx, plan_fused, op, op.outputs[0])
+                   for op in plan_ctx.g.ops if op.primitive == "add")
 
 
 def test_narrowing_cast_shared():

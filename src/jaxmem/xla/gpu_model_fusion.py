@@ -35,7 +35,7 @@ from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues, output_epilo
 from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
                                                    new_movement_read_by_gemm, read_by_slow_reduction,
                                                    reader_does_not_absorb, reread_by_its_readers, tainted_values,
-                                                   too_many_readers, transcendental_into_gemm,
+                                                   stored_sum_read_by_several, too_many_readers, transcendental_into_gemm,
                                                    transcendental_not_duplicated, updates_read_inside)
 from jaxmem.xla.gpu_model_fusion_softmax import softmax_fusions, widened_softmax_roots_stored
 from jaxmem.xla.gpu_model_ops import (ELEMENTWISE, FUSIBLE_PRODUCERS, REDUCTIONS, FusionContext,
@@ -54,12 +54,9 @@ PRODUCER_RULES: list[ProducerRule] = [
     gemm_prologue_not_worth_fusing,
     transcendental_not_duplicated,
     narrowing_cast_shared,
+    stored_sum_read_by_several,
     read_by_slow_reduction,
 ]
-# Tried and left out: storing a sum of stored values read by several kernels (a residual
-# stream's sums, priced by the performance model) is right on `tests/gpu/fusion_programs.py:bf16_residual_mlp` and brings
-# mixer_bf16 on A100 to 1.005, but takes linen_resnet_bottleneck from 0.994 / 0.980 to
-# 1.201 / 1.184 and gqa_attention on A100 from 1.130 to 1.156 (BENCHMARKS.md, issue 36).
 
 
 def fuse_cheap_producers(ctx: FusionContext, fused: list[bool]) -> dict[int, bool]:

@@ -14,7 +14,7 @@ from typing import Any
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_STORED_FOR_GEMM, GPU_VIEWS, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Roles
-from jaxmem.xla.gpu_model_fusion_cost import duplicated
+from jaxmem.xla.gpu_model_fusion_cost import duplicated, sum_of_stored_values
 from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, IO_TOLERANCE_BYTES, FusionContext,
                                       absorbs, elements, read_by_gemm)
 
@@ -197,3 +197,13 @@ def read_by_slow_reduction(ctx: FusionContext, fused: list[bool], op: Any, v: in
     (`gpu_model_fusion_cost.slow_reduction_stored`: priority_fusion.cc prices the reduction's
     bandwidth by its blocks). Only with a device (the prediction)."""
     return v in ctx.slow_stored
+
+
+def stored_sum_read_by_several(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
+    """A sum of stored values is stored where XLA:GPU's performance model, pricing it against
+    the ops that read it, finds that faster than computing it in each (priority_fusion.cc,
+    CalculateProducerPriority; `gpu_model_fusion_cost.sum_of_stored_values`): a pre-LayerNorm
+    residual stream's sums, not a ResNet's `bn + shortcut` read by a relu and its mask.
+    Without a device (jaxmem's own plan) it is computed in its readers."""
+    return ctx.dev is not None and sum_of_stored_values(ctx.g, ctx.roles, fused, ctx.tainted, ctx.dev,
+                                                        ctx.reread, op, v)

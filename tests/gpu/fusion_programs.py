@@ -819,7 +819,7 @@ def max_pool_gradient_not_added():
     return step, ((ws, head), jnp.ones((64, 32, 32, 3), jnp.float32))
 
 
-def max_pool_gradient_added():
+def max_pool_gradient_added(act=jnp.tanh):
     """A max pool whose input is also a skip connection (a U-Net's): the pooled activation's
     gradient is the pool gradient plus the skip's, which the backward convolution computes, and
     XLA's algebraic simplifier makes that gradient the scatter's operand (`scatter(A, i, u)`:
@@ -832,9 +832,9 @@ def max_pool_gradient_added():
 
     def loss(p, x):
         w1, w2, w3 = p
-        h = jnp.tanh(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims))
+        h = act(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims))
         d = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
-        d = jnp.tanh(jax.lax.conv_general_dilated(d, w2, (1, 1), "SAME", dimension_numbers=dims))
+        d = act(jax.lax.conv_general_dilated(d, w2, (1, 1), "SAME", dimension_numbers=dims))
         up = jnp.repeat(jnp.repeat(d, 2, axis=1), 2, axis=2)
         u = jax.lax.conv_general_dilated(jnp.concatenate([up, h], -1), w3, (1, 1), "SAME", dimension_numbers=dims)
         return jnp.sum(u ** 2)
@@ -930,25 +930,7 @@ def relu_max_pool_gradient_added():
     zeros do not make the pool gradient's zeros shared, because there are none left: the
     algebraic simplifier makes the skip connection's gradient the scatter's operand (the dump's
     `input_scatter_fusion` reads a `wrapped_slice`) and no zero broadcast is stored."""
-    ks = jax.random.split(jax.random.PRNGKey(0), 3)
-    w1 = jax.random.normal(ks[0], (3, 3, 3, 32)) * 0.1
-    w2 = jax.random.normal(ks[1], (3, 3, 32, 64)) * 0.1
-    w3 = jax.random.normal(ks[2], (3, 3, 96, 8)) * 0.1
-    dims = ("NHWC", "HWIO", "NHWC")
-
-    def loss(p, x):
-        w1, w2, w3 = p
-        h = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims))
-        d = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
-        d = jax.nn.relu(jax.lax.conv_general_dilated(d, w2, (1, 1), "SAME", dimension_numbers=dims))
-        up = jnp.repeat(jnp.repeat(d, 2, axis=1), 2, axis=2)
-        u = jax.lax.conv_general_dilated(jnp.concatenate([up, h], -1), w3, (1, 1), "SAME", dimension_numbers=dims)
-        return jnp.sum(u ** 2)
-
-    def step(p, x):
-        g = jax.grad(loss)(p, x)
-        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
-    return step, ((w1, w2, w3), jnp.ones((64, 32, 32, 3), jnp.float32))
+    return max_pool_gradient_added(jax.nn.relu)
 
 
 def conv_batchnorm_grad():

@@ -11,6 +11,7 @@ cheap value a column reduction on few blocks reads).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,6 +318,18 @@ class _Reread:
         return not duplicate_is_faster(self.dev, producer, v, consumers)
 
 
+def _stored_cheap_values(g: Program, roles: Roles, fused: list[bool]) -> Iterator[tuple[Any, int]]:
+    """(op, value), readers first, for each cheap elementwise value stored so far that a rule
+    priced by the performance model may yet keep stored: not an output or an input, read."""
+    for op in reversed(g.ops):
+        if (op.primitive not in ELEMENTWISE or op.primitive in GPU_EXPENSIVE or len(op.outputs) != 1
+                or op.outputs[0] is None or op.effectful):
+            continue
+        v = op.outputs[0]
+        if not (fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]):
+            yield op, v
+
+
 def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any) -> set[int]:
     """Cheap elementwise values XLA:GPU stores because a kernel reading them reads each element
     many times (a broadcast into a reduction, an outer product into a scatter's updates).
@@ -343,13 +356,7 @@ def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[boo
     into the scatter that broadcasts the product).
     """
     walk = _Reread(g, roles, fused, tainted, dev, set())
-    for op in reversed(g.ops):
-        if (op.primitive not in ELEMENTWISE or op.primitive in GPU_EXPENSIVE or len(op.outputs) != 1
-                or op.outputs[0] is None or op.effectful):
-            continue
-        v = op.outputs[0]
-        if fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
-            continue
+    for op, v in _stored_cheap_values(g, roles, fused):
         roots = walk.reader_roots(v)
         n = elements(g.shapes[v])
         if roots is None or not roots or all(kernel_space(g, g.ops[r]) <= n for r in roots):
@@ -434,13 +441,7 @@ def slow_reduction_stored(g: Program, roles: Roles, fused: list[bool], tainted: 
     kernel (the centred value feeding a stored product is fused into it).
     """
     walk = _SlowReduction(g, roles, fused, tainted, dev, set())
-    for op in reversed(g.ops):
-        if (op.primitive not in ELEMENTWISE or op.primitive in GPU_EXPENSIVE or len(op.outputs) != 1
-                or op.outputs[0] is None or op.effectful):
-            continue
-        v = op.outputs[0]
-        if fused[v] or roles.outputs[v] or roles.external[v] or not g.users[v]:
-            continue
+    for op, v in _stored_cheap_values(g, roles, fused):
         roots = walk.reader_roots(v)
         if not roots or not any(r in capped for r in roots):
             continue

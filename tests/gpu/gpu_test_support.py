@@ -40,3 +40,45 @@ def predicted_and_xla(name: str, device: str, donate: tuple[int, ...] = ()) -> t
     traced = ja.trace(fn, args, {}, donate)
     donated = [k in traced.donated for k in range(len(traced.in_avals))]
     return gpu_model.predict(traced.closed_jaxpr, donated=donated, device=device), ref, module
+
+
+def heap_cases(name: str, look: Callable[[Any], Any], device: str = "h100-80gb") -> dict[str, Any]:
+    """Per scheduler the GPU model tries, `look(case)` for each `HeapCase` it builds while
+    predicting the fusion program `name` on `device` (its kept predictions cleared first, so
+    the heap is built here)."""
+    import jax
+
+    from jaxmem.xla import gpu_model as gm
+    from jaxmem.xla import gpu_model_heap as gh
+
+    _, factory = load_fusion_program(name)
+    fn, args = factory()
+    seen: dict[str, Any] = {}
+    original = gh.case_heap
+
+    def spy(case: Any) -> Any:
+        seen[case.scheduler] = look(case)
+        return original(case)
+    gh.case_heap = spy
+    try:
+        gm._device_temps_kept.clear()
+        gm.predict(jax.make_jaxpr(fn)(*args), device=device)
+    finally:
+        gh.case_heap = original
+        gm._device_temps_kept.clear()
+    return seen
+
+
+def program_fusion(name: str, device: str) -> tuple[Any, list[bool]]:
+    """(the inlined program, the GPU model's fused flags on `device`) of the fusion program `name`."""
+    import jax
+
+    from jaxmem.compiler import planner
+    from jaxmem.compiler.fusion import forced_fusion
+    from jaxmem.xla.gpu_model_fusion import gpu_fusion
+
+    _, factory = load_fusion_program(name)
+    fn, args = factory()
+    g = planner.inlined(jax.make_jaxpr(fn)(*args))
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
+    return g, gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)

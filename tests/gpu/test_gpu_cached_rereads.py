@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import re
 
-import jax
 import pytest
 
-from jaxmem.compiler import planner
-from jaxmem.compiler.fusion import forced_fusion
 from jaxmem.xla.gpu import xla_gpu_reference
 from jaxmem.xla.gpu_cost import L1_CACHE_SIZE_PER_SM, L2_CACHE_SPEEDUP, device_numbers
-from jaxmem.xla.gpu_model_fusion import gpu_fusion
 
-from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler
+from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, program_fusion
 
 H100, A100 = "h100-80gb", "a100-40gb"
 
@@ -35,11 +31,7 @@ def test_reread_bandwidth_by_cache_level():
 
 
 def _tanh_stored(name, device):
-    _, factory = load_fusion_program(name)
-    fn, args = factory()
-    g = planner.inlined(jax.make_jaxpr(fn)(*args))
-    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
-    fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
+    g, fused = program_fusion(name, device)
     return [not fused[op.outputs[0]] for op in g.ops if op.primitive == "tanh"]
 
 

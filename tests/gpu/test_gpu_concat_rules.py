@@ -13,11 +13,10 @@ from jaxmem.compiler import planner
 from jaxmem.compiler.fusion import forced_fusion
 from jaxmem.xla import gpu_model_fusion as gf
 from jaxmem.xla import gpu_model_heap as gh
-from jaxmem.xla.gpu_model import predict
 from jaxmem.xla.gpu_model_fusion_concat import (cloned_gemm_concats, concat_copy_scratch, recomputed_concat_operands,
                                                 sibling_gather_spans)
 
-from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
+from gpu_test_support import heap_cases, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
 H100, A100 = "h100-80gb", "a100-40gb"
 
@@ -102,20 +101,7 @@ def test_cloned_gemm_concats_matches_xla(name):
 def _gather_spans(name):
     """Per scheduler of the model: (the heap case, `cloned_concat_operand_spans`' spans) for the
     fusion program `name` on H100."""
-    _, factory = load_fusion_program(name)
-    fn, args = factory()
-    seen = {}
-    original = gh.case_heap
-
-    def spy(case):
-        seen[case.scheduler] = (case, gh.cloned_concat_operand_spans(case))
-        return original(case)
-    gh.case_heap = spy
-    try:
-        predict(jax.make_jaxpr(fn)(*args), device=H100)
-    finally:
-        gh.case_heap = original
-    return seen
+    return heap_cases(name, lambda case: (case, gh.cloned_concat_operand_spans(case)))
 
 
 def test_cloned_concat_operand_spans_is_registered():

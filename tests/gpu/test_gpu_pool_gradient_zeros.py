@@ -10,9 +10,8 @@ import pytest
 
 from jaxmem.compiler import planner
 from jaxmem.xla import gpu_model_heap as gh
-from jaxmem.xla.gpu_model import predict
 
-from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
+from gpu_test_support import heap_cases, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
 H100, A100 = "h100-80gb", "a100-40gb"
 
@@ -22,18 +21,7 @@ def _zero_spans(name):
     _, factory = load_fusion_program(name)
     fn, args = factory()
     g = planner.inlined(jax.make_jaxpr(fn)(*args))
-    seen = {}
-    original = gh.case_heap
-
-    def spy(case):
-        seen[case.scheduler] = gh.early_scatter_zero_spans(case)
-        return original(case)
-    gh.case_heap = spy
-    try:
-        predict(jax.make_jaxpr(fn)(*args), device=H100)
-    finally:
-        gh.case_heap = original
-    return g, seen
+    return g, heap_cases(name, gh.early_scatter_zero_spans)
 
 
 def test_early_scatter_zero_spans_hold_lone_pool_gradients_zeros_in_the_list_order():

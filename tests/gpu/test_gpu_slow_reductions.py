@@ -5,16 +5,12 @@ rows of NHWC data runs on 4 (reduction.cc, ColumnReductionFusion)."""
 
 from __future__ import annotations
 
-import jax
 import pytest
 
-from jaxmem.compiler import planner
-from jaxmem.compiler.fusion import forced_fusion
 from jaxmem.xla.gpu_cost import device_numbers
-from jaxmem.xla.gpu_model_fusion import gpu_fusion
 from jaxmem.xla.gpu_reduction import column_reduction_blocks, reduction_dimensions
 
-from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
+from gpu_test_support import needs_gpu_compiler, predicted_and_xla, program_fusion
 
 H100, A100 = "h100-80gb", "a100-40gb"
 NHWC, NCHW = (0, 1, 2, 3), (0, 3, 1, 2)
@@ -40,11 +36,7 @@ def test_bandwidth_capped_by_blocks():
 
 
 def _centred_stored(name, device):
-    _, factory = load_fusion_program(name)
-    fn, args = factory()
-    g = planner.inlined(jax.make_jaxpr(fn)(*args))
-    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
-    fused = gpu_fusion(g, roles, forced_fusion(g, roles), store_shared_casts=True, device=device)
+    g, fused = program_fusion(name, device)
     return [not fused[op.outputs[0]] for op in g.ops if op.primitive == "sub" and len(g.shapes[op.outputs[0]]) == 4]
 
 

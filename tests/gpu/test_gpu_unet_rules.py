@@ -7,14 +7,12 @@ prediction against XLA:GPU's deviceless compile."""
 
 from __future__ import annotations
 
-import jax
 import pytest
 
 from jaxmem.compiler.stages import live_profile
-from jaxmem.xla import gpu_model as gm
 from jaxmem.xla import gpu_model_heap as gh
 
-from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
+from gpu_test_support import heap_cases, needs_gpu_compiler, predicted_and_xla
 
 H100, A100 = "h100-80gb", "a100-40gb"
 
@@ -22,25 +20,12 @@ H100, A100 = "h100-80gb", "a100-40gb"
 def _cases(name, device=H100):
     """Per scheduler of the model, (the HeapCase, the intervals after the interval adjustments)
     for the fusion program `name`."""
-    _, factory = load_fusion_program(name)
-    fn, args = factory()
-    seen = {}
-    original = gh.case_heap
-
-    def spy(case):
+    def look(case):
         intervals = case.live.intervals
         for adjust in gh.INTERVAL_ADJUSTMENTS:
             intervals = adjust(case, intervals)
-        seen[case.scheduler] = (case, intervals)
-        return original(case)
-    gh.case_heap = spy
-    try:
-        gm._device_temps_kept.clear()
-        gm.predict(jax.make_jaxpr(fn)(*args), device=device)
-    finally:
-        gh.case_heap = original
-        gm._device_temps_kept.clear()
-    return seen
+        return case, intervals
+    return heap_cases(name, look, device)
 
 
 def test_a_folded_pool_gradient_shares_no_zeros_with_the_relu():

@@ -44,9 +44,29 @@ def test_a_strided_convolution_gradient_is_three_cudnn_calls_with_nothing_stored
 
 
 def test_nchw_on_a100_copies_the_input_and_the_returned_gradient():
-    calls = _calls(_program("strided_conv_grad"), A100)
+    g = _program("strided_conv_grad")
+    calls = _calls(g, A100)
     x_bytes = 32 * 64 * 64 * 32 * 4
-    assert calls[0][3] == x_bytes and calls[2][3] == x_bytes
+    assert calls[2][3] == x_bytes          # the input's gradient, copied back to NHWC
+    # the input's NCHW copy is read by the forward and the backward-filter calls: one copy
+    # (CSE), held from the first to the last, so neither call's own scratch
+    convs = [op.index for op in g.ops if op.primitive == "conv_general_dilated"]
+    x = g.invars[1]
+    assert gc.conv_plan(g, A100).shared_copies == {x: (x_bytes, [convs[0], convs[1]])}
+    assert calls[0][3] == calls[1][3] == 0
+    assert gc.conv_plan(g, H100).shared_copies == {}     # NHWC: nothing to copy
+
+
+def test_a_shared_copy_lives_from_its_first_reader_to_its_last():
+    g = _program("conv_batchnorm_grad")
+    convs = [op.index for op in g.ops if op.primitive == "conv_general_dilated"]
+    order = list(range(len(g.ops)))
+    x_bytes = 64 * 32 * 32 * 16 * 4
+    (span,) = gc.shared_copy_spans(g, order, A100)
+    assert span[2] == x_bytes and span[0] == convs[0]
+    bw_filter = [c for c in convs if gc.cudnn_roles(gc.swapped(gc.conv_of(g, g.ops[c])))[0] == "backward_filter"]
+    assert span[1] == max(bw_filter)       # the first convolution's weight gradient reads x last
+    assert gc.shared_copy_spans(g, order, H100) == []
 
 
 def test_a_transposed_convolution_pads_its_input_and_swaps_its_weight_gradient():

@@ -19,12 +19,14 @@ layout cuDNN wants: nothing is fused into them. The passes that get a jaxpr conv
   a tensor whose layout differs from the one it has is copied (a transpose fusion).
 
 `conv_operand_scratch` sizes those buffers per convolution, as a temporary live while the call
-runs: each is made right before its call and read by it alone.
+runs: each is made right before its call and read by it alone. A value several calls read
+through the same transpose has one copy (CSE), held from the first of them to the last
+(`shared_copy_spans`, a span of the heap).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jaxmem.compiler.program import Program
@@ -312,6 +314,8 @@ class ConvPlan:
     copies: dict[int, list[tuple[Any, int, Any]]]
     materialized: set[int]
     shared_pads: set[int]
+    # value -> its one transposed copy's bytes and the convolutions reading it (`conv_plan`)
+    shared_copies: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
 
 
 def conv_plan(g: Program, device: str) -> ConvPlan:
@@ -331,14 +335,46 @@ def conv_plan(g: Program, device: str) -> ConvPlan:
                 shared.add(v)
             else:
                 materialized.add(v)
-    return ConvPlan(copies, materialized, shared)
+    return ConvPlan(copies, materialized, shared, _shared_copies(copies, by_value))
+
+
+def _shared_copies(copies: dict[int, list[tuple[Any, int, Any]]],
+                   by_value: dict[int, list[tuple[int, Any]]]) -> dict[int, tuple[int, list[int]]]:
+    """Values that several convolutions read through a copy in one layout: layout assignment
+    gives each the same transpose, which CSE (hlo_cse.cc) makes one instruction. So XLA holds
+    one transposed copy, from the first call that reads it to the last (the A100 dump of
+    `tests/gpu/fusion_programs.py:conv_batchnorm_grad`: `wrapped_transpose.1`, the input's NCHW
+    copy, read by the forward call and by the backward-filter call, live from one to the
+    other and at XLA's peak)."""
+    shared = {}
+    for v, items in by_value.items():
+        orders = {what for _, what in items}
+        calls = sorted({index for index, _ in items})
+        if len(calls) > 1 and len(orders) == 1 and next(iter(orders))[0] == "copy":
+            size = next(n for u, n, what in copies[calls[0]] if u == v and what[0] == "copy")
+            shared[v] = (size, calls)
+    return shared
 
 
 def conv_operand_scratch(g: Program, op: Any, plan: ConvPlan) -> int:
     """The bytes of `op`'s copies (`conv_plan`), a temporary live while the call runs; a shared
-    pad counts only what it adds to the value it stands for."""
+    pad counts only what it adds to the value it stands for; a shared copy is none of the
+    call's own (`shared_copy_spans` holds it)."""
     return sum(size - (align(g.nbytes[v]) if v in plan.shared_pads else 0)
-               for v, size, _ in plan.copies.get(op.index, ()))
+               for v, size, what in plan.copies.get(op.index, ())
+               if not (what[0] == "copy" and v in plan.shared_copies))
+
+
+def shared_copy_spans(g: Program, order: list[int], device: str) -> list[tuple[int, int, int]]:
+    """(start, end, bytes) over positions of `order`: each shared copy (`conv_plan`) live from
+    the first call that reads it to the last."""
+    pos = {oi: p for p, oi in enumerate(order)}
+    spans = []
+    for size, calls in conv_plan(g, device).shared_copies.values():
+        at = [pos[c] for c in calls if c in pos]
+        if at:
+            spans.append((min(at), max(at), size))
+    return spans
 
 
 def conv_operands_materialized(ctx: Any, fused: list[bool]) -> dict[int, bool]:
@@ -364,4 +400,4 @@ def conv_operands_materialized(ctx: Any, fused: list[bool]) -> dict[int, bool]:
 
 
 __all__ = ["Conv", "Window", "backward_filter_pads", "backward_input_high", "conv_layouts", "conv_of",
-           "ConvPlan", "conv_copies", "conv_operand_scratch", "conv_plan", "conv_operands_materialized", "cudnn_roles", "swapped"]
+           "ConvPlan", "conv_copies", "conv_operand_scratch", "conv_plan", "shared_copy_spans", "conv_operands_materialized", "cudnn_roles", "swapped"]

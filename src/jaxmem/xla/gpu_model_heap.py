@@ -32,6 +32,7 @@ from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_RELU_ZERO_READERS, storage_rule
 from jaxmem.compiler.stages import Analysis, Roles, Span, align, live_profile
 from jaxmem.xla.gpu_heap import xla_heap_size
+from jaxmem.xla.gpu_model_conv import shared_copy_spans
 from jaxmem.xla.gpu_model_fusion_concat import sibling_gather_spans
 from jaxmem.xla.gpu_model_ops import elements, merged_dots, no_inplace
 from jaxmem.xla.gpu_model_schedule import merged_order, xla_orders
@@ -441,6 +442,12 @@ def _updates_of(g: Program, pos: dict[int, int], arg: int, members: Sequence[int
     return all(pos.get(r, -1) <= first for r in g.users[arg])
 
 
+def conv_copy_spans(case: HeapCase) -> list[Span]:
+    """The transposed copies several cuDNN calls share, each one buffer from its first reader
+    to its last (`gpu_model_conv.shared_copy_spans`; only with a device)."""
+    return shared_copy_spans(case.g, case.order, case.device) if case.device else []
+
+
 def concatenated_operand_spans(case: HeapCase) -> list[Span]:
     """The merged dot's other operands, concatenated into one buffer that the merged GEMM reads
     (dot_merger.cc concatenates them), where the concatenation cannot be read inside the Triton
@@ -627,6 +634,7 @@ SPAN_ADJUSTMENTS: list[Callable[[HeapCase], Spans]] = [
     shared_zero_spans,
     early_scatter_zero_spans,
     pool_index_spans,
+    conv_copy_spans,
     concatenated_operand_spans,
     cloned_concat_operand_spans,
     scan_output_spans,

@@ -985,3 +985,34 @@ def pool_indices_in_decoder():
         g = jax.grad(loss)(p, x)
         return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
     return step, ((w1, w2, wu, w3), jnp.ones((64, 32, 32, 8), jnp.float32))
+
+
+def group_norm_silu_conv():
+    """A convolution, a flax-style group norm (8 groups: mean and variance over height, width
+    and each group's channels of [N, H, W, G, C/G]), a SiLU and a second convolution, one SGD
+    step. XLA:GPU makes no Triton softmax fusion of the group norm
+    (softmax_rewriter_triton.cc, ShouldFuseReduction: one reduced dimension, the last); the
+    model takes it for one (a known gap: `test_gpu_unet_rules.py`)."""
+    ks = jax.random.split(jax.random.PRNGKey(0), 2)
+    w1 = jax.random.normal(ks[0], (3, 3, 16, 64)) * 0.1
+    w2 = jax.random.normal(ks[1], (3, 3, 64, 16)) * 0.1
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def group_norm(x, scale, bias, groups=8):
+        n, h, w, c = x.shape
+        y = x.reshape(n, h, w, groups, c // groups)
+        mean = y.mean(axis=(1, 2, 4), keepdims=True)
+        var = ((y - mean) ** 2).mean(axis=(1, 2, 4), keepdims=True)
+        return ((y - mean) * jax.lax.rsqrt(var + 1e-5)).reshape(n, h, w, c) * scale + bias
+
+    def loss(p, x):
+        w1, w2, scale, bias = p
+        h = jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims)
+        h = jax.nn.silu(group_norm(h, scale, bias))
+        u = jax.lax.conv_general_dilated(h, w2, (1, 1), "SAME", dimension_numbers=dims)
+        return jnp.sum(u ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ((w1, w2, jnp.ones((64,)), jnp.zeros((64,))), jnp.ones((32, 32, 32, 16), jnp.float32))

@@ -3,7 +3,7 @@ of `fusion_programs.py`: a folded max-pool gradient has no zeros to share with a
 (`shared_zero_spans`), a cuDNN call's result is never overwritten in place
 (`conv_results_kept`), and a pool gradient's index arrays live from where XLA's list scheduler
 runs their reduce-window (`pool_index_spans`). The rules' own output first, then the
-prediction against XLA:GPU's deviceless compile."""
+prediction against XLA:GPU's deviceless compile; last, a known gap (a group norm step)."""
 
 from __future__ import annotations
 
@@ -87,3 +87,18 @@ def test_unet_rules_against_xla(device):
     # rule; what is left is the transposed convolution's gradient (its transposed copies)
     pred, ref, _ = predicted_and_xla("pool_indices_in_decoder", device)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.11
+
+
+# A known gap, kept as a target: the model's `softmax_outputs` takes any reduce over the last
+# dimension for a Triton softmax diamond, so it stores the group norm's diamond roots, which
+# XLA:GPU computes in their readers (it makes no Triton softmax fusion here). With
+# ShouldFuseReduction's condition the model is 0.997 / 0.927 of XLA's total, but the same change
+# takes the tuning model unet out of the band on A100 (BENCHMARKS.md, "diffusion_denoiser, a
+# closer look"), so it is not merged. Strict: it fails once the model is within 5%.
+@pytest.mark.slow
+@needs_gpu_compiler
+@pytest.mark.xfail(strict=True, reason="group norm taken for a Triton softmax diamond: 1.303 (H100), 1.211 (A100)")
+@pytest.mark.parametrize("device", [H100, A100])
+def test_a_group_norm_step_against_xla(device):
+    pred, ref, _ = predicted_and_xla("group_norm_silu_conv", device)
+    assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.05

@@ -1,6 +1,7 @@
-"""`hlo_list_schedule`: XLA's list memory scheduler rebuilt over a dumped entry computation,
-checked against the greedy choice hlo_memory_scheduler.cc documents and against the figures
-XLA:GPU's own scheduler logs for a deviceless compile."""
+"""`hlo_memory_schedulers`: XLA's list, DFS and post-order memory schedulers rebuilt over a
+dumped entry computation, checked against the greedy choice hlo_memory_scheduler.cc documents,
+against the figures XLA:GPU's own scheduler logs, and against the order XLA kept, for
+deviceless compiles."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from gpu_test_support import FUSION, needs_gpu_compiler
 from jaxmem.errors import PlanError
-from jaxmem.xla.hlo_list_schedule import list_schedule, live_bytes, main, parse_entry
+from jaxmem.xla.hlo_memory_schedulers import dfs_schedule, list_schedule, live_bytes, main, parse_entry, post_order
 
 # The counterexample in ListScheduler's comment: B defines more than it frees, so the greedy
 # scheduler defers it behind D, E and F. Sizes in f32 elements: B and F define 2, the rest 1.
@@ -79,19 +80,29 @@ def test_a_file_that_is_no_hlo_module_is_a_one_line_error(tmp_path, capsys):
         parse_entry("ENTRY %m {\n  %a = f32[ parameter(0)\n}\n")
 
 
-def _xla_figures(program: str, dump: Path) -> dict[str, float]:
-    """XLA:GPU's memory scheduler's own figures (MiB) for `program` on A100, deviceless, with
-    its after-optimization module dumped into `dump`."""
+def _xla_figures(program: str, dump: Path) -> dict[str, object]:
+    """XLA:GPU's memory scheduler's own figures (MiB) and the order it kept for `program` on
+    A100, deviceless, with its after-optimization module dumped into `dump`."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="0",
                TF_CPP_VMODULE="hlo_memory_scheduler=2",
                XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text")
     run = subprocess.run([sys.executable, "-m", "jaxmem.xla.gpu", f"{FUSION}:{program}", "--spec", "a100_sxm_40",
                           "--device", "a100-40gb", "--no-cache"], env=env, capture_output=True, text=True,
                          timeout=300)
-    found = dict(re.findall(r"Min-memory (list|dfs) sequence: ([\d.]+)MiB", run.stderr))
+    found = dict(re.findall(r"Min-memory (list|dfs|post order) sequence: ([\d.]+)MiB", run.stderr))
     kept = re.search(r"Chose min-memory (\S+) sequence", run.stderr)
-    assert found and kept, run.stderr[-2000:]
-    return {"list": float(found["list"]), "dfs": float(found["dfs"]), "kept": kept.group(1)}
+    assert len(found) == 3 and kept, run.stderr[-2000:]
+    return {**{k: float(v) for k, v in found.items()}, "kept": kept.group(1)}
+
+
+def _dumped(dump: Path) -> list:
+    return parse_entry(next(dump.glob("*jit_*gpu_after_optimizations.txt")).read_text())
+
+
+def _computed(instructions: list, order: list[str]) -> list[str]:
+    """`order` without parameters and constants (their places set no bytes and free none)."""
+    skip = {i.name for i in instructions if i.opcode in ("parameter", "constant")}
+    return [name for name in order if name not in skip]
 
 
 @needs_gpu_compiler
@@ -100,9 +111,19 @@ def test_the_rebuilt_list_order_holds_what_xla_says_its_list_order_holds(tmp_pat
     # and the one rebuilt from the dumped instructions holds what XLA's log says it held.
     figures = _xla_figures("scan_after_large_temporary", tmp_path)
     assert figures["kept"] == "dfs" and figures["list"] > figures["dfs"]
-    module = next(tmp_path.glob("*jit_*gpu_after_optimizations.txt"))
-    instructions = parse_entry(module.read_text())
+    instructions = _dumped(tmp_path)
     rebuilt = max(live_bytes(instructions, list_schedule(instructions), parameters=True)) / 2**20
     dumped = max(live_bytes(instructions, [i.name for i in instructions], parameters=True)) / 2**20
     assert rebuilt == pytest.approx(figures["list"], abs=0.01)
     assert dumped == pytest.approx(figures["dfs"], abs=0.01)
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize("program, kept", [("scan_after_large_temporary", "dfs"),
+                                           ("transposed_conv_grad", "dfs"),
+                                           ("reread_cheap_producer_stored", "post_order")])
+def test_the_order_xla_kept_is_rebuilt_instruction_for_instruction(tmp_path, program, kept):
+    assert _xla_figures(program, tmp_path)["kept"] == kept
+    instructions = _dumped(tmp_path)
+    rebuild = dfs_schedule if kept == "dfs" else post_order
+    assert _computed(instructions, rebuild(instructions)) == _computed(instructions, [i.name for i in instructions])

@@ -1,20 +1,28 @@
-"""XLA's list memory scheduler run over XLA's own entry computation, read from a dump.
+"""XLA's three memory schedulers run over XLA's own entry computation, read from a dump.
 
 XLA:GPU's memory scheduler (xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc,
 DefaultMemoryScheduler) runs a list, a DFS and a post-order scheduler and keeps the order with
-the least memory. The module XLA dumps after optimization is printed in the order it kept, so
-where it kept DFS (unet on A100) the list order it rejected is not in the dump. This module
-rebuilds that order from the dumped instructions, so the two can be compared buffer by buffer
-with each other and with the model's (`python -m jaxmem.xla.hlo_list_schedule DUMP.txt`).
+the least memory. The module XLA dumps after optimization is printed in the order it kept; the
+two it rejected are in no dump. This module rebuilds all three from the dumped instructions, so
+they can be compared buffer by buffer with each other and with the model's
+(`python -m jaxmem.xla.hlo_memory_schedulers DUMP.txt`).
 
-It follows ListScheduler: an instruction's priority is the bytes of the operand values it reads
-for the last time less the bytes it defines, then its user count (effective scalars first);
-priorities are set when an instruction becomes ready and refreshed only for the users of an
-operand whose value just came down to one unscheduled use; among equal priorities the one that
-became ready last runs. Values follow HloDataflowAnalysis: bitcast, get-tuple-element and tuple
-elements forward their operand's values, so a get-tuple-element reads every value of its tuple.
-Parameters and constants define no bytes and free none. The dump's text order stands for the
-computation's instruction and user order, which breaks ties.
+- `list_schedule` follows ListScheduler: an instruction's priority is the bytes of the operand
+  values it reads for the last time less the bytes it defines, then its user count (effective
+  scalars first); priorities are set when an instruction becomes ready and refreshed only for
+  the users of an operand whose value just came down to one unscheduled use; among equal
+  priorities the one that became ready last runs.
+- `dfs_schedule` follows DFSMemoryScheduler: a post-order DFS from the root, operands visited by
+  decreasing extra users, then decreasing total sizes (both summed over operands transitively,
+  capped), then name.
+- `post_order` is HloComputation::MakeInstructionPostOrder, the post-order scheduler's order.
+
+Values follow HloDataflowAnalysis: bitcast, get-tuple-element and tuple elements forward their
+operand's values, so a get-tuple-element reads every value of its tuple. Parameters and
+constants define no bytes and free none. The dump's text order stands for the computation's
+instruction and user order, which only breaks the list scheduler's ties: where XLA kept DFS or
+the post order, the rebuilt order is the dumped one instruction for instruction
+(`tests/gpu/test_hlo_memory_schedulers.py`).
 """
 
 from __future__ import annotations
@@ -218,6 +226,74 @@ def list_schedule(instructions: Sequence[Instruction]) -> list[str]:
     return order
 
 
+def post_order(instructions: Sequence[Instruction]) -> list[str]:
+    """HloComputation::MakeInstructionPostOrder (the post-order scheduler's order): a post-order
+    DFS from each instruction nothing reads, in the computation's order, operands first to last."""
+    by_name = {ins.name: ins for ins in instructions}
+    done: set[str] = set()
+    order: list[str] = []
+    for start in (ins.name for ins in instructions if not ins.users):
+        stack, expanding = [start], set()
+        while stack:
+            name = stack[-1]
+            if name in done:
+                stack.pop()
+            elif name in expanding:
+                stack.pop()
+                done.add(name)
+                order.append(name)
+            else:
+                expanding.add(name)
+                stack.extend(o for o in reversed(by_name[name].operands) if o not in done)
+    return order
+
+
+def dfs_schedule(instructions: Sequence[Instruction]) -> list[str]:
+    """DFSMemoryScheduler: a post-order DFS from the root (instructions nothing reads first),
+    each instruction's operands visited by decreasing extra users (users - 1, summed over its
+    operands transitively), then decreasing total sizes (bytes it defines, likewise), then
+    name; both sums capped as XLA caps them, along `post_order`."""
+    flow = dataflow(instructions)
+    by_name = {ins.name: ins for ins in instructions}
+    extra: dict[str, int] = {}
+    total: dict[str, int] = {}
+    cumulative = 0
+    for name in post_order(instructions):
+        ins = by_name[name]
+        if ins.opcode in NO_BYTES:
+            extra[name] = total[name] = 0
+            continue
+        size = sum(flow.sizes[v] for v in flow.defined[name])
+        cumulative += size
+        e, t = max(len(ins.users) - 1, 0), size
+        for o in dict.fromkeys(ins.operands):
+            e, t = e + extra[o], t + total[o]
+        extra[name], total[name] = min(e, len(instructions)), min(t, cumulative)
+
+    def key(name: str) -> tuple[int, int, str]:
+        return (-extra[name], -total[name], name)
+
+    done: set[str] = set()
+    order: list[str] = []
+    roots = [ins.name for ins in instructions if not ins.users and not ins.root]
+    roots += [ins.name for ins in instructions if ins.root]
+    for start in roots:
+        stack, expanding = [start], set()
+        while stack:
+            name = stack[-1]
+            if name in done:
+                stack.pop()
+            elif name in expanding:
+                stack.pop()
+                done.add(name)
+                order.append(name)
+            else:
+                expanding.add(name)
+                children = sorted((o for o in by_name[name].operands if o not in done), key=key)
+                stack.extend(reversed(children))
+    return order
+
+
 def live_bytes(instructions: Sequence[Instruction], order: Sequence[str],
                parameters: bool = False) -> list[int]:
     """Bytes of values live at each step of `order` (a value from its definition to its last
@@ -246,21 +322,25 @@ def live_bytes(instructions: Sequence[Instruction], order: Sequence[str],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the peak live bytes of the dumped order and of the list order rebuilt from it."""
+    """Print the peak live bytes of the dumped order and of each scheduler's order rebuilt."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m jaxmem.xla.hlo_list_schedule MODULE_after_optimizations.txt", file=sys.stderr)
+        print("usage: python -m jaxmem.xla.hlo_memory_schedulers MODULE_after_optimizations.txt", file=sys.stderr)
         return 2
     try:
         instructions = parse_entry(open(args[0]).read())
     except (OSError, PlanError, ValueError, IndexError, KeyError) as err:
         print(f"error: cannot read {args[0]}: {err}", file=sys.stderr)
         return 1
-    for label, order in (("dumped", [ins.name for ins in instructions]), ("list", list_schedule(instructions))):
+    dumped = [ins.name for ins in instructions]
+    for label, order in (("dumped", dumped), ("list", list_schedule(instructions)),
+                         ("dfs", dfs_schedule(instructions)), ("post", post_order(instructions))):
         profile = live_bytes(instructions, order, parameters=True)
         peak = max(profile)
-        print(f"{label:7} peak {peak / 2**20:8.2f} MiB at step {profile.index(peak)} of {len(order)} "
-              f"({order[min(profile.index(peak), len(order) - 1)]})")
+        step = profile.index(peak)
+        same = " (the dumped order)" if label != "dumped" and order == dumped else ""
+        print(f"{label:7} peak {peak / 2**20:8.2f} MiB at step {step} of {len(order)} "
+              f"({order[min(step, len(order) - 1)]}){same}")
     return 0
 
 

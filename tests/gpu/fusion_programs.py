@@ -881,6 +881,44 @@ def transposed_conv_of_activation():
     return _conv_loss(conv), (jnp.full((4, 4, 64, 32), 0.1), jnp.ones((32, 16, 16, 64)))
 
 
+def _conv_side_input(dims, x_shape, w_shape):
+    def fn(x, w1, w2, w3, b):
+        conv = lambda w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims)
+        p, q = conv(w1), conv(w2)
+        bias = b[None, None, None, :] if dims[0] == "NHWC" else b[None, :, None, None]
+        y = conv(w3) + bias + p * q
+        return jnp.sum(y * p * q)
+    w = jnp.full(w_shape, 0.01)
+    return fn, (jnp.ones(x_shape), w, w, w, jnp.ones((64,)))
+
+
+def conv_side_input():
+    """`conv(x, w3) + b + p * q`, with `p` and `q` (two convolutions) read again after it: cuDNN
+    adds the bias and `p * q` inside the third call (cudnn_fused_conv_rewriter.cc,
+    FuseBiasOrSideInput), so `p * q` is stored (the call's side input) and the call writes the
+    sum to a buffer of its own: four tensors live at once, where the sum computed in a loop
+    fusion would take the convolution's buffer (three)."""
+    return _conv_side_input(("NHWC", "HWIO", "NHWC"), (32, 32, 32, 64), (3, 3, 64, 64))
+
+
+def conv_side_input_nchw():
+    """`conv_side_input` in NCHW, the layout cuDNN reads float32 in on A100 (no copies)."""
+    return _conv_side_input(("NCHW", "OIHW", "NCHW"), (32, 64, 32, 32), (64, 64, 3, 3))
+
+
+def conv1x1_input_gradient():
+    """The input's gradient through `tanh(conv1x1(x, w)) * tanh(x)`: the 1x1 convolution's
+    transpose reverses a 1x1 kernel, which the algebraic simplifier drops, so it is a forward
+    cuDNN call, and the gradient's other term is added inside it as its side input."""
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def fn(w, x):
+        f = lambda x: jnp.sum(jnp.tanh(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims))
+                              * jnp.tanh(x))
+        return jax.grad(f)(x)
+    return fn, (jnp.full((1, 1, 64, 64), 0.01), jnp.ones((32, 32, 32, 64)))
+
+
 def splitk_film_broadcast():
     """A FiLM modulation from a split-K Dense: `h * (1 + scale) + shift`, the Dense's halves
     broadcast over the feature map and the result read twice (a swish). The split's reduce is a

@@ -91,6 +91,43 @@ def test_conv_operands_materialized_fuses_the_activation_into_the_pad_and_transp
     assert gc.conv_operands_materialized in gf.FUSION_RULES
 
 
+def _side_input_fusion(name, device=H100):
+    g = _program(name)
+    roles = planner.value_roles(g, [False] * len(g.invars), (), ())
+    fused = forced_fusion(g, roles)
+    ctx = gf.fusion_context(g, roles, device=device, store_shared_casts=True, output_epilogues=True,
+                            store_reread_producers=False, fused=fused)
+    return ctx, gf.run_fusion_rules(ctx, fused), roles
+
+
+def test_a_forward_convolution_adds_its_bias_and_side_input_inside_its_call():
+    ctx, fused, roles = _side_input_fusion("conv_side_input")
+    g = ctx.g
+    convs = [op for op in g.ops if op.primitive == "conv_general_dilated"]
+    third = convs[2].outputs[0]
+    bias_sum = g.ops[g.users[third][0]].outputs[0]
+    call = g.ops[g.users[bias_sum][0]]
+    side = next(u for u in call.operands if u != bias_sum)
+    assert g.ops[g.producer[side]].primitive == "mul"
+    assert fused[third] and fused[bias_sum]                         # never stored: the call writes the sum
+    assert not fused[call.outputs[0]] and not fused[side]           # the sum and its side input are stored
+    assert not any(fused[op.outputs[0]] for op in convs[:2])        # p, q: read by the multiply and the loss
+    assert gc.conv_calls(g, roles, fused) == {convs[2].index: call.index}
+    assert gc.conv_side_inputs in gf.FUSION_RULES
+    assert gc.conv_side_inputs(gf.fusion_context(g, roles, device=None, store_shared_casts=True,
+                                                 output_epilogues=True, store_reread_producers=False,
+                                                 fused=forced_fusion(g, roles)), list(fused)) == {}
+
+
+def test_a_1x1_kernel_reversed_for_the_input_gradient_is_a_forward_call_taking_a_side_input():
+    ctx, fused, _ = _side_input_fusion("conv1x1_input_gradient")
+    g = ctx.g
+    kinds = [gc.cudnn_roles(gc.swapped(gc.conv_of(g, op)))[0] for op in g.ops if op.primitive == "conv_general_dilated"]
+    assert kinds == ["forward", "forward"]    # algebraic_simplifier.cc drops the reverse of a 1x1 kernel
+    grad = next(op for op in g.ops if op.primitive == "conv_general_dilated" and gc.conv_of(g, op).lhs not in g.invars)
+    assert fused[grad.outputs[0]]
+
+
 # transposed_conv_grad and transposed_conv_of_activation on H100: 1.017 since the tanh
 # gradient no longer overwrites the conv's result (`gpu_model_heap.conv_results_kept`; the
 # dump's `cudnn-conv.5{0}` and `input_add_transpose_fusion{0}` are at offsets of their own):
@@ -100,7 +137,9 @@ def test_conv_operands_materialized_fuses_the_activation_into_the_pad_and_transp
 @pytest.mark.parametrize("name,device,tolerance", [
     ("strided_conv_grad", H100, 0.01), ("strided_conv_grad", A100, 0.01),
     ("transposed_conv_grad", H100, 0.02), ("transposed_conv_of_activation", H100, 0.02),
-    ("transposed_conv_of_activation", A100, 0.05)])
+    ("transposed_conv_of_activation", A100, 0.05),
+    ("conv_side_input", H100, 0.01), ("conv_side_input", A100, 0.01), ("conv_side_input_nchw", A100, 0.01),
+    ("conv1x1_input_gradient", H100, 0.01), ("conv1x1_input_gradient", A100, 0.01)])
 def test_convolution_programs_against_xla(name, device, tolerance):
     pred, ref, _ = predicted_and_xla(name, device)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= tolerance

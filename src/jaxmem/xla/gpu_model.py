@@ -38,7 +38,7 @@ from jaxmem.compiler.fusion import forced_fusion, fusion_of
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import Analysis, Roles, Span
-from jaxmem.xla.gpu_model_conv import conv_operand_scratch, conv_plan
+from jaxmem.xla.gpu_model_conv import conv_calls, conv_operand_scratch, conv_plan
 from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, bf16_gemm_copies, gpu_fusion,
                                          gpu_plan_fusion, gpu_plan_output_epilogues, prediction_fusion,
                                          stored_in_f32)
@@ -169,7 +169,9 @@ def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
     fused = prediction_fusion(g, roles, forced_fusion(g, roles), device=device,
                               store_reread_producers=store_reread_producers)
     triton, row_loops = softmax_outputs(g, internal=True, triton_only=True)
-    g = no_inplace(strength_reduced(g), triton)
+    g = strength_reduced(g)
+    calls = conv_calls(g, roles, fused)   # a fused convolution's call writes a fresh buffer
+    g = no_inplace(g, list(triton) + [g.ops[oi].outputs[0] for oi in calls.values()])
     # Triton split-K: a split GEMM's partial results, stored in its result's place or beside it
     # (the dot merger runs before the split: it groups GEMMs by their unsplit sizes)
     unsplit = g
@@ -177,17 +179,17 @@ def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
     # after the split, which may store more values (`_stored_readers`): each is sized as stored
     copies = bf16_gemm_copies(g, roles, fused, device)
     g = stored_in_f32(g, roles, fused, device)
-    scratch, pieces = _scratch(g, workspace, device, partials, store_reread_producers)
+    scratch, pieces = _scratch(g, workspace, device, partials, store_reread_producers, calls)
     analysis = Analysis(roles, fusion_of(g, fused), scratch)
     heap, best_name = best_heap(g, unsplit, analysis, fused, row_loops, aliases, pieces, device, copies)
     return heap, best_name, sum(fused)
 
 
 def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
-             store_reread_producers: bool) -> tuple[dict[int, int], dict[int, int]]:
+             store_reread_producers: bool, calls: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
     """(per-op scratch, per-loop largest body value) of `g`: loop bodies modelled as programs,
     the split GEMMs' partials kept beside their results, each op's own temporaries (a
-    convolution's: `gpu_model_conv`)."""
+    convolution's: `gpu_model_conv`, at the op its call runs at: `calls`)."""
     def body_heap(b: Program, roles: Roles) -> list[Span]:
         return _temp_heap(b, {}, workspace, device, roles, store_reread_producers)[0]
 
@@ -195,12 +197,13 @@ def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
     scratch, pieces = loop_scratch(g, body_heap, place, nested_fusion)
     for oi, extra in partials.items():
         scratch[oi] = scratch.get(oi, 0) + extra
-    convs = conv_plan(g, device)
+    convs = conv_plan(g, device, calls)
     for op in g.ops:
         extra = (op_scratch(g, op, workspace) + float8_fallback_scratch(g, op, device)
-                 + conv_operand_scratch(g, op, convs) + concat_copy_scratch(g, op, device))
-        if extra:
-            scratch[op.index] = scratch.get(op.index, 0) + extra
+                 + concat_copy_scratch(g, op, device))
+        for at, n in ((op.index, extra), (calls.get(op.index, op.index), conv_operand_scratch(g, op, convs))):
+            if n:
+                scratch[at] = scratch.get(at, 0) + n
     return scratch, pieces
 
 

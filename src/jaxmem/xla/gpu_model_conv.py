@@ -22,15 +22,19 @@ layout cuDNN wants: nothing is fused into them. The passes that get a jaxpr conv
 runs: each is made right before its call and read by it alone. A value several calls read
 through the same transpose has one copy (CSE), held from the first of them to the last
 (`shared_copy_spans`, a span of the heap).
+
+Then `cudnn_fused_conv_rewriter.cc` adds a bias and a side input inside a forward call
+(`conv_side_inputs`, a fusion rule): the convolution's own result is never stored, the call
+writes the sum to a buffer of its own (`conv_calls`), and its side input is stored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.rules import GPU_ELEMENTWISE
+from jaxmem.compiler.rules import GPU_ELEMENTWISE, rule
 from jaxmem.compiler.stages import align
 from jaxmem.xla.gpu_cost import device_numbers
 from jaxmem.xla.gpu_model_ops import elements
@@ -90,7 +94,10 @@ def conv_of(g: Program, op: Any) -> Conv | None:
     prod = g.producer[rhs]
     reversed_ = False
     if isinstance(prod, int) and prod >= 0 and g.ops[prod].primitive == "rev":
-        reversed_ = set(g.ops[prod].params.get("dimensions", ())) == set(rspec[2:])
+        dims = set(g.ops[prod].params.get("dimensions", ()))
+        # algebraic_simplifier.cc, HandleReverse: a reverse of size-1 dimensions only (a 1x1
+        # kernel's) is removed, so conv_rewriter.cc sees a plain (forward) convolution
+        reversed_ = dims == set(rspec[2:]) and any(g.shapes[rhs][d] != 1 for d in dims)
     groups = max(int(p.get("feature_group_count", 1)), int(p.get("batch_group_count", 1)))
     return Conv(g.shapes[lhs], g.shapes[rhs], g.shapes[op.outputs[0]] if op.outputs[0] is not None else (),
                 lspec, rspec, ospec, window, groups, reversed_, lhs, rhs, op.outputs[0])
@@ -268,13 +275,15 @@ def conv_layouts(g: Program, device: str) -> dict[int, tuple[int, ...]]:
     return layouts
 
 
-def conv_copies(g: Program, op: Any, device: str, layouts: dict[int, tuple[int, ...]]) -> list[tuple[Any, int, Any]]:
+def conv_copies(g: Program, op: Any, device: str, layouts: dict[int, tuple[int, ...]],
+                result: int | None = None) -> list[tuple[Any, int, Any]]:
     """[(value, bytes, what)] XLA:GPU stores for convolution `op` besides its operands and
     result (see the module's text): its padded input (the input's value; None for a larger
     result; `what` the padded bytes), a copy of each operand whose layout (`layouts`, from
     `conv_layouts`) differs from the one cuDNN reads (`what` the order), and the result as cuDNN
     writes it where it is a program output in another order (its readers otherwise read it
-    through the transpose, fused into them). A weight's copy in the filter layout is small
+    through the transpose, fused into them); `result`: the value the call writes where adds
+    are fused into it (`conv_calls`), the convolution's own result otherwise. A weight's copy in the filter layout is small
     beside the activations: counted only where the filter is an activation (the operands
     swapped). Empty for any other op."""
     if op.primitive != "conv_general_dilated":
@@ -291,6 +300,8 @@ def conv_copies(g: Program, op: Any, device: str, layouts: dict[int, tuple[int, 
     if padded:
         copies.append((s.lhs if kind != "backward_input" else None, align(padded * item), ("pad", padded)))
     outputs = {u for u in g.outvars if isinstance(u, int)}
+    if result is not None:   # the call writes its fused adds' sum (`conv_side_inputs`)
+        roles[2] = (result, g.shapes[result], roles[2][2])
     for k, (v, shape, spec) in enumerate(roles):
         if (k == 0 and padded and kind != "backward_input") or (k == filter_role and s is c):
             continue   # the pad writes the input in cuDNN's layout
@@ -318,10 +329,12 @@ class ConvPlan:
     shared_copies: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
 
 
-def conv_plan(g: Program, device: str) -> ConvPlan:
-    """The `ConvPlan` of `g` on `device`."""
+def conv_plan(g: Program, device: str, calls: dict[int, int] | None = None) -> ConvPlan:
+    """The `ConvPlan` of `g` on `device`; `calls`: `conv_calls`, where adds are fused."""
     layouts = conv_layouts(g, device)
-    copies = {op.index: conv_copies(g, op, device, layouts) for op in g.ops if op.primitive == "conv_general_dilated"}
+    calls = calls or {}
+    copies = {op.index: conv_copies(g, op, device, layouts, g.ops[calls[op.index]].outputs[0] if op.index in calls else None)
+              for op in g.ops if op.primitive == "conv_general_dilated"}
     by_value: dict[int, list[tuple[int, Any]]] = {}
     for index, items in copies.items():
         for v, _, what in items:
@@ -399,5 +412,104 @@ def conv_operands_materialized(ctx: Any, fused: list[bool]) -> dict[int, bool]:
     return changes
 
 
-__all__ = ["Conv", "Window", "backward_filter_pads", "backward_input_high", "conv_layouts", "conv_of",
-           "ConvPlan", "conv_copies", "conv_operand_scratch", "conv_plan", "shared_copy_spans", "conv_operands_materialized", "cudnn_roles", "swapped"]
+def _feature_bias(g: Program, u: Any, feature: int) -> bool:
+    """cudnn_fused_conv_rewriter.cc, FuseBiasOrSideInput: an addend cuDNN takes as its bias, a
+    broadcast of a scalar or of a vector along the output feature dimension (`feature`): a
+    literal, a value whose only non-unit dimension is `feature`, or a broadcast of one."""
+    if not isinstance(u, int):
+        return True
+    shape = g.shapes[u]
+    if all(n == 1 for d, n in enumerate(shape) if d != feature):
+        return True
+    prod = g.producer[u]
+    if not isinstance(prod, int) or prod < 0 or g.ops[prod].primitive != "broadcast_in_dim":
+        return False
+    op = g.ops[prod]
+    src = g.shapes[op.inputs[0]] if op.inputs else ()
+    dims = tuple(op.params.get("broadcast_dimensions", ()))
+    return len(dims) == len(src) and all(n == 1 or dims[i] == feature for i, n in enumerate(src))
+
+
+def _epilogue(g: Program, v: int, feature: int, kept: Callable[[int], bool]) -> tuple[list[int], Any]:
+    """(the forward convolution's result `v` and the sums of the adds fused into its call,
+    the last the result the call writes; the side input or None): see `conv_side_inputs`.
+    `kept(v)`: a program output (or a loop body's), which the chain stops at."""
+    chain, side, bias = [v], None, False
+    while len(chain) <= 2 and len(g.users[v]) == 1 and not kept(v):
+        user = g.ops[g.users[v][0]]
+        w = user.outputs[0] if len(user.outputs) == 1 else None
+        if rule(user.primitive).gpu_hlo_ops != ("add",) or w is None or user.operands.count(v) != 1 \
+                or len(user.operands) != 2 or g.shapes[w] != g.shapes[v]:
+            break
+        addend = user.operands[1 - user.operands.index(v)]
+        if not bias and _feature_bias(g, addend, feature):
+            bias = True
+        elif side is None and isinstance(addend, int):
+            side = addend
+        else:
+            break
+        chain.append(w)
+        v = w
+    return chain, side
+
+
+def conv_side_inputs(ctx: Any, fused: list[bool]) -> dict[int, bool]:
+    """XLA:GPU adds a bias and a side input inside a forward cuDNN convolution
+    (cudnn_fused_conv_rewriter.cc, FuseBiasOrSideInput, run twice per pass): `add(conv, z)`,
+    the convolution a forward one (conv_rewriter.cc; not depthwise) whose result has that add
+    as its one user, becomes one `__cudnn$convBiasActivationForward` call; `z` is its bias where
+    it is a broadcast along the output feature dimension (or of a scalar), its side input
+    otherwise (one of each). So the convolution's own result and the first sum are never
+    stored: the call writes the last sum; and a side input, an operand of a custom call, is
+    stored, even where the model had computed it inside the add (a residual block's
+    `x + conv(h)`; the backward's `conv1x1_transpose(g) + norm_grad`). Only with a device (the
+    prediction)."""
+    g = ctx.g
+    if not ctx.device:
+        return {}
+    changes: dict[int, bool] = {}
+    sides: set[int] = set()
+    for op in g.ops:
+        if op.primitive != "conv_general_dilated" or not op.outputs or op.outputs[0] is None:
+            continue
+        c = conv_of(g, op)
+        if c is None or fused[c.out] or c.out in sides:
+            continue
+        depthwise = c.groups > 1 and c.lhs_shape[c.lhs_spec[1]] == c.groups
+        if depthwise or cudnn_roles(swapped(c))[0] != "forward":
+            continue
+        chain, side = _epilogue(g, c.out, c.out_spec[1], lambda v: ctx.roles.outputs[v] or ctx.roles.external[v])
+        if len(chain) < 2 or chain[-1] in changes:
+            continue   # the add is another convolution's (this one's result is its side input)
+        for u in chain[:-1]:
+            changes[u] = True
+        changes[chain[-1]] = False
+        if side is not None:
+            sides.add(side)
+    for side in sides:   # stored: a custom call's operand
+        if fused[side] or changes.get(side):
+            changes[side] = False
+    return changes
+
+
+def conv_calls(g: Program, roles: Any, fused: list[bool]) -> dict[int, int]:
+    """Per convolution op whose result `conv_side_inputs` fused into its adds, the op making the
+    sum its cuDNN call writes: where the call runs (its operands' copies are live there), and
+    a custom call's result, never written into an operand's buffer (buffer assignment shares
+    an operand's buffer only through the call's output_to_operand_aliasing, which the fused
+    convolution does not set: the diffusion dump's side input and result are two buffers)."""
+    calls: dict[int, int] = {}
+    for op in g.ops:
+        if op.primitive != "conv_general_dilated" or not op.outputs or op.outputs[0] is None or not fused[op.outputs[0]]:
+            continue
+        c = conv_of(g, op)
+        if c is None:
+            continue
+        chain, _ = _epilogue(g, c.out, c.out_spec[1], lambda v: roles.outputs[v] or roles.external[v])
+        if len(chain) > 1 and not fused[chain[-1]]:
+            calls[op.index] = g.producer[chain[-1]]
+    return calls
+
+
+__all__ = ["Conv", "Window", "conv_calls", "backward_filter_pads", "backward_input_high", "conv_layouts", "conv_of",
+           "ConvPlan", "conv_copies", "conv_operand_scratch", "conv_plan", "shared_copy_spans", "conv_operands_materialized", "conv_side_inputs", "cudnn_roles", "swapped"]

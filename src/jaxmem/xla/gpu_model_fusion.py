@@ -28,7 +28,7 @@ from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_SLICE_PER_OUTPUT
 from jaxmem.compiler.stages import Roles
 from jaxmem.xla.gpu_cost import bf16_arithmetic_native, device_numbers
-from jaxmem.xla.gpu_model_conv import conv_layouts, conv_operands_materialized
+from jaxmem.xla.gpu_model_conv import conv_layouts, conv_operands_materialized, conv_side_inputs
 from jaxmem.xla.gpu_model_fusion_concat import cloned_gemm_concats
 from jaxmem.xla.gpu_model_fusion_cost import capped_reductions, reread_stored, slow_reduction_stored
 from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues, output_epilogues, shared_masks_stored
@@ -92,6 +92,7 @@ FUSION_RULES: list[ProgramRule] = [
     cloned_gemm_concats,
     shared_masks_stored,
     conv_operands_materialized,
+    conv_side_inputs,
     softmax_fusions,
     widened_softmax_roots_stored,
     output_epilogues,

@@ -1054,3 +1054,34 @@ def group_norm_silu_conv():
         g = jax.grad(loss)(p, x)
         return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
     return step, ((w1, w2, jnp.ones((64,)), jnp.zeros((64,))), jnp.ones((32, 32, 32, 16), jnp.float32))
+
+
+def group_norm_decoder():
+    """A convolution, a group norm with scale and bias, a SiLU, a 2x2 stride-2 transposed
+    convolution, a SiLU and a convolution, one SGD step (float32). On A100 the transposed
+    convolution's weight gradient reads the SiLU output transposed (NCHW to CNHW): XLA:GPU's
+    multi-output fusion makes that copy the second output of the backward loop fusion that
+    reads the same convolution result (`loop_add_transpose_fusion.1`), not a kernel of its own
+    (`gpu_model_conv.early_copies`)."""
+    dims = ("NHWC", "HWIO", "NHWC")
+    conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims)
+
+    def group_norm(h, scale, bias, groups=8):
+        n, hh, ww, c = h.shape
+        r = h.reshape(n, hh, ww, groups, c // groups)
+        m = r.mean(axis=(1, 2, 4), keepdims=True)
+        v = ((r - m) ** 2).mean(axis=(1, 2, 4), keepdims=True)
+        return ((r - m) * jax.lax.rsqrt(v + 1e-5)).reshape(h.shape) * scale + bias
+
+    def loss(p, x):
+        w1, scale, bias, wt, w2 = p
+        h = jax.nn.silu(group_norm(conv(x, w1), scale, bias))
+        u = jax.lax.conv_transpose(h, wt, (2, 2), "SAME", dimension_numbers=dims)
+        return jnp.mean(conv(jax.nn.silu(u), w2) ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return [a - 0.1 * b for a, b in zip(p, g)]
+    p = [jnp.full((3, 3, 32, 64), 0.01), jnp.ones((64,)), jnp.zeros((64,)), jnp.full((2, 2, 64, 32), 0.01),
+         jnp.full((3, 3, 32, 16), 0.01)]
+    return step, (p, jnp.ones((8, 32, 32, 32)))

@@ -138,7 +138,8 @@ def test_a_1x1_kernel_reversed_for_the_input_gradient_is_a_forward_call_taking_a
     ("strided_conv_grad", H100, 0.01), ("strided_conv_grad", A100, 0.01),
     ("transposed_conv_grad", H100, 0.02), ("transposed_conv_of_activation", H100, 0.02),
     ("transposed_conv_of_activation", A100, 0.05),
-    ("conv_side_input", H100, 0.01), ("conv_side_input", A100, 0.01), ("conv_side_input_nchw", A100, 0.01),
+    ("conv_side_input", H100, 0.01), ("conv_side_input", A100, 0.01), ("conv_side_input_nchw", H100, 0.01),
+    ("conv_side_input_nchw", A100, 0.01),
     ("conv1x1_input_gradient", H100, 0.01), ("conv1x1_input_gradient", A100, 0.01)])
 def test_convolution_programs_against_xla(name, device, tolerance):
     pred, ref, _ = predicted_and_xla(name, device)

@@ -181,7 +181,7 @@ def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
     g = stored_in_f32(g, roles, fused, device)
     scratch, pieces = _scratch(g, workspace, device, partials, store_reread_producers, calls)
     analysis = Analysis(roles, fusion_of(g, fused), scratch)
-    heap, best_name = best_heap(g, unsplit, analysis, fused, row_loops, aliases, pieces, device, copies)
+    heap, best_name = best_heap(g, unsplit, analysis, fused, row_loops, aliases, pieces, device, copies, calls)
     return heap, best_name, sum(fused)
 
 

@@ -21,7 +21,8 @@ layout cuDNN wants: nothing is fused into them. The passes that get a jaxpr conv
 `conv_operand_scratch` sizes those buffers per convolution, as a temporary live while the call
 runs: each is made right before its call and read by it alone. A value several calls read
 through the same transpose has one copy (CSE), held from the first of them to the last
-(`shared_copy_spans`, a span of the heap).
+(`shared_copy_spans`, a span of the heap). A copy no multi-output fusion takes is a kernel of
+its own, which XLA's list scheduler may run long before its call (`early_copies`).
 
 Then `cudnn_fused_conv_rewriter.cc` adds a bias and a side input inside a forward call
 (`conv_side_inputs`, a fusion rule): the convolution's own result is never stored, the call
@@ -34,9 +35,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from jaxmem.compiler.program import Program
-from jaxmem.compiler.rules import GPU_ELEMENTWISE, rule
+from jaxmem.compiler.rules import GPU_ELEMENTWISE, GPU_HLO_REDUCE, rule
 from jaxmem.compiler.stages import align
 from jaxmem.xla.gpu_cost import device_numbers
+from jaxmem.xla.gpu_model_fusion_cost import capped_reductions
 from jaxmem.xla.gpu_model_ops import elements
 
 HOPPER_SM = 90       # layout_assignment.cc: NHWC for every 2-D convolution from Hopper on
@@ -378,16 +380,87 @@ def conv_operand_scratch(g: Program, op: Any, plan: ConvPlan) -> int:
                if not (what[0] == "copy" and v in plan.shared_copies))
 
 
-def shared_copy_spans(g: Program, order: list[int], device: str) -> list[tuple[int, int, int]]:
+def shared_copy_spans(g: Program, order: list[int], device: str,
+                      calls: dict[int, int] | None = None) -> list[tuple[int, int, int]]:
     """(start, end, bytes) over positions of `order`: each shared copy (`conv_plan`) live from
-    the first call that reads it to the last."""
+    the first call that reads it to the last; `calls`: `conv_calls`, where a convolution whose
+    adds are fused into its call runs (the sum's op, not the convolution's)."""
+    calls = calls or {}
     pos = {oi: p for p, oi in enumerate(order)}
     spans = []
-    for size, calls in conv_plan(g, device).shared_copies.values():
-        at = [pos[c] for c in calls if c in pos]
+    for size, readers in conv_plan(g, device, calls).shared_copies.values():
+        at = [pos[calls.get(c, c)] for c in readers if calls.get(c, c) in pos]
         if at:
             spans.append((min(at), max(at), size))
     return spans
+
+
+def _stored_sources(g: Program, fused: Any, v: int) -> list[int]:
+    """The stored values `v` is computed from (itself where stored), through fused producers."""
+    sources, todo, seen = [], [v], {v}
+    while todo:
+        u = todo.pop()
+        if not fused[u] or g.producer[u] < 0:
+            sources.append(u)
+            continue
+        for w in g.ops[g.producer[u]].inputs:
+            if isinstance(w, int) and w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return sources
+
+
+def _loop_sibling(g: Program, fused: Any, reads: Any, sources: list[int], n: int, skip: set[int],
+                  reduced: dict[int, list[int]], slow: dict[int, int]) -> bool:
+    """Whether an op other than `skip` reads one of `sources` and stores a value of `n` elements
+    that XLA makes in a loop fusion: no reduction reads it, or only a slow column reduction,
+    which then reads it stored (`read_by_slow_reduction`)."""
+    for oi, op in enumerate(g.ops):
+        if oi in skip or op.primitive in GPU_HLO_REDUCE or not set(sources) & set(reads[oi]):
+            continue
+        for o in op.outputs:
+            if o is None or fused[o] or elements(g.shapes[o]) != n:
+                continue
+            if not reduced.get(o) or any(r in slow for r in reduced[o]):
+                return True
+    return False
+
+
+def early_copies(g: Program, calls: dict[int, int], fused: Any, reads: Any,
+                 device: str) -> list[tuple[int, int, list[int]]]:
+    """[(op the cuDNN call runs at, copy bytes, stored values the copy is computed from)] for each
+    layout copy (`conv_plan`, one call's own) that is a kernel of its own.
+
+    Layout assignment gives a cuDNN operand in another layout a transpose, and priority fusion
+    makes it a loop fusion with its elementwise producers (a U-Net's SiLU output, transposed
+    for a transposed convolution's weight gradient: unet's A100 dump, `loop_transpose_fusion`).
+    Multi-output fusion (multi_output_fusion.cc, sibling fusion) joins it to a loop fusion that
+    reads the same values over the same elements, so the copy is made in the backward beside
+    that kernel (the H100 dump: `loop_add_transpose_fusion`; four small A100 decoders in
+    BENCHMARKS.md). Where the values' other readers are reduction fusions (a group norm's
+    gradient sums, with its elementwise gradient as an extra output) or cuDNN calls, no
+    sibling takes it: it is a kernel that defines its bytes and frees nothing, which the list
+    scheduler runs once every other ready kernel defines more (`gpu_model_heap.early_copy_spans`):
+    in unet's A100 order it is made in the forward pass and held to the backward call.
+    `calls`: `conv_calls`, where a convolution whose adds are fused into its call runs."""
+    plan = conv_plan(g, device, calls)
+    dev = device_numbers(device)
+    slow = capped_reductions(g, conv_layouts(g, device), dev) if dev else {}
+    reduced: dict[int, list[int]] = {}
+    for op in g.ops:
+        if op.primitive in GPU_HLO_REDUCE:
+            for u in reads[op.index]:
+                reduced.setdefault(u, []).append(op.index)
+    out = []
+    for oi, items in plan.copies.items():
+        call = calls.get(oi, oi)
+        for v, size, what in items:
+            if v is None or what[0] != "copy" or v in plan.shared_copies:
+                continue
+            sources = _stored_sources(g, fused, v)
+            if not _loop_sibling(g, fused, reads, sources, elements(g.shapes[v]), {oi, call}, reduced, slow):
+                out.append((call, size, sources))
+    return out
 
 
 def conv_operands_materialized(ctx: Any, fused: list[bool]) -> dict[int, bool]:
@@ -512,4 +585,4 @@ def conv_calls(g: Program, roles: Any, fused: list[bool]) -> dict[int, int]:
 
 
 __all__ = ["Conv", "Window", "conv_calls", "backward_filter_pads", "backward_input_high", "conv_layouts", "conv_of",
-           "ConvPlan", "conv_copies", "conv_operand_scratch", "conv_plan", "shared_copy_spans", "conv_operands_materialized", "conv_side_inputs", "cudnn_roles", "swapped"]
+           "ConvPlan", "conv_copies", "early_copies", "conv_operand_scratch", "conv_plan", "shared_copy_spans", "conv_operands_materialized", "conv_side_inputs", "cudnn_roles", "swapped"]

@@ -123,6 +123,16 @@ def _read_outside_rows(g: Program, v: int) -> bool:
     return False
 
 
+def _last_dimension_only(shape: Any, axes: Any) -> bool:
+    """Whether a reduce over `axes` of `shape` is one the softmax rewriter takes into a diamond
+    (softmax_rewriter_triton.cc, ShouldFuseReduction: exactly one reduced dimension, the
+    operand's last). Other reduced dimensions of size one do not count: the algebraic
+    simplifier drops them first. A group norm's reduce over height, width and the channels of
+    a group is none."""
+    rank = len(shape)
+    return rank > 0 and rank - 1 in tuple(axes) and all(shape[d] == 1 for d in axes if d != rank - 1)
+
+
 def softmax_outputs(g: Program, internal: bool = False, triton_only: bool = False) -> Any:
     """Values XLA:GPU stores as the output of a softmax-like fusion (softmax_rewriter_triton.cc:
     a reduction over the minor dimension broadcast back into elementwise ops on the same rows,
@@ -155,9 +165,7 @@ def softmax_outputs(g: Program, internal: bool = False, triton_only: bool = Fals
         v = op.outputs[0]
         prim = op.primitive
         if prim in REDUCTIONS and op.inputs:
-            axes = op.params.get("axes") or ()
-            rank = len(g.shapes[op.inputs[0]])
-            reduced[v] = rank > 0 and (rank - 1) in tuple(axes)
+            reduced[v] = _last_dimension_only(g.shapes[op.inputs[0]], op.params.get("axes") or ())
             # reducing a row value again (over a unit dimension) keeps its sources
             sources[v] = sources[op.inputs[0]] if reduced[op.inputs[0]] else frozenset({op.index})
             roots[v] = origin(op.inputs[0])

@@ -32,7 +32,7 @@ from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_RELU_ZERO_READERS, storage_rule
 from jaxmem.compiler.stages import Analysis, Roles, Span, align, live_profile
 from jaxmem.xla.gpu_heap import xla_heap_size
-from jaxmem.xla.gpu_model_conv import shared_copy_spans
+from jaxmem.xla.gpu_model_conv import early_copies, shared_copy_spans
 from jaxmem.xla.gpu_model_fusion_concat import sibling_gather_spans
 from jaxmem.xla.gpu_model_ops import elements, merged_dots, no_inplace
 from jaxmem.xla.gpu_model_schedule import merged_order, xla_orders
@@ -47,7 +47,9 @@ class HeapCase:
     liveness, the roles, the dot merger's groups, the interval ids of outputs in donated
     arguments' allocations (`aliased`) with the argument each takes (`donated_sources`),
     per loop op its body's largest value (`pieces`), the scheduler whose order it is, the
-    fused flags and the device ("" where not known)."""
+    fused flags, the device ("" where not known) and where each convolution whose adds are
+    fused into its cuDNN call runs (`calls`: `gpu_model_conv.conv_calls`, found before
+    `no_inplace` renames the calls' ops)."""
 
     g: Program
     order: list[int]
@@ -62,6 +64,7 @@ class HeapCase:
     device: str = ""
     analysis: Analysis | None = None
     copies: dict[int, int] | None = None
+    calls: dict[int, int] | None = None
 
 
 Spans = list[Span]
@@ -327,10 +330,12 @@ def pool_index_spans(case: HeapCase) -> list[Span]:
 
 def _list_scores(case: HeapCase) -> list[int]:
     """Per position of the order, the list scheduler's score of the op run there: bytes of the
-    stored values it reads for the last time minus bytes it stores (hlo_memory_scheduler.cc,
-    BytesFreedIfScheduled)."""
+    stored values it reads for the last time minus bytes it stores and its scratch
+    (hlo_memory_scheduler.cc, BytesFreedIfScheduled: a convolution's padded operand is the pad
+    fusion's buffer, defined by a kernel that runs beside the call: unet's `loop_pad_fusion`,
+    which XLA's list scheduler runs after the pool's reduce-window)."""
     g, order, fusion, roles = case.g, case.order, case.analysis.fusion, case.roles
-    reads, fused = fusion.reads, fusion.fused
+    reads, fused, scratch = fusion.reads, fusion.fused, case.analysis.scratch
     last = {}
     for p, oi in enumerate(order):
         for u in reads[oi]:
@@ -341,7 +346,7 @@ def _list_scores(case: HeapCase) -> list[int]:
                     if last[u] == p and not fused[u] and not roles.external[u] and not roles.outputs[u])
         stored = sum(align(g.nbytes[v]) for v in g.ops[oi].outputs
                      if v is not None and not fused[v] and not roles.external[v])
-        scores.append(freed - stored)
+        scores.append(freed - stored - scratch.get(oi, 0))
     return scores
 
 
@@ -442,10 +447,38 @@ def _updates_of(g: Program, pos: dict[int, int], arg: int, members: Sequence[int
     return all(pos.get(r, -1) <= first for r in g.users[arg])
 
 
+def early_copy_spans(case: HeapCase) -> list[Span]:
+    """Layout copies XLA:GPU's list scheduler makes long before the cuDNN call that reads them
+    (`gpu_model_conv.early_copies`), each live from there to the call, where the call's
+    scratch holds it; list orders only, with a device."""
+    if not (case.device and case.scheduler == "list" and case.analysis is not None):
+        return []
+    copies = early_copies(case.g, case.calls or {}, case.fused, case.analysis.fusion.reads, case.device)
+    if not copies:
+        return []
+    g, order = case.g, case.order
+    pos = {oi: p for p, oi in enumerate(order)}
+    score = _list_scores(case)
+    spans = []
+    for call, size, leaves in copies:
+        if call not in pos:
+            continue
+        # XLA's list scheduler runs the copy (defining `size`, freeing nothing the call does
+        # not free) at the first step where the op run there scores below it
+        ready = max((pos.get(g.producer[r], -1) for r in leaves), default=-1) + 1
+        end = pos[call]
+        at = next((p for p in range(ready, end) if score[p] < -size), end)
+        if at < end:
+            spans.append((at, end - 1, size))
+    return spans
+
+
 def conv_copy_spans(case: HeapCase) -> list[Span]:
     """The transposed copies several cuDNN calls share, each one buffer from its first reader
     to its last (`gpu_model_conv.shared_copy_spans`; only with a device)."""
-    return shared_copy_spans(case.g, case.order, case.device) if case.device else []
+    if not case.device:
+        return []
+    return shared_copy_spans(case.g, case.order, case.device, case.calls)
 
 
 def concatenated_operand_spans(case: HeapCase) -> list[Span]:
@@ -635,6 +668,7 @@ SPAN_ADJUSTMENTS: list[Callable[[HeapCase], Spans]] = [
     early_scatter_zero_spans,
     pool_index_spans,
     conv_copy_spans,
+    early_copy_spans,
     concatenated_operand_spans,
     cloned_concat_operand_spans,
     scan_output_spans,
@@ -656,7 +690,8 @@ def case_heap(case: HeapCase) -> Spans:
 
 def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[bool],
               row_loops: dict[int, list[int]], aliases: dict[int, int], pieces: dict[int, int],
-              device: str = "", copies: dict[int, int] | None = None) -> tuple[Spans, str]:
+              device: str = "", copies: dict[int, int] | None = None,
+              calls: dict[int, int] | None = None) -> tuple[Spans, str]:
     """(the heap's spans, the scheduler kept) for `g` under `analysis`: each order of the
     scheduling pass (`xla_orders`, merged dots run together; the dot merger groups GEMMs by
     their sizes before split-K, read from `unsplit`) is scored by its heap's lower bound and
@@ -673,7 +708,7 @@ def best_heap(g: Program, unsplit: Program, analysis: Analysis, fused: Sequence[
         sources = {live.group[g.outvars[j]]: g.invars[k] for j, k in aliases.items()
                    if live.group[g.outvars[j]] >= 0}
         heap = case_heap(HeapCase(g, order, live, analysis.roles, groups, aliased, sources, pieces, name,
-                                  fused, device, analysis, copies))
+                                  fused, device, analysis, copies, calls))
         bound = int(live_profile(heap, len(order)).max()) if heap else 0
         scored.append((bound, name, heap))
     bound, best_name, heap = min(scored, key=lambda t: t[0])

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from jaxmem.compiler.fusion import expanded_inputs
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_ELEMENTWISE, GPU_HLO_REDUCE, rule
 from jaxmem.compiler.stages import align
@@ -395,21 +396,6 @@ def shared_copy_spans(g: Program, order: list[int], device: str,
     return spans
 
 
-def _stored_sources(g: Program, fused: Any, v: int) -> list[int]:
-    """The stored values `v` is computed from (itself where stored), through fused producers."""
-    sources, todo, seen = [], [v], {v}
-    while todo:
-        u = todo.pop()
-        if not fused[u] or g.producer[u] < 0:
-            sources.append(u)
-            continue
-        for w in g.ops[g.producer[u]].inputs:
-            if isinstance(w, int) and w not in seen:
-                seen.add(w)
-                todo.append(w)
-    return sources
-
-
 def _loop_sibling(g: Program, fused: Any, reads: Any, sources: list[int], n: int, skip: set[int],
                   reduced: dict[int, list[int]], slow: dict[int, int]) -> bool:
     """Whether an op other than `skip` reads one of `sources` and stores a value of `n` elements
@@ -451,13 +437,13 @@ def early_copies(g: Program, calls: dict[int, int], fused: Any, reads: Any,
         if op.primitive in GPU_HLO_REDUCE:
             for u in reads[op.index]:
                 reduced.setdefault(u, []).append(op.index)
-    out = []
+    out, memo = [], {}
     for oi, items in plan.copies.items():
         call = calls.get(oi, oi)
         for v, size, what in items:
             if v is None or what[0] != "copy" or v in plan.shared_copies:
                 continue
-            sources = _stored_sources(g, fused, v)
+            sources = expanded_inputs(g, fused, memo, v) if fused[v] else [v]
             if not _loop_sibling(g, fused, reads, sources, elements(g.shapes[v]), {oi, call}, reduced, slow):
                 out.append((call, size, sources))
     return out

@@ -31,7 +31,7 @@ import itertools
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from jaxmem.errors import PlanError
 
@@ -226,13 +226,12 @@ def list_schedule(instructions: Sequence[Instruction]) -> list[str]:
     return order
 
 
-def post_order(instructions: Sequence[Instruction]) -> list[str]:
-    """HloComputation::MakeInstructionPostOrder (the post-order scheduler's order): a post-order
-    DFS from each instruction nothing reads, in the computation's order, operands first to last."""
-    by_name = {ins.name: ins for ins in instructions}
+def _post_order_from(starts: Sequence[str], children: Callable[[str], list[str]]) -> list[str]:
+    """An iterative post-order DFS from each of `starts` in turn; `children(name)`: the operands
+    of `name` not yet done, in the order they are to be visited."""
     done: set[str] = set()
     order: list[str] = []
-    for start in (ins.name for ins in instructions if not ins.users):
+    for start in starts:
         stack, expanding = [start], set()
         while stack:
             name = stack[-1]
@@ -244,8 +243,16 @@ def post_order(instructions: Sequence[Instruction]) -> list[str]:
                 order.append(name)
             else:
                 expanding.add(name)
-                stack.extend(o for o in reversed(by_name[name].operands) if o not in done)
+                stack.extend(reversed([o for o in children(name) if o not in done]))
     return order
+
+
+def post_order(instructions: Sequence[Instruction]) -> list[str]:
+    """HloComputation::MakeInstructionPostOrder (the post-order scheduler's order): a post-order
+    DFS from each instruction nothing reads, in the computation's order, operands first to last."""
+    by_name = {ins.name: ins for ins in instructions}
+    return _post_order_from([ins.name for ins in instructions if not ins.users],
+                            lambda name: by_name[name].operands)
 
 
 def dfs_schedule(instructions: Sequence[Instruction]) -> list[str]:
@@ -273,25 +280,9 @@ def dfs_schedule(instructions: Sequence[Instruction]) -> list[str]:
     def key(name: str) -> tuple[int, int, str]:
         return (-extra[name], -total[name], name)
 
-    done: set[str] = set()
-    order: list[str] = []
     roots = [ins.name for ins in instructions if not ins.users and not ins.root]
     roots += [ins.name for ins in instructions if ins.root]
-    for start in roots:
-        stack, expanding = [start], set()
-        while stack:
-            name = stack[-1]
-            if name in done:
-                stack.pop()
-            elif name in expanding:
-                stack.pop()
-                done.add(name)
-                order.append(name)
-            else:
-                expanding.add(name)
-                children = sorted((o for o in by_name[name].operands if o not in done), key=key)
-                stack.extend(reversed(children))
-    return order
+    return _post_order_from(roots, lambda name: sorted(by_name[name].operands, key=key))
 
 
 def live_bytes(instructions: Sequence[Instruction], order: Sequence[str],

@@ -340,14 +340,25 @@ def load_abstract(target: str, kwargs: dict[str, int]) -> tuple[Callable[..., An
 
 
 def abstract_args(args: Sequence[Any], sharding: Any = None) -> tuple[Any, ...]:
-    """Every array-like leaf (arrays, `jax.ShapeDtypeStruct`s) as a `ShapeDtypeStruct`, with
-    `sharding` on it; other leaves unchanged."""
+    """Every leaf `jax.jit` takes as an argument as a `ShapeDtypeStruct`, with `sharding` on it:
+    arrays, `ShapeDtypeStruct`s, and Python and numpy scalars (a Flax `TrainState`'s `step` is
+    a Python int; `jax.jit` passes it as a weakly typed int32[], and so does the struct). Other
+    leaves are left for `jax.jit` to accept or refuse.
+
+    >>> abstract_args((3, {"lr": 0.5}))
+    (ShapeDtypeStruct(shape=(), dtype=int32, weak_type=True), {'lr': ShapeDtypeStruct(shape=(), dtype=float32, weak_type=True)})
+    """
     import jax
 
     def to_struct(leaf: Any) -> Any:
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-            return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)
-        return leaf
+            return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding,
+                                        weak_type=bool(getattr(leaf, "weak_type", False)))
+        try:
+            aval = jax.typeof(leaf)
+        except TypeError:   # not an array type: jax.jit's own error says what it is
+            return leaf
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
 
     return tuple(jax.tree.map(to_struct, tuple(args)))
 

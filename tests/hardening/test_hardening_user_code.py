@@ -1,6 +1,6 @@
-"""A TARGET's own code raising anything at all ends as one line on stderr and exit code 2,
-through the real command line in a subprocess; Ctrl-C in a factory still ends as an
-interruption, exit code 130."""
+"""A TARGET's own code raising anything at all, and report paths of the wrong kind, end as one
+line on stderr and exit code 2, through the real command line in a subprocess; Ctrl-C in a
+factory still ends as an interruption, exit code 130."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from abuse_helpers import assert_one_line, child_env, jaxmem_argv
 
 FACTORIES = """\
+import pathlib
 import sys
 
 import jax.numpy as jnp
@@ -47,6 +48,10 @@ def fn_exits():
 def sized(n):
     raise Mine(f"n={n}")
 
+
+def touches():
+    pathlib.Path(__file__).with_name("loaded").touch()
+    return (lambda x: x * 2), (jnp.ones(3),)
 """
 
 
@@ -93,3 +98,14 @@ def test_the_cpu_child_answers_system_exit_of_the_function_in_one_line(tmp_path:
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith("SystemExit: 5")
+
+
+@pytest.mark.parametrize("flag,name", [("--png", "t.xyz"), ("--html", "t.png"), ("--pprof", "t.json"),
+                                       ("--chrome-trace", "t.html")])
+def test_a_report_path_of_the_wrong_kind_is_refused_before_any_work(tmp_path: Path, target: Path, flag: str,
+                                                                    name: str) -> None:
+    out = str(tmp_path / name)
+    done = _run(tmp_path, jaxmem_argv("analyze", f"{target}:touches", "--no-xla", flag, out))
+    assert_one_line(done, flag, repr(out))
+    assert not (tmp_path / name).exists()
+    assert not (tmp_path / "loaded").exists()   # refused before the TARGET was even imported

@@ -794,7 +794,7 @@ def test_abuse_png_given_a_directory(state: Path, capsys) -> None:
     assert_one_line(result, "cannot write PNG timeline")
 
 
-@pytest.mark.parametrize("name", ["out", "out.xyz"])
+@pytest.mark.parametrize("name", ["out", "out.PNG"])
 def test_abuse_png_is_written_where_asked(state: Path, capsys, name: str) -> None:
     path = state.parent / "in" / "t.jsonl"
     path.write_bytes(_jaxmem_trace())
@@ -803,6 +803,16 @@ def test_abuse_png_is_written_where_asked(state: Path, capsys, name: str) -> Non
     assert result.code == 0, result.err
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(target.parent)) == [name]
+
+
+@pytest.mark.parametrize("flag,name", [("--png", "out.xyz"), ("--png", "out.html"), ("--html", "out.png"),
+                                       ("--pprof", "out.pb"), ("--chrome-trace", "out.json.bz2")])
+def test_abuse_report_of_the_wrong_extension_is_refused(state: Path, capsys, flag: str, name: str) -> None:
+    path = state.parent / "in" / "t.jsonl"
+    path.write_bytes(_jaxmem_trace())
+    result = _replay(capsys, path, flag, str(state.parent / "out" / name))
+    assert_one_line(result, flag, name)
+    assert os.listdir(state.parent / "out") == []
 
 
 @pytest.mark.parametrize("sink", ["closed-pipe", "full-disk"])

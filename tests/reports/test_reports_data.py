@@ -214,3 +214,12 @@ def test_gpt_blocks_name_their_user_source_line():
     # Steps inlined from jitted library functions (log_softmax) take their call site's line.
     assert sum(1 for b in made if "examples/" in b.source) >= 0.95 * len(made)
     assert all("/jax/" not in f[0] for b in data.blocks for f in b.frames)
+
+
+def test_chrome_trace_named_json_gz_is_gzipped(plan, tmp_path):
+    import gzip
+
+    data = from_plan(plan)
+    write_chrome_trace(tmp_path / "trace.json", data)
+    write_chrome_trace(tmp_path / "trace.json.gz", data)
+    assert gzip.decompress((tmp_path / "trace.json.gz").read_bytes()) == (tmp_path / "trace.json").read_bytes()

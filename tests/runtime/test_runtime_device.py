@@ -98,3 +98,42 @@ def test_occupancy_map_and_chunks():
     assert device.occupancy_map(16) == "*" * 8 + "_" * 8
     assert len(list(device.chunks())) == 9
     assert "bfc" in repr(device)
+
+
+def test_a_host_view_cannot_write_into_a_later_allocation():
+    """After free, the views `view` gave are read-only; a view made from one before the free
+    still writes, but into bytes held for it: no new allocation gets them while it lives."""
+    device = Device("1MiB", backend="host", allocator="bfc", preallocate=True, mem_fraction=1.0)
+    buf = device.allocate(4096)
+    view = device.view(buf)
+    typed = view.view(np.float32)[8:]
+    address = buf.address
+    device.free(buf)
+    assert not buf.live
+    with pytest.raises(ValueError, match="read-only"):
+        view[:] = 1
+    with pytest.raises(AllocationError, match="freed"):
+        device.view(buf)
+    with pytest.raises(AllocationError, match="double free"):
+        device.free(buf)
+    new = device.allocate(4096)
+    assert new.address != address
+    device.view(new)[:] = 7
+    typed[:] = 1.0   # into the held bytes only
+    assert np.all(device.view(new) == 7)
+    assert device.memory_stats()["bytes_in_use"] == 2 * 4096
+    del view, typed
+    assert device.memory_stats()["bytes_in_use"] == 4096
+    again = device.allocate(4096)
+    assert again.address == address   # the bytes went back once the last view was gone
+    device.view(again)[:] = 3
+    assert np.all(device.view(new) == 7) and np.all(device.view(again) == 3)
+
+
+def test_freeing_with_no_view_left_gives_the_bytes_back_at_once():
+    device = Device("1MiB", backend="host", allocator="bfc", mem_fraction=1.0)
+    buf = device.allocate(4096)
+    device.view(buf)[:] = 5
+    device.free(buf)
+    assert device.memory_stats()["bytes_in_use"] == 0
+    assert device.allocate(4096).address == buf.address

@@ -175,7 +175,10 @@ class Analysis:
 
 def main(argv: list[str]) -> int:
     """`jaxmem analyze`: see the module docstring. Returns the exit code."""
+    from jaxmem.reports.cli import check_paths
+
     args = build_parser().parse_args(argv)
+    check_paths(args)   # `--png t.xyz` is refused before the target is loaded
     run = load(args)
     if sharded.wanted(args, run.fn_args):
         # A mesh: per-device figures from a partitioned compile (jaxmem.xla.sharding).

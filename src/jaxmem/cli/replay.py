@@ -87,11 +87,12 @@ def render_table(report, console) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from jaxmem.reports.cli import write_replay_reports
+    from jaxmem.reports.cli import check_paths, write_replay_reports
     from jaxmem.traces.readers import load_trace
     from jaxmem.traces.replay import ALLOCATORS, replay
 
     args = _parser().parse_args(argv)
+    check_paths(args)   # `--png t.xyz` is refused before the trace is read
     names = [n.strip() for n in args.allocator.split(",") if n.strip()]
     if not names:
         raise ConfigError("--allocator: name at least one allocator")

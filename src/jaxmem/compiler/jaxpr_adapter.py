@@ -96,7 +96,9 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
             closed, shapes = jax.make_jaxpr(target, return_shape=True)(*args, dynamic)
         else:  # `fn` itself, so JAX's trace cache (per function object) applies
             closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
-    except Exception as err:  # the user's function failed to trace: say so in one line
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # the user's function failed to trace (SystemExit too): one line
         first = first_sentence(str(err))
         raise PlanError(f"cannot trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: {first}") from err
     return Traced(closed, jax.tree_util.tree_structure(tuple(args)), jax.tree_util.tree_structure(shapes),

@@ -24,6 +24,23 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
+def call_user(call: Callable[[], Any], failed: str) -> Any:
+    """`call()`, user code: whatever it raises, an `Exception` or any other `BaseException`
+    (`SystemExit`, `GeneratorExit`, a class of the user's own), is a one-line `PlanError`
+    `"{failed}{the error}"`. Only Ctrl-C (`KeyboardInterrupt`) goes through as itself.
+
+    >>> call_user(lambda: exit(3), "the factory raised ")
+    Traceback (most recent call last):
+    jaxmem.errors.PlanError: the factory raised SystemExit: 3
+    """
+    try:
+        return call()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:
+        raise PlanError(f"{failed}{_one_line(err)}") from None
+
+
 def split_target(target: str) -> tuple[str, str]:
     """The (module or file, attribute path) halves of a TARGET string.
 
@@ -63,18 +80,15 @@ def _import_file(path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as err:
+        call_user(lambda: spec.loader.exec_module(module), f"cannot import {path!r}: ")
+    except PlanError:
         sys.modules.pop(name, None)
-        raise PlanError(f"cannot import {path!r}: {_one_line(err)}") from None
+        raise
     return module
 
 
 def _import_module(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except (Exception, SystemExit) as err:
-        raise PlanError(f"cannot import module {name!r}: {_one_line(err)}") from None
+    return call_user(lambda: importlib.import_module(name), f"cannot import module {name!r}: ")
 
 
 def _claim_package(module: ModuleType) -> None:
@@ -137,13 +151,11 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
 
     Raises:
         PlanError: (one line) the TARGET is malformed, cannot be imported, lacks the attribute,
-            is not callable, raises, or does not return `(fn, args)`.
+            is not callable, raises (any exception but Ctrl-C's `KeyboardInterrupt`, which
+            goes through), or does not return `(fn, args)`.
     """
     factory = resolve_factory(target)
-    try:
-        result = factory()
-    except (Exception, SystemExit) as err:
-        raise PlanError(f"TARGET {target!r}: the factory raised {_one_line(err)}") from None
+    result = call_user(factory, f"TARGET {target!r}: the factory raised ")
     return check_fn_args(result, f"TARGET {target!r}")
 
 
@@ -168,6 +180,8 @@ def jit_donation(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[int, ..
     try:
         positional = trace(*args).args_info[0]   # (positional, keyword) pytrees of ArgInfo
         flags = [jax.tree.leaves(jax.tree.map(lambda info: bool(info.donated), arg)) for arg in positional]
-    except Exception:  # not jax.jit's trace, or it fails: the planner's own trace says why
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # not jax.jit's trace, or it fails: the planner's own trace says why
         return ()
     return tuple(k for k, leaves in enumerate(flags) if leaves and all(leaves))

@@ -196,9 +196,9 @@ def run_eager(prog: Program, inputs: list[np.ndarray] | None, device: Any, *, co
             dead = {v for v in op.inputs if last_use[v] == k and v not in keep}
             dead |= {o for o in outs if last_use[o] < 0 and o not in keep}
             for v in sorted(dead):
+                values[v] = None   # its host view first, so that the free gives the bytes back at once
                 state.free(buffers[v], label)
                 buffers[v] = None
-                values[v] = None
     except OutOfMemory as err:
         oom = err
     stats = device.memory_stats()
@@ -206,6 +206,7 @@ def run_eager(prog: Program, inputs: list[np.ndarray] | None, device: Any, *, co
     if compute and oom is None:
         outputs = [np.array(const_array(v.value, v.aval)) if isinstance(v, Const) else np.array(values[v])
                    for v in prog.outvars]
+    values.clear()   # the host views, before their buffers are freed
     for v in range(n):
         if buffers[v] is not None:
             state.free(buffers[v], "end")

@@ -66,7 +66,10 @@ class Executable:
                                             [to_user(x, a) for x, a in zip(flat, self.traced.out_avals)])
 
     def release(self) -> None:
+        """Give the arena back; the program bound to it goes first, with its views of the
+        arena (a view still alive would hold the arena's bytes, see `jaxmem.Device.view`)."""
         if self.buffer is not None and self.buffer.live:
+            self.program = None
             self.device.free(self.buffer)
         self.buffer = None
 

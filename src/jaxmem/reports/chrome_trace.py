@@ -15,6 +15,7 @@ the trace's own times when they increase, else the event index.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -89,9 +90,13 @@ def trace_events(data: ReportData) -> list[dict[str, Any]]:
 
 
 def write_chrome_trace(path: str | Path, data: ReportData) -> int:
-    """Write {"traceEvents": [...], "displayTimeUnit": "ns"} to `path`; returns the event count."""
+    """Write {"traceEvents": [...], "displayTimeUnit": "ns"} to `path`, gzipped when it ends in
+    .gz (Perfetto and chrome://tracing open both); returns the event count."""
     events = trace_events(data)
     doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"producer": "jaxmem", "x": data.x_label}}
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, separators=(",", ":"))
+    text = json.dumps(doc, separators=(",", ":"))
+    if str(path).lower().endswith(".gz"):
+        Path(path).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    else:
+        Path(path).write_text(text, encoding="utf-8")
     return len(events)

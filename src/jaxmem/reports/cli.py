@@ -1,7 +1,9 @@
 """Report flags shared by `jaxmem analyze` and `jaxmem replay` (--html, --pprof, --png, --chrome-trace).
 
-The subcommands call `add_arguments(parser)` when they build their parser, and after their own
-output `write_plan_reports(args, plan)` or `write_replay_reports(args, replay_result, trace=trace)`.
+The subcommands call `add_arguments(parser)` when they build their parser, `check_paths(args)`
+once the flags are parsed (a path whose extension is not its report's is refused before any
+work), and after their own output `write_plan_reports(args, plan)` or
+`write_replay_reports(args, replay_result, trace=trace)`.
 Each writer reads one `ReportData` (jaxmem.reports.data); a line per file written goes to
 stderr, so `--json` output on stdout stays one object.
 """
@@ -32,6 +34,40 @@ def _requested(args: argparse.Namespace) -> list[str]:
     return [flag for flag in ("html", "pprof", "png", "chrome_trace") if getattr(args, flag, None)]
 
 
+# Each report flag's format and the file name endings it is written under. A name with no
+# extension at all (/dev/stdout, a pipe) is written as given; any other ending is refused, so
+# that `--png t.xyz` or `--html r.png` is a one-line error, not a file of the wrong kind. The
+# pprof profile is gzipped, as pprof keeps it on disk; a Chrome trace named .json.gz is gzipped.
+FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "html": ("an HTML report", (".html", ".htm")),
+    "pprof": ("a gzipped pprof profile", (".pb.gz", ".pprof")),
+    "png": ("a PNG timeline", (".png",)),
+    "chrome_trace": ("a Chrome trace", (".json", ".json.gz")),
+}
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse a report path whose extension is not its format's, before any work is done.
+
+    >>> check_paths(argparse.Namespace(png="t.xyz", html="r.HTML", pprof=None, chrome_trace=None))
+    Traceback (most recent call last):
+    jaxmem.errors.ReportError: --png 't.xyz' would write a PNG timeline to a .xyz file; name it .png
+
+    Raises:
+        ReportError: (one line) a path ends in an extension that is not one of its flag's.
+    """
+    for flag in _requested(args):
+        path = str(getattr(args, flag))
+        name = os.path.basename(path).lower()
+        if "." not in name.lstrip("."):
+            continue
+        what, endings = FORMATS[flag]
+        if not name.endswith(endings):
+            given = os.path.splitext(name)[1]
+            raise ReportError(f"--{flag.replace('_', '-')} {path!r} would write {what} to a {given} file; "
+                              f"name it {' or '.join(endings)}")
+
+
 def _write(what: str, path: str, writer: Callable[[], Any]) -> None:
     try:
         writer()
@@ -54,6 +90,7 @@ def write_reports(args: argparse.Namespace, data: ReportData) -> None:
     >>> os.path.getsize(path) > 0   # "wrote HTML report: ..." went to stderr
     True
     """
+    check_paths(args)
     step = getattr(args, "step", None)
     if step is not None and not data.x_min <= step <= data.x_max:
         raise ReportError(f"--step {step} is outside the {data.x_label}s {data.x_min}..{data.x_max}")

@@ -188,10 +188,16 @@ class HostBackend(SimulatedBackend):
         self.memory = np.frombuffer(self._mapping, dtype=np.uint8, count=self.capacity)
 
     def view(self, address: int, size: int):
-        """A writable numpy uint8 view of `size` bytes at `address`."""
+        """A writable numpy uint8 view of `size` bytes at `address`, an array of its own: every
+        view made from it (slices, `.view(dtype)`, reshapes) keeps it alive, so a weak reference
+        to it says whether any view of these bytes is left (`Device.free` relies on that)."""
+        import numpy as np
+
         if address < 0 or size < 0 or address + size > self.capacity:
             raise AllocationError(f"view [{address:#x}, +{size}) lies outside the {self.capacity}-byte device")
-        return self.memory[address:address + size]
+        if size == 0:
+            return self.memory[address:address]
+        return np.frombuffer(self._mapping, dtype=np.uint8, count=size, offset=address)
 
 
 BACKENDS = {"simulated": SimulatedBackend, "host": HostBackend}

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any, Iterator, Mapping
 
 from jaxmem.errors import AllocationError
@@ -54,6 +56,10 @@ class Device:
         self.allocator_name = allocator
         # "bfc-growth" never preallocates, whatever was asked: report what the pool does.
         self.preallocate = bool(getattr(self.allocator, "preallocate", self.preallocate))
+        # Host views handed out, id(buffer) -> (buffer, weak references to them), and the freed
+        # buffers whose bytes wait for their last view to go (see `view`).
+        self._views: dict[int, tuple[Buffer, list[weakref.ref]]] = {}
+        self._held: list[tuple[Buffer, list[weakref.ref]]] = []
 
     @classmethod
     def from_env(cls, capacity: int | str, *, backend: str = "simulated",
@@ -69,14 +75,46 @@ class Device:
 
     def allocate(self, size: int, *, alignment: int = 256, stream: int = 0) -> Buffer:
         """A new buffer of at least `size` bytes; raises `OutOfMemory` when it cannot be had."""
+        self._settle()
         return self.allocator.allocate(size, alignment=alignment, stream=stream)
 
     def free(self, buffer: Buffer) -> None:
-        """Give `buffer` back to the pool."""
-        self.allocator.free(buffer)
+        """Give `buffer` back to the pool. If host views of it are still alive (see `view`), they
+        turn read-only and its bytes go back only once the last of them is gone."""
+        self._settle()
+        entry = self._views.get(id(buffer))
+        views = [r for r in entry[1] if r() is not None] if entry and entry[0] is buffer else []
+        if views and buffer.live:
+            gc.collect()   # views in a reference cycle nobody can reach any more are not alive
+            views = [r for r in views if r() is not None]
+        if not views or not buffer.live:
+            self.allocator.free(buffer)   # which refuses a double free or a foreign buffer
+        else:
+            for ref in views:
+                view = ref()
+                if view is not None:
+                    view.flags.writeable = False
+            buffer.live = False
+            self._held.append((buffer, views))
+        if entry and entry[0] is buffer:
+            del self._views[id(buffer)]
+
+    def _settle(self) -> None:
+        """Give back the bytes of freed buffers whose last host view has gone."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        for buffer, views in held:
+            if any(ref() is not None for ref in views):
+                self._held.append((buffer, views))
+            else:
+                buffer.live = True   # freed for its owner already; the pool takes it back now
+                self.allocator.free(buffer)
 
     def memory_stats(self) -> dict[str, int | float]:
-        """The keys and meanings of `jax.Device.memory_stats()`, plus `fragmentation`."""
+        """The keys and meanings of `jax.Device.memory_stats()`, plus `fragmentation`. A freed
+        buffer whose host views are still alive counts as in use (see `view`)."""
+        self._settle()
         return self.allocator.memory_stats()
 
     def reset_peak_stats(self) -> None:
@@ -85,19 +123,51 @@ class Device:
 
     def empty_cache(self) -> int:
         """Return wholly free regions to the device; the bytes given back."""
+        self._settle()
         return self.allocator.empty_cache()
 
     def chunks(self) -> Iterator[Chunk]:
         """Every piece of the pool, in address order."""
+        self._settle()
         return self.allocator.chunks()
 
     def view(self, buffer: Buffer):
-        """A writable numpy uint8 view of the buffer's `requested_size` bytes (host backend)."""
+        """A writable numpy uint8 view of the buffer's `requested_size` bytes (host backend).
+
+        A view never writes into another buffer's bytes. Once the buffer is freed, the views
+        `view` returned turn read-only (writing raises `ValueError`) and no new view is given;
+        views made from them before the free (a slice, `.view(np.float32)`) numpy cannot make
+        read-only, so the freed bytes stay held, counted in use, until every view of them is
+        gone, and only then can a new allocation get them. Drop views before `free` (or with
+        it) and the bytes go back at once.
+
+        >>> import numpy as np
+        >>> device = Device("1MiB", backend="host")
+        >>> buf = device.allocate(1024)
+        >>> v = device.view(buf)
+        >>> v[:] = 7
+        >>> device.free(buf)
+        >>> v[0] = 1
+        Traceback (most recent call last):
+        ValueError: assignment destination is read-only
+        >>> device.memory_stats()["bytes_in_use"]   # held while `v` is alive
+        1024
+        >>> del v
+        >>> device.memory_stats()["bytes_in_use"]
+        0
+        """
+        self._settle()
         if not isinstance(buffer, Buffer) or buffer.owner is not self.allocator:
             raise AllocationError(f"{buffer!r} does not belong to this device")
         if not buffer.live:
             raise AllocationError(f"{buffer!r} has been freed")
-        return self.backend.view(buffer.address, buffer.requested_size)
+        view = self.backend.view(buffer.address, buffer.requested_size)
+        entry = self._views.get(id(buffer))
+        if entry is None or entry[0] is not buffer:
+            entry = self._views[id(buffer)] = (buffer, [])
+        entry[1][:] = [ref for ref in entry[1] if ref() is not None]
+        entry[1].append(weakref.ref(view))
+        return view
 
     def occupancy_map(self, width: int = 100) -> str:
         """One line over the pool: '*' where a cell is at least half in use, '_' otherwise."""

@@ -211,7 +211,7 @@ def _parse_donate(text: str) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print TARGET's `XlaReference` as one JSON object."""
-    from jaxmem.compiler.target import load_target
+    from jaxmem.compiler.target import _one_line, load_target
     from jaxmem.errors import JaxmemError
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.cpu")
@@ -223,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         ref = xla_reference(fn, fn_args, donate_argnums=_parse_donate(args.donate))
     except JaxmemError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # the TARGET's code (SystemExit too: its code is not ours), one line
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     print(json.dumps({
         "argument_bytes": ref.argument_bytes, "output_bytes": ref.output_bytes, "temp_bytes": ref.temp_bytes,

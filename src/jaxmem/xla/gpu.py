@@ -300,14 +300,11 @@ def reference_from_json(data: dict[str, Any]) -> XlaGpuReference:
 
 def load_with_kwargs(target: str, kwargs: dict[str, int]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A TARGET's `(fn, args)`, its factory called with `kwargs`."""
-    from jaxmem.compiler.target import _one_line, check_fn_args, resolve_factory
+    from jaxmem.compiler.target import call_user, check_fn_args, resolve_factory
 
     factory = resolve_factory(target)
-    try:
-        result = factory(**kwargs)
-    except (Exception, SystemExit) as err:
-        shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-        raise PlanError(f"TARGET {target!r}: the factory{f'({shown})' if shown else ''} raised {_one_line(err)}") from None
+    shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+    result = call_user(lambda: factory(**kwargs), f"TARGET {target!r}: the factory{f'({shown})' if shown else ''} raised ")
     return check_fn_args(result, f"TARGET {target!r}")
 
 
@@ -332,10 +329,10 @@ def load_abstract(target: str, kwargs: dict[str, int]) -> tuple[Callable[..., An
         args = jax.eval_shape(arguments)
         fn = box["fn"]
         jax.eval_shape(fn, *args)   # fn must not hold a tracer of the abstract factory
-    except JaxmemError:
+    except (JaxmemError, KeyboardInterrupt):
         raise
-    except Exception:  # the factory needs concrete values: run it for real
-        return load_with_kwargs(target, kwargs)
+    except BaseException:  # the factory needs concrete values: run it for real (which says
+        return load_with_kwargs(target, kwargs)   # in one line what it raises, if it still does)
     return fn, tuple(args)
 
 
@@ -734,12 +731,21 @@ CHILD_ERRORS: tuple[tuple[int, type[JaxmemError]], ...] = ((3, GpuUnavailable), 
 
 def child_reply(compile: Callable[[], dict[str, Any]]) -> int:
     """The child's side: run `compile` and print its figures as one JSON line (exit 0), or its
-    error as one line on stderr with the exit code of its kind."""
+    error as one line on stderr with the exit code of its kind (2 for any exception not
+    jaxmem's, a `SystemExit` or other `BaseException` of the user's code included; Ctrl-C
+    goes through)."""
+    from jaxmem.compiler.target import _one_line
+
     try:
         data = compile()
     except JaxmemError as err:
         print(f"error: {err}", file=sys.stderr)
         return next((code for code, kind in CHILD_ERRORS if isinstance(err, kind)), 2)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # user code the compile ran (SystemExit too: its code is not ours)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
     print(json.dumps(data))
     return 0
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from jaxmem.cli import OneLineParser, report_console, sharded
+from jaxmem.cli import OneLineParser, analyze_loop, report_console, sharded
 from jaxmem.errors import ConfigError, JaxmemError, PlanError
 from jaxmem.accelerators import find as find_accelerator, tpu_presets
 from jaxmem.reports.analysis import PREALLOCATE_FRACTION, AnalysisReport, summarize
@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(memory-optimized) or bfs (concurrency-optimized), each compiled in a fresh "
                              "process, or both (the lower total is the comparison)")
     add_pool_arguments(parser)
+    analyze_loop.add_arguments(parser)
     sharded.add_arguments(parser)
     parser.add_argument("--execute", action="store_true",
                         help="also run the planned program against jax.jit, and eagerly under each allocator")
@@ -162,6 +163,7 @@ class Analysis:
     # simulate_pool
     pool: Any = None
     fraction: float = PREALLOCATE_FRACTION
+    loop: list[dict[str, Any]] | None = None   # --with: every program of the loop, TARGET first
 
     @property
     def preset(self) -> str:
@@ -338,6 +340,10 @@ def simulate_pool(run: Analysis) -> None:
         run.pool, run.fraction = tpu_pool(run), 1.0
     else:
         run.pool, run.fraction = gpu_pool(run)
+    if run.args.with_targets:
+        if run.tpu is None and run.gpu is None:
+            raise PlanError("--with needs the device's XLA figures (a GPU or TPU preset, with its compiler here)")
+        run.pool = analyze_loop.loop_pool(run) or run.pool
 
 
 def gpu_pool(run: Analysis) -> tuple[Any, float]:
@@ -400,6 +406,7 @@ def summarize_run(run: Analysis) -> AnalysisReport:
     data = summarize(run.plan, run.fn_args, target=shown, device=run.device, top=run.args.top, gpu=run.gpu,
                      pool=run.pool, fraction=run.fraction, note=run.note, predicted=run.predicted, tpu=run.tpu,
                      accelerator=run.accelerator, cpu_totals=run.cpu_totals)
+    data["loop"] = run.loop
     data["total_seconds"] = time.perf_counter() - run.started
     return AnalysisReport(data, run.plan)
 

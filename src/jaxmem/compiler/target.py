@@ -185,3 +185,23 @@ def jit_donation(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[int, ..
     except BaseException:  # not jax.jit's trace, or it fails: the planner's own trace says why
         return ()
     return tuple(k for k, leaves in enumerate(flags) if leaves and all(leaves))
+
+
+def argument_signatures(args: Sequence[Any]) -> list[tuple[str, list[str]]]:
+    """Each positional argument as (its leaves' paths, their dtypes and shapes), the key
+    `shared_state` matches a loop's state by. Paths, not the tree's structure: two TrainStates
+    made by two factories hold different `apply_fn` and `tx` objects (static fields), and are
+    the same state.
+
+    >>> import jax.numpy as jnp
+    >>> argument_signatures(({"w": jnp.zeros((2, 3))}, 1.0))[0][1]
+    ["['w'] float32[2, 3]"]
+    """
+    import jax
+
+    out = []
+    for arg in args:
+        leaves = jax.tree_util.tree_flatten_with_path(arg)[0]
+        keys = [f"{jax.tree_util.keystr(path)} {jax.typeof(x).dtype}{list(jax.typeof(x).shape)}" for path, x in leaves]
+        out.append((type(arg).__name__, keys))
+    return out

@@ -69,6 +69,10 @@ def summary_table(data: dict[str, Any]) -> Any:
         add_predicted_row(data["predicted_xla"], data.get("xla_gpu"), summary)
     if data.get("pool"):
         add_pool_row(data["pool"], summary)
+    if data.get("loop"):
+        summary.add_row("loop", f"{len(data['loop'])} programs",
+                        "; ".join(f"{markup(p['target'])} {_size(p['total_bytes'])}" for p in data["loop"])
+                        + ": the pool runs them in turn in one process")
     add_plan_rows(data, summary)
     return summary
 
@@ -157,9 +161,13 @@ def add_plan_rows(data: dict[str, Any], summary: Any) -> None:
     """The lower bound, the outputs, the plan's verdict, the device's fit and unknown primitives."""
     from rich.text import Text
 
-    summary.add_row("lower bound", _size(data["lower_bound_bytes"]),
+    on_tpu = data["device"].get("pool_rules") == "tpu_runtime"
+    # On a TPU, jaxmem's plan knows nothing of XLA:TPU's fusion and on-chip memory: its bound is
+    # the unfused plan's, and says nothing of what the chip needs (the pool row does).
+    summary.add_row("plan's lower bound" if on_tpu else "lower bound", _size(data["lower_bound_bytes"]),
                     f"gap {100 * data['gap_to_lower_bound']:.2f}% (program order: "
-                    f"{_size(data['program_order_lower_bound_bytes'])})")
+                    f"{_size(data['program_order_lower_bound_bytes'])})"
+                    + ("; of jaxmem's unfused plan, no bound on XLA:TPU's" if on_tpu else ""))
     summary.add_row("outputs", _size(data["output_bytes"]),
                     f"donated arguments: {', '.join(map(str, data['donated'])) or 'none'}")
     verdict = Text("valid", style="green") if data["valid"] else Text("INVALID", style="bold red")
@@ -168,6 +176,21 @@ def add_plan_rows(data: dict[str, Any], summary: Any) -> None:
                     f"{data['plan_seconds']:.2f} s{_trace_note(data)}; "
                     f"schedule {data['scheduler'] or '?'}, placement {data['placement'] or '?'}")
     dev = data["device"]
+    if on_tpu and dev["fits"] is None:
+        summary.add_row("jaxmem's plan", _size(data["peak_bytes"]),
+                        f"no verdict on {dev['name']}: planned without XLA:TPU's fusion and on-chip memory; "
+                        "the pool row is the chip's")
+    else:
+        _add_device_row(data, dev, summary)
+    unknown = data["unknown_primitives"]
+    summary.add_row("unknown primitives", Text(str(len(unknown)), style="yellow" if unknown else ""),
+                    ", ".join(unknown) + (" (planned conservatively)" if unknown else ""))
+
+
+def _add_device_row(data: dict[str, Any], dev: dict[str, Any], summary: Any) -> None:
+    """Whether jaxmem's plan fits the device's memory (the GPU client's preallocated share)."""
+    from rich.text import Text
+
     fit = Text("fits", style="bold green") if dev["fits"] else Text("does not fit", style="bold red")
     if dev.get("pool_rules") == "tpu_runtime":
         held = (f"{dev['name']}: {_size(dev['capacity_bytes'])}, all of it a program's (JAX's TPU runtime "
@@ -176,9 +199,6 @@ def add_plan_rows(data: dict[str, Any], summary: Any) -> None:
         held = (f"{dev['name']}: {_size(dev['capacity_bytes'])}, JAX preallocates "
                 f"{int(100 * dev['preallocated_fraction'])}% = {_size(dev['usable_bytes'])}")
     summary.add_row("jaxmem's plan" if data.get("pool") else "device", fit, held)
-    unknown = data["unknown_primitives"]
-    summary.add_row("unknown primitives", Text(str(len(unknown)), style="yellow" if unknown else ""),
-                    ", ".join(unknown) + (" (planned conservatively)" if unknown else ""))
 
 
 def top_buffers_table(data: dict[str, Any], width: int) -> Any:

@@ -19,7 +19,7 @@ free bytes add up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jaxmem.errors import OutOfMemory
 from jaxmem.runtime.allocator import Buffer
@@ -132,11 +132,27 @@ def simulate_steps(program: StepProgram, device: Any, steps: int = DEFAULT_STEPS
     Returns:
         A `PoolVerdict`; the pool is left as the failure (or the last step) left it.
     """
+    return simulate_loop([program], device, steps)
+
+
+def simulate_loop(programs: Sequence[StepProgram], device: Any, steps: int = DEFAULT_STEPS,
+                  shared: Sequence[dict[int, int]] | None = None) -> PoolVerdict:
+    """Run a loop of several programs in one process `steps` times (a train step, then an eval
+    step, ...) in `device`'s pool. `shared[k]` maps an argument of program k to the argument of
+    program 0 it is (a loop passes its current state to the eval step): that argument is no
+    buffer of its own, and takes whatever program 0's last call left there.
+
+    >>> from jaxmem.runtime.device import Device
+    >>> train = StepProgram([Leaf(4 << 20), Leaf(1 << 20)], [Leaf(4 << 20, state_of=0)], temp_bytes=0)
+    >>> evaluate = StepProgram([Leaf(4 << 20), Leaf(2 << 20)], [Leaf(512)], temp_bytes=0)
+    >>> simulate_loop([train, evaluate], Device("64MiB", allocator="platform"), 2, [{}, {0: 0}]).peak_bytes == (11 << 20) + 512
+    True
+    """
+    shared = list(shared) if shared is not None else [{} for _ in programs]
     allocator = device.allocator
     verdict = PoolVerdict(fits=True, limit_bytes=int(allocator.limit), peak_bytes=0, steps=steps,
                           allocator=device.allocator_name, preallocate=device.preallocate,
                           mem_fraction=device.mem_fraction)
-    current: list[Buffer | None] = []
 
     def take(size: int, what: str, step: int) -> Buffer | None:
         try:
@@ -151,57 +167,113 @@ def simulate_steps(program: StepProgram, device: Any, steps: int = DEFAULT_STEPS
             verdict.in_use_at_failure = getattr(err, "in_use", None)
             return None
 
-    for i, leaf in enumerate(program.arguments):
-        buf = take(leaf.bytes, f"argument {i}", 0)
-        if buf is None:
-            verdict.failed_step = 0
-            verdict.peak_bytes = int(allocator.peak_bytes_in_use)
-            return verdict
-        current.append(buf)
-    previous_outputs: list[Buffer] = []
-    for step in range(1, steps + 1):
-        made: list[Buffer | None] = []
-        for j, out in enumerate(program.outputs):
-            if out.aliases is not None and program.arguments[out.aliases].donated and current[out.aliases] is not None:
-                made.append(current[out.aliases])   # XLA writes into the donated buffer
+    # Every argument of every program is a slot; a shared argument is program 0's slot.
+    slots: list[Buffer | None] = []
+    places: list[list[int]] = []
+    for k, program in enumerate(programs):
+        place = []
+        for i, leaf in enumerate(program.arguments):
+            if k and i in shared[k]:
+                place.append(places[0][shared[k][i]])
                 continue
-            buf = take(out.bytes, f"output {j}", step)
+            buf = take(leaf.bytes, _argument_name(k, i), 0)
             if buf is None:
                 verdict.peak_bytes = int(allocator.peak_bytes_in_use)
                 return verdict
-            made.append(buf)
-        temp = None
-        if program.temp_bytes > 0:
-            temp = take(program.temp_bytes, "the temp allocation", step)
-            if temp is None:
+            place.append(len(slots))
+            slots.append(buf)
+        places.append(place)
+    previous: list[list[Buffer]] = [[] for _ in programs]
+    for step in range(1, steps + 1):
+        for k, program in enumerate(programs):
+            made = _call(program, places[k], slots, previous[k], take, device, step, _output_name(k, len(programs)))
+            if made is None:
                 verdict.peak_bytes = int(allocator.peak_bytes_in_use)
                 return verdict
-            device.free(temp)
-        taken = {id(b) for b in made if b is not None}
-        # Donated arguments no output took are freed by the runtime.
-        for i, leaf in enumerate(program.arguments):
-            buf = current[i]
-            if leaf.donated and buf is not None and id(buf) not in taken:
-                device.free(buf)
-                current[i] = None
-        # Outputs that are state replace their argument; the caller drops the old one.
-        for j, out in enumerate(program.outputs):
-            buf = made[j]
-            if out.state_of is None or buf is None:
-                continue
-            old = current[out.state_of]
-            if old is not None and old is not buf and id(old) not in taken and old.live:
-                device.free(old)
-            current[out.state_of] = buf
-        # Other outputs (a loss) replace the previous step's.
-        for buf in previous_outputs:
-            if buf.live:
-                device.free(buf)
-        previous_outputs = [made[j] for j, out in enumerate(program.outputs)
-                            if out.state_of is None and made[j] is not None]
+            previous[k] = made
         verdict.events.append(f"step {step}: in use {format_size(allocator.bytes_in_use)}")
     verdict.peak_bytes = int(allocator.peak_bytes_in_use)
     return verdict
+
+
+def shared_state(first: Sequence[tuple[Any, Sequence[Any]]], first_state: set[int],
+                 other: Sequence[tuple[Any, Sequence[Any]]]) -> dict[int, int]:
+    """Which flat arguments of a later program in a loop are program 0's state: a positional
+    argument (its tree structure and its leaves' shapes and dtypes, as `(tree, [leaf keys])`)
+    equal to one of program 0's whose every leaf an output of program 0 replaces. A loop passes
+    its current state (the parameters, a TrainState) to the eval step; a batch of the same shape
+    is another array, and is not matched, as it is no state.
+
+    >>> shared_state([("T", ["f32[4]", "f32[2]"]), ("B", ["f32[8]"])], {0, 1}, [("T", ["f32[4]", "f32[2]"]), ("B", ["f32[8]"])])
+    {0: 0, 1: 1}
+    """
+    starts, offset = [], 0
+    for _, leaves in first:
+        starts.append(offset)
+        offset += len(leaves)
+    mapping: dict[int, int] = {}
+    used: set[int] = set()
+    flat = 0
+    for tree, leaves in other:
+        for q, (tree0, leaves0) in enumerate(first):
+            state = all(starts[q] + i in first_state for i in range(len(leaves0)))
+            if q not in used and state and tree0 == tree and list(leaves0) == list(leaves):
+                used.add(q)
+                mapping.update({flat + i: starts[q] + i for i in range(len(leaves))})
+                break
+        flat += len(leaves)
+    return mapping
+
+
+def _argument_name(program: int, index: int) -> str:
+    return f"argument {index}" if not program else f"program {program + 1}'s argument {index}"
+
+
+def _output_name(program: int, count: int) -> str:
+    return "output" if count == 1 else f"program {program + 1}'s output"
+
+
+def _call(program: StepProgram, place: list[int], slots: list[Buffer | None], previous: list[Buffer],
+          take: Callable[[int, str, int], Buffer | None], device: Any, step: int, name: str) -> list[Buffer] | None:
+    """One call of `program` over its argument slots: its outputs (a donated argument's buffer
+    where one aliases it), its temp allocation, the state outputs replacing their arguments;
+    returns its outputs that are not state (freed at its next call), or None when one could not
+    be allocated."""
+    made: list[Buffer | None] = []
+    for j, out in enumerate(program.outputs):
+        if out.aliases is not None and program.arguments[out.aliases].donated and slots[place[out.aliases]] is not None:
+            made.append(slots[place[out.aliases]])   # XLA writes into the donated buffer
+            continue
+        buf = take(out.bytes, f"{name} {j}", step)
+        if buf is None:
+            return None
+        made.append(buf)
+    if program.temp_bytes > 0:
+        temp = take(program.temp_bytes, "the temp allocation", step)
+        if temp is None:
+            return None
+        device.free(temp)
+    taken = {id(b) for b in made if b is not None}
+    # Donated arguments no output took are freed by the runtime.
+    for i, leaf in enumerate(program.arguments):
+        buf = slots[place[i]]
+        if leaf.donated and buf is not None and id(buf) not in taken:
+            device.free(buf)
+            slots[place[i]] = None
+    # Outputs that are state replace their argument; the caller drops the old one.
+    for j, out in enumerate(program.outputs):
+        buf = made[j]
+        if out.state_of is None or buf is None:
+            continue
+        old = slots[place[out.state_of]]
+        if old is not None and old is not buf and id(old) not in taken and old.live:
+            device.free(old)
+        slots[place[out.state_of]] = buf
+    # Other outputs (a loss) replace the previous call's.
+    for buf in previous:
+        if buf.live:
+            device.free(buf)
+    return [made[j] for j, out in enumerate(program.outputs) if out.state_of is None and made[j] is not None]
 
 
 def program_from_reference(ref: Any) -> StepProgram:

@@ -1,5 +1,5 @@
 """What a real TPU chip does with the suite's programs: the truth jaxmem's TPU verdicts are checked
-against. Runs on the machine with the chip (the `device` tool), never in CI.
+against. Runs on a machine with a TPU v5e (JAX 0.10.2, libtpu 0.0.42.1), never in CI.
 
 For each program, in a fresh process (a TPU's peak counters only grow, and one process at a time
 holds the chip): the arguments are put on the chip, the step is compiled as `jax.jit` compiles it

@@ -3,7 +3,7 @@
 The recordings are data these tests read: `benchmarks/results/tpu_v5e_chip.jsonl` (15 suite
 programs, each in a fresh process on the chip, 3 steps as `params, opt = step(params, opt,
 batch)`; made with `PYTHONPATH=src python benchmarks/tpu_chip.py --programs ... --out
-$OUT/chip.jsonl` through the `device` tool, 2026-12-05, JAX 0.10.2, libtpu 0.0.42.1) and
+$OUT/chip.jsonl` on a machine with a TPU v5e, 2026-12-05, JAX 0.10.2, libtpu 0.0.42.1) and
 `tpu_v5e_chip_compile.jsonl` (all 21 programs; its `memory_analysis()` only, its loop having
 kept the first arguments alive)."""
 

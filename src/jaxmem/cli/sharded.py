@@ -155,6 +155,9 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
     data = summarize(ref, pool, target=target, device=device)
     data["total_seconds"] = time.perf_counter() - started
     _emit(args, data, render)
+    if ref["plan"].get("note"):
+        print(f"jaxmem analyze: no per-device plan of jaxmem's (XLA's figures and the pool stand): "
+              f"{ref['plan']['note']}", file=sys.stderr)
     if not ref["plan"]["valid"]:
         print("jaxmem analyze: the checker found the per-device plan invalid", file=sys.stderr)
         return 1
@@ -198,7 +201,10 @@ def render(data: dict[str, Any], console: Any) -> None:
     table.add_row(who, *(format_size(xla[k]) for k in ("argument_bytes", "output_bytes", "temp_bytes",
                                                        "alias_bytes", "total_bytes")))
     plan = data["plan"]
-    table.add_row(f"jaxmem plan ({plan['method']})", "", "", "", "", format_size(data["peak_bytes"]))
+    if data["peak_bytes"] is None:
+        table.add_row("jaxmem plan", "", "", "", "", "not made")
+    else:
+        table.add_row(f"jaxmem plan ({plan['method']})", "", "", "", "", format_size(data["peak_bytes"]))
     console.print(table)
     if data.get("cached"):
         console.print("cached: XLA's figures and jaxmem's plan from an earlier compile of this program")
@@ -250,7 +256,8 @@ def render_compare(data: dict[str, Any], console: Any) -> None:
         pool = row["pool"]
         verdict = "—" if pool is None else ("[green]fits[/]" if pool["fits"] else "[red]does not fit[/]")
         table.add_row(LAYOUT_NAMES.get(row["layout"], row["layout"]), format_size(xla["total_bytes"]),
-                      format_size(row["peak_bytes"]), format_size(row["replicated_bytes"]), verdict,
+                      "not made" if row["peak_bytes"] is None else format_size(row["peak_bytes"]),
+                      format_size(row["replicated_bytes"]), verdict,
                       "cached" if row.get("cached") else f"{xla['compile_seconds']:.1f} s")
     console.print(table)
     fitting = [row["layout"] for row in data["layouts"] if row["pool"] and row["pool"]["fits"]]

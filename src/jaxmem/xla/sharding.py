@@ -727,11 +727,17 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     arguments, outputs = _argument_and_output_leaves(lowered, compiled, flat, donated, out_specs, sizes)
     peak, live = _peak_from_dump(dump_dir, xla, top, flat_closed, getattr(fn, "__name__", "fn"))
     dumps = partitioning_dumps(dump_dir)
+    plan = None
     if ja.single_shard_map_body(closed) is None and dumps is not None:
-        plan = plan_from_hlo(flat_closed, [local_shape(leaf.shape, _spec_of(leaf), sizes) for leaf in flat],
-                             dumps[0], dumps[1], donated)
-    else:
-        plan = plan_per_device(fn, structs, out_specs, sizes, donate_argnums)
+        try:
+            plan = plan_from_hlo(flat_closed, [local_shape(leaf.shape, _spec_of(leaf), sizes) for leaf in flat],
+                                 dumps[0], dumps[1], donated)
+        except PlanError:
+            # XLA's propagation left a value whose per-device shape jaxmem cannot read off (on
+            # XLA:TPU, a reshape it folded away): the per-device trace below plans it instead.
+            plan = None
+    if plan is None:
+        plan = _plan_or_note(lambda: plan_per_device(fn, structs, out_specs, sizes, donate_argnums))
     rows = replicated(structs, sizes)
     data = {
         "key": key, "cached": False,
@@ -747,6 +753,16 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
 
         cache_write(cache_dir(), key, data)
     return data
+
+
+def _plan_or_note(make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """jaxmem's per-device plan, or, where the function cannot be traced per device, no plan and
+    the reason: XLA's per-device figures and the pool verdict stand without it."""
+    try:
+        return make()
+    except PlanError as err:
+        return {"peak_bytes": None, "lower_bound_bytes": None, "valid": True, "method": "none",
+                "plan_seconds": 0.0, "top": [], "note": str(err)}
 
 
 def _laid_out_mesh(args: Sequence[Any], mesh_text: str | None,

@@ -37,7 +37,7 @@ from jaxmem.xla.gpu import XlaGpuReference
 
 TOP_BUFFERS = common.TOP_BUFFERS
 # The cached figures' form (per-leaf tiled bytes, the reservation): a new form is a new version.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 # What libtpu reads before it starts, on a machine with no TPU: without these it looks for a TPU
 # VM's metadata and prints warnings; several processes (the test workers, fit's judges) compile
 # at once, which libtpu's lock file refuses unless told.
@@ -202,13 +202,18 @@ def leaf_bytes(leaves: Sequence[Any], formats: Sequence[Any]) -> list[int]:
     `output_formats`), or JAX's plain bytes where no layout is given."""
     import numpy as np
 
+    import jax
+
     out = []
     for i, leaf in enumerate(leaves):
         layout = getattr(formats[i], "layout", None) if i < len(formats) else None
         tiling = getattr(layout, "tiling", None)
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            # A typed PRNG key is laid out as its key data (uint32[..., 2] for threefry).
+            leaf = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
         try:
             itemsize = np.dtype(leaf.dtype).itemsize
-        except TypeError:   # a typed PRNG key: its own bytes
+        except TypeError:   # a dtype numpy cannot size: JAX's own bytes
             itemsize = 0
         if layout is None or tiling is None or not itemsize or getattr(layout, "sub_byte_element_size_in_bits", 0):
             out.append(common._nbytes(leaf))

@@ -389,7 +389,8 @@ def tpu_pool(run: Analysis) -> Any:
         if tpu.oom:
             return compile_refused(tpu, accelerator, args.steps)
         return simulate_tpu_steps(program_from_reference(tpu), accelerator.capacity_bytes, args.steps,
-                                  code_bytes=tpu.generated_code_bytes, reserved_bytes=tpu.reserved_bytes)
+                                  code_bytes=tpu.generated_code_bytes, reserved_bytes=tpu.reserved_bytes,
+                                  factory=tpu.factory)
     if run.plan.xla is not None:
         return simulate_tpu_steps(cpu_program(run), accelerator.capacity_bytes, args.steps)
     return None

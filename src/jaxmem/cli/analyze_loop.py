@@ -55,7 +55,7 @@ def loop_pool(run: Any) -> Any:
     if run.tpu is not None:
         return simulate_tpu_loop(programs, run.accelerator.capacity_bytes, run.args.steps, shared=shared,
                                  code_bytes=[r.generated_code_bytes for r in refs],
-                                 reserved_bytes=[r.reserved_bytes for r in refs])
+                                 reserved_bytes=[r.reserved_bytes for r in refs], factory=first.factory)
     from jaxmem.cli.analyze import pool_device
 
     return simulate_loop(programs, pool_device(run.args, run.device[1]), run.args.steps, shared)

@@ -920,3 +920,44 @@ def run_checkpointed(closed_jaxpr: Any, runs: Sequence[tuple[int, int]], scans: 
         return [read_from(env, a) for a in jaxpr.outvars]
 
     return run
+
+
+def run_recording_programs(run: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """`run()`'s result, and the StableHLO text of every program JAX compiled while it ran (an
+    eager op is a program of its own; JAX's `jax_dump_ir_to` option, restored after)."""
+    import glob
+    import shutil
+    import tempfile
+
+    from jax._src import config
+
+    folder = tempfile.mkdtemp(prefix="jaxmem-ir-")
+    before = (config.jax_dump_ir_to.value, config.jax_dump_ir_modes.value)
+    jax.config.update("jax_dump_ir_to", folder)
+    jax.config.update("jax_dump_ir_modes", "stablehlo")
+    try:
+        result = run()
+        jax.block_until_ready([x for x in jax.tree.leaves(result) if isinstance(x, jax.Array)])
+        texts = []
+        for path in sorted(glob.glob(os.path.join(folder, "*.mlir"))):
+            with open(path, encoding="utf-8") as f:
+                texts.append(f.read())
+        return result, texts
+    finally:
+        jax.config.update("jax_dump_ir_to", before[0])
+        jax.config.update("jax_dump_ir_modes", before[1])
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def compile_text_for(device: Any, text: str) -> Any:
+    """XLA's compiled memory stats (`generated_code_size_in_bytes`, `temp_size_in_bytes`, ...)
+    of a StableHLO program text compiled for one compile-only device (a TPU topology's)."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir
+
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        executable = device.client.compile(module, executable_devices=xc.DeviceList((device,)),
+                                           compile_options=xc.CompileOptions())
+    return executable.get_compiled_memory_stats()

@@ -145,6 +145,9 @@ def add_pool_row(pool: dict[str, Any], summary: Any) -> None:
     mode = ("TPU runtime: no preallocation, temporaries reserved, code resident" if pool.get("rules") == "tpu_runtime"
             else f"{pool['allocator']}, preallocate {str(pool['preallocate']).lower()}, "
                  f"fraction {pool['mem_fraction']:g}")
+    if pool.get("factory_programs"):
+        mode += (f"; with the code of the {pool['factory_programs']} programs your factory ran on the chip, "
+                 f"{_size(pool['factory_code_bytes'])}: build the state under jax.jit to leave less")
     if pool["fits"]:
         summary.add_row("pool", Text("fits", style="bold green"),
                         f"{pool['steps']} steps of {on}'s buffers: peak {_size(pool['peak_bytes'])} of limit "

@@ -44,6 +44,8 @@ class TpuVerdict(PoolVerdict):
     reserved_bytes: int = 0
     code_bytes: int = 0
     message: str = ""
+    factory_programs: int = 0        # programs the factory ran on the chip before the step ...
+    factory_code_bytes: int = 0      # ... whose code stays resident (counted in code_bytes)
 
     def line(self) -> str:
         if self.message:
@@ -53,7 +55,8 @@ class TpuVerdict(PoolVerdict):
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "rules": RULES, "reserved_bytes": self.reserved_bytes,
                 "code_bytes": self.code_bytes, "allocator": "tpu", "preallocate": False, "mem_fraction": None,
-                "message": self.message or None}
+                "message": self.message or None, "factory_programs": self.factory_programs,
+                "factory_code_bytes": self.factory_code_bytes}
 
 
 def check_tpu_flags(mem_fraction: Any, preallocate: Any, allocator: Any, steps: int) -> None:
@@ -87,7 +90,7 @@ def _verdict(limit: int, steps: int, reserved: int, code: int) -> TpuVerdict:
 
 
 def simulate_tpu_steps(program: StepProgram, limit: int, steps: int = 3, *, code_bytes: int = 0,
-                       reserved_bytes: int | None = None) -> TpuVerdict:
+                       reserved_bytes: int | None = None, factory: dict[str, int] | None = None) -> TpuVerdict:
     """Run `steps` steps of `program` under the TPU runtime's rules on a chip of `limit` bytes.
 
     Resident: the runtime's own buffer (`RUNTIME_BYTES`), the arguments, and from the first call
@@ -103,26 +106,33 @@ def simulate_tpu_steps(program: StepProgram, limit: int, steps: int = 3, *, code
     >>> v.fits, v.peak_bytes == RUNTIME_BYTES + (2 << 20) + (3 << 20)
     (True, True)
     """
-    return simulate_tpu_loop([program], limit, steps, code_bytes=[code_bytes], reserved_bytes=[reserved_bytes])
+    return simulate_tpu_loop([program], limit, steps, code_bytes=[code_bytes], reserved_bytes=[reserved_bytes],
+                             factory=factory)
 
 
 def simulate_tpu_loop(programs: Sequence[StepProgram], limit: int, steps: int = 3, *,
                       shared: Sequence[dict[int, int]] | None = None, code_bytes: Sequence[int] = (),
-                      reserved_bytes: Sequence[int | None] = ()) -> TpuVerdict:
+                      reserved_bytes: Sequence[int | None] = (), factory: dict[str, int] | None = None) -> TpuVerdict:
     """Several programs run in turn in one process (a train step and an eval step), `steps`
     times, under the TPU runtime's rules (`simulate_tpu_steps` for one). What a v5e showed for
     a train + eval loop (benchmarks/results/tpu_v5e_eval.jsonl, `linen_train_eval_loop`): each
     program's code stays resident from its first call, and the runtime holds one reservation,
     the largest any program called so far needed (the eval step's 201,474,048 B stayed through
     the next train step, whose own is 3,915,776 B). `shared` is `simulate_loop`'s: the arguments
-    of a later program that are program 0's state.
+    of a later program that are program 0's state. `factory`: the programs the factory ran on
+    the chip before the loop (`xla.tpu_factory.factory_programs`): their code stays resident
+    beside the loop's, and their reservation counts as any program's.
     """
     from jaxmem.runtime.device import Device
 
-    reserved = max(int(p.temp_bytes if r is None else r)
-                   for p, r in zip(programs, list(reserved_bytes) + [None] * len(programs)))
-    codes = [int(c) for c in code_bytes if c]
+    factory = factory or {}
+    reserved = max([int(p.temp_bytes if r is None else r)
+                    for p, r in zip(programs, list(reserved_bytes) + [None] * len(programs))]
+                   + [int(factory.get("reserved_bytes", 0))])
+    codes = [int(c) for c in list(code_bytes) + [factory.get("code_bytes", 0)] if c]
     verdict = _verdict(limit, steps, reserved, sum(codes))
+    verdict.factory_programs = int(factory.get("programs", 0))
+    verdict.factory_code_bytes = int(factory.get("code_bytes", 0))
     room = int(limit) - reserved
     if room <= 0:
         verdict.fits, verdict.failed_step, verdict.failed_bytes = False, 1, reserved

@@ -77,6 +77,9 @@ class XlaGpuReference:
     note: str = ""
     oom: str = ""   # XLA:TPU's out-of-memory message when its compile refused the program
     reserved_bytes: int | None = None   # XLA:TPU: the reservation its runtime holds for the temporaries
+    # XLA:TPU: the programs the factory ran before the step (`xla.tpu_factory`): their count,
+    # their code (resident on the chip) and their largest temporaries; None when none ran.
+    factory: dict[str, int] | None = None
 
     @property
     def total_bytes(self) -> int:

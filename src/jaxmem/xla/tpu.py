@@ -442,12 +442,28 @@ def main(argv: list[str] | None = None) -> int:
         quiet_jax_start()
         acc = resolve(args.device)
         kwargs = common._parse_kwargs(args.kwarg)
-        fn, fn_args = (common.load_abstract(args.target, kwargs) if kwargs
-                       else common.load_with_kwargs(args.target, kwargs))
+        texts: list[str] = []
+        if kwargs:
+            fn, fn_args = common.load_abstract(args.target, kwargs)
+        else:   # the factory as a user's script runs it: the programs it ran are recorded
+            from jaxmem.compiler.jaxpr_adapter import run_recording_programs
+
+            (fn, fn_args), texts = run_recording_programs(lambda: common.load_with_kwargs(args.target, kwargs))
         try:
-            return compile_for_tpu(fn, fn_args, accelerator=acc, donate_argnums=_parse_donate(args.donate),
+            data = compile_for_tpu(fn, fn_args, accelerator=acc, donate_argnums=_parse_donate(args.donate),
                                    top=args.top, dump_dir=os.environ.get("JAXMEM_TPU_DUMP") or None,
                                    use_cache=not args.no_cache)
+            if texts and not data.get("oom"):
+                from importlib.metadata import version
+
+                from jaxmem.xla.tpu_factory import factory_programs
+
+                import jax
+
+                device = topology_devices(acc.topology or "")[0]
+                data["factory"] = factory_programs(texts, device, f"jax {jax.__version__} libtpu {version('libtpu')} "
+                                                                  f"{acc.topology}")
+            return data
         except TpuUnavailable as err:
             raise common.GpuUnavailable(str(err)) from None   # the child's "unavailable" exit code
 

@@ -1,0 +1,51 @@
+"""What a factory leaves on a TPU before the step runs: every program its own code ran there.
+
+A user's script builds its state on the chip (`model.init`, `optax.adam(...).init`, `jnp.ones`,
+eager ops one by one); JAX compiles each op or jitted call into a program, and the TPU runtime
+keeps each program's code resident from its first call to the end of the process: exactly
+XLA:TPU's `generated_code_size_in_bytes` (on a TPU v5e, every one of 24 programs the layout
+probe ran grew `bytes_in_use` by its output plus exactly that figure;
+benchmarks/results/tpu_v5e_layouts.jsonl). Its temporaries take the one reservation the
+runtime holds, the largest any program needed (`runtime/tpu_pool.simulate_tpu_loop`).
+
+`factory_programs` compiles each program the factory ran (recorded as StableHLO while jaxmem
+ran the factory on the host, `compiler.jaxpr_adapter.run_recording_programs`) for the chip,
+deviceless, and sums what stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+from jaxmem.xla import gpu as common
+
+CACHE_PREFIX = "tpu-factory-program v1"
+
+
+def factory_programs(texts: Sequence[str], device: Any, versions: str) -> dict[str, int]:
+    """`{programs, code_bytes, temp_bytes, reserved_bytes}` of the distinct programs in `texts`
+    compiled for `device` (a compile-only TPU chip): their code added up (resident on the chip),
+    the largest temporaries, and the reservation the runtime held for them (that temp figure
+    and `RESERVATION_OVERHEAD`: at least what XLA:TPU preallocates). Each program's figures are
+    cached by its text."""
+    from jaxmem.xla.tpu import RESERVATION_OVERHEAD
+    from jaxmem.compiler.jaxpr_adapter import compile_text_for
+
+    directory = common.cache_dir()
+    code = temp = count = 0
+    for text in dict.fromkeys(texts):
+        key = hashlib.sha256(f"{CACHE_PREFIX}\n{versions}\n{text}".encode()).hexdigest()
+        hit = common.cache_read(directory, key)
+        if hit is None:
+            try:
+                stats = compile_text_for(device, text)
+            except Exception:  # a program XLA:TPU refuses (float64, a host callback): not on the chip
+                continue
+            hit = {"code": int(stats.generated_code_size_in_bytes), "temp": int(stats.temp_size_in_bytes)}
+            common.cache_write(directory, key, hit)
+        code += hit["code"]
+        temp = max(temp, hit["temp"])
+        count += 1
+    return {"programs": count, "code_bytes": code, "temp_bytes": temp,
+            "reserved_bytes": temp + RESERVATION_OVERHEAD if temp else 0}

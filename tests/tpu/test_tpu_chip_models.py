@@ -105,3 +105,26 @@ def test_near_limit_steps_ran_on_the_chip():
     assert all(chip_peak(r) <= r["stats"]["start"]["bytes_limit"] for _, r in gpt2)
     vit = [r for r in MAXBATCH if "vit" in r["program"]]
     assert {r["batch_size"] for r in vit} == {160, 168} and all(r["ok"] for r in vit)
+
+
+@pytest.mark.usefixtures("needs_libtpu")
+def test_analyze_with_a_second_program_is_the_chips_loop():
+    """`analyze TRAIN --with EVAL` on the plain-JAX train + eval loop: the pool verdict is the
+    chip's for the loop (its peak, 49,913,856 B on the v5e, within 4 KiB), the eval step's
+    parameters counted once."""
+    import json
+    import subprocess
+    import sys
+
+    row = next(r for r in TUNING if r.get("loop"))
+    target = os.path.join(ROOT, row["program"])
+    proc = subprocess.run([sys.executable, "-m", "jaxmem", "analyze", target, "--with", target.replace(":make", ":make_eval"),
+                           "--device", "tpu-v5e-16gb", "--json"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-400:]
+    data = json.loads(proc.stdout)
+    assert [p["shared_arguments"] for p in data["loop"]] == [0, 3]
+    # The factories ran on the host here too, but the chip's loop made its arrays on the host:
+    # the factory's programs are left out of the comparison.
+    peak = data["pool"]["peak_bytes"] - data["pool"]["factory_code_bytes"]
+    assert 0 <= peak - chip_peak(row) <= 4096

@@ -99,3 +99,31 @@ def test_gpu_client_settings_are_refused_and_named():
     check_tpu_flags(None, None, None, 1)
     assert ignored_gpu_variables({"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_CLIENT_MEM_FRACTION": ".9"}) == \
         ["XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_CLIENT_MEM_FRACTION"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(programs())
+def test_a_loop_of_one_program_and_an_empty_one_is_that_program(case):
+    """A loop whose second program takes only the first's state and makes nothing holds what the
+    first alone holds; its reservation and code count once each."""
+    from jaxmem.runtime.tpu_pool import simulate_tpu_loop
+
+    program, code, steps = case
+    alone = simulate_tpu_steps(program, 1 << 40, steps, code_bytes=code)
+    empty = StepProgram(list(program.arguments), [], 0)
+    loop = simulate_tpu_loop([program, empty], 1 << 40, steps, shared=[{}, {i: i for i in range(len(program.arguments))}],
+                             code_bytes=[code, 0], reserved_bytes=[None, 0])
+    assert loop.peak_bytes == alone.peak_bytes and loop.reserved_bytes == alone.reserved_bytes
+
+
+def test_the_loops_reservation_is_the_largest_and_code_adds_up():
+    from jaxmem.runtime.tpu_pool import simulate_tpu_loop
+
+    train = StepProgram([Leaf(GRANULE * 8)], [Leaf(GRANULE * 8, state_of=0)], GRANULE * 100)
+    evaluate = StepProgram([Leaf(GRANULE * 8), Leaf(GRANULE * 4)], [Leaf(GRANULE)], GRANULE * 300)
+    v = simulate_tpu_loop([train, evaluate], 1 << 30, 2, shared=[{}, {0: 0}], code_bytes=[GRANULE * 2, GRANULE * 3],
+                          factory={"programs": 4, "code_bytes": GRANULE * 5, "reserved_bytes": GRANULE * 200})
+    assert v.reserved_bytes == GRANULE * 300 and v.code_bytes == GRANULE * 10 and v.factory_programs == 4
+    # Resident: the runtime, the state, the eval batch, all code; at the peak (the second train
+    # step) the eval step's output of the first step and the train step's new state.
+    assert v.peak_bytes == RUNTIME_BYTES + GRANULE * (8 + 4 + 10 + 1 + 8) + GRANULE * 300

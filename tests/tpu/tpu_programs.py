@@ -175,3 +175,33 @@ def optax_state():
 
 PYTREE_KINDS = ("python_scalars", "typed_key_and_none", "namedtuple_and_dataclass", "flax_train_state", "nnx_state",
                 "equinox_module", "optax_state")
+
+
+# -- a factory that runs programs of its own before the step (tests/tpu/test_tpu_factory.py) --
+
+@jax.jit
+def make_ones():
+    return jnp.ones((256, 37))
+
+
+@jax.jit
+def doubled(a):
+    return a * 2.0
+
+
+def ones_alone():
+    return make_ones, ()
+
+
+def doubled_alone():
+    return doubled, (jax.ShapeDtypeStruct((256, 37), jnp.float32),)
+
+
+def eager_factory():
+    """A factory that runs two programs of its own (`make_ones`, `doubled`) to build the state."""
+    state = doubled(make_ones())
+
+    def step(state):
+        return state * 0.5
+
+    return step, (state,)

@@ -952,12 +952,16 @@ def run_recording_programs(run: Callable[[], Any]) -> tuple[Any, list[str]]:
 def compile_text_for(device: Any, text: str) -> Any:
     """XLA's compiled memory stats (`generated_code_size_in_bytes`, `temp_size_in_bytes`, ...)
     of a StableHLO program text compiled for one compile-only device (a TPU topology's)."""
+    from jax._src import compiler
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client as xc
     from jax._src.lib.mlir import ir
 
+    # The options `jax.jit` compiles one device's program with (SPMD, Shardy, the device).
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1,
+                                           device_assignment=np.array([[device]]), backend=device.client)
     with mlir.make_ir_context():
         module = ir.Module.parse(text)
         executable = device.client.compile(module, executable_devices=xc.DeviceList((device,)),
-                                           compile_options=xc.CompileOptions())
+                                           compile_options=options)
     return executable.get_compiled_memory_stats()

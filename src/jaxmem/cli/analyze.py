@@ -343,7 +343,8 @@ def simulate_pool(run: Analysis) -> None:
     if run.args.with_targets:
         if run.tpu is None and run.gpu is None:
             raise PlanError("--with needs the device's XLA figures (a GPU or TPU preset, with its compiler here)")
-        run.pool = analyze_loop.loop_pool(run) or run.pool
+        device = None if run.tpu is not None else pool_device(run.args, run.device[1])
+        run.pool = analyze_loop.loop_pool(run, device) or run.pool
 
 
 def gpu_pool(run: Analysis) -> tuple[Any, float]:

@@ -21,10 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "pool verdict is for the loop; repeatable")
 
 
-def loop_pool(run: Any) -> Any:
+def loop_pool(run: Any, device: Any = None) -> Any:
     """The pool verdict of TARGET and every `--with` program run in turn (`run`: the analysis
-    whose XLA:TPU or XLA:GPU figures are in); sets `run.loop`, the programs' figures for the
-    report. None when the device's XLA figures are not there to judge by."""
+    whose XLA:TPU or XLA:GPU figures are in; `device`: the GPU client's pool to run them in);
+    sets `run.loop`, the programs' figures for the report. None when the device's XLA figures
+    are not there to judge by."""
     from jaxmem.compiler.target import argument_signatures
     from jaxmem.runtime.steps import program_from_reference, shared_state, simulate_loop
     from jaxmem.runtime.tpu_pool import simulate_tpu_loop
@@ -56,9 +57,7 @@ def loop_pool(run: Any) -> Any:
         return simulate_tpu_loop(programs, run.accelerator.capacity_bytes, run.args.steps, shared=shared,
                                  code_bytes=[r.generated_code_bytes for r in refs],
                                  reserved_bytes=[r.reserved_bytes for r in refs], factory=first.factory)
-    from jaxmem.cli.analyze import pool_device
-
-    return simulate_loop(programs, pool_device(run.args, run.device[1]), run.args.steps, shared)
+    return simulate_loop(programs, device, run.args.steps, shared)
 
 
 def _reference(run: Any, target: str) -> Any:

@@ -461,8 +461,12 @@ def main(argv: list[str] | None = None) -> int:
                 import jax
 
                 device = topology_devices(acc.topology or "")[0]
-                data["factory"] = factory_programs(texts, device, f"jax {jax.__version__} libtpu {version('libtpu')} "
-                                                                  f"{acc.topology}")
+                factory = factory_programs(texts, device, f"jax {jax.__version__} libtpu {version('libtpu')} "
+                                                          f"{acc.topology}")
+                # The runtime's reservation for their temporaries: at least what XLA:TPU
+                # preallocates of them (counted whole here), with the runtime's overhead.
+                factory["reserved_bytes"] = factory["temp_bytes"] + RESERVATION_OVERHEAD if factory["temp_bytes"] else 0
+                data["factory"] = factory
             return data
         except TpuUnavailable as err:
             raise common.GpuUnavailable(str(err)) from None   # the child's "unavailable" exit code

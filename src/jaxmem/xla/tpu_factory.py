@@ -25,12 +25,9 @@ CACHE_PREFIX = "tpu-factory-program v1"
 
 
 def factory_programs(texts: Sequence[str], device: Any, versions: str) -> dict[str, int]:
-    """`{programs, code_bytes, temp_bytes, reserved_bytes}` of the distinct programs in `texts`
-    compiled for `device` (a compile-only TPU chip): their code added up (resident on the chip),
-    the largest temporaries, and the reservation the runtime held for them (that temp figure
-    and `RESERVATION_OVERHEAD`: at least what XLA:TPU preallocates). Each program's figures are
-    cached by its text."""
-    from jaxmem.xla.tpu import RESERVATION_OVERHEAD
+    """`{programs, code_bytes, temp_bytes}` of the distinct programs in `texts` compiled for
+    `device` (a compile-only TPU chip): their code added up (resident on the chip) and the
+    largest temporaries. Each program's figures are cached by its text."""
     from jaxmem.compiler.jaxpr_adapter import compile_text_for
 
     directory = common.cache_dir()
@@ -52,8 +49,7 @@ def factory_programs(texts: Sequence[str], device: Any, versions: str) -> dict[s
         code += hit["code"]
         temp = max(temp, hit["temp"])
         count += 1
-    return {"programs": count, "code_bytes": code, "temp_bytes": temp,
-            "reserved_bytes": temp + RESERVATION_OVERHEAD if temp else 0}
+    return {"programs": count, "code_bytes": code, "temp_bytes": temp}
 
 
 def _takes_no_arguments(text: str) -> bool:

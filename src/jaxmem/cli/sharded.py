@@ -46,13 +46,13 @@ def wanted(args: argparse.Namespace, fn_args: Sequence[Any]) -> bool:
 def _xla_kind(args: argparse.Namespace, device: str) -> tuple[str, str | None]:
     """("gpu", "tpu" or "cpu", a note when XLA:GPU or XLA:TPU was wanted but is not available)."""
     from jaxmem.accelerators import find
-    from jaxmem.xla.gpu import spec_for, unavailable_reason
+    from jaxmem.xla.gpu.compile import spec_for, unavailable_reason
 
     accelerator = find(device)
     if args.topology and (accelerator is None or not accelerator.is_tpu):
         raise PlanError(f"--topology is for a TPU preset, not {device!r}")
     if accelerator is not None and accelerator.is_tpu and args.xla in ("auto", "tpu"):
-        from jaxmem.xla.tpu import unavailable_reason as tpu_reason
+        from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
 
         reason = tpu_reason()
         if reason:

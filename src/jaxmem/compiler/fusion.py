@@ -114,7 +114,7 @@ def _gemm_chain(g: Program, roles: Roles, fused: list[bool], v: int) -> list[int
 def reads_fused_gemm(g: Program, fused: list[bool], op) -> bool:
     """Whether `op` computes a fused GEMM result itself (`gemm_epilogues`), maybe transposed, or
     through fused elementwise ops (the GPU prediction's epilogue chains,
-    `gpu_model.gemm_output_epilogues`): its output is written while the GEMM reads its operands."""
+    `xla.gpu.model.fusion_gemm.gemm_output_epilogues`): its output is written while the GEMM reads its operands."""
     return any(fused[u] and g.producer[u] >= 0 and _fused_gemm_under(g, fused, u, EPILOGUE_DEPTH)
                for u in op.inputs)
 

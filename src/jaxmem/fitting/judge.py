@@ -71,13 +71,13 @@ class Judge:
     def figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
         self.compiles += 1
         if self.device is None:
-            from jaxmem.xla.cpu import xla_reference
+            from jaxmem.xla.cpu.compile import xla_reference
 
             ref = xla_reference(fn, args, donate_argnums=tuple(donate))
             return Figures(ref.argument_bytes, ref.output_bytes, ref.temp_bytes, ref.alias_bytes)
         if self.accelerator is not None and self.accelerator.is_tpu:
             return self._tpu_figures(fn, args, donate)
-        from jaxmem.xla.gpu import GpuUnavailable, compile_for_gpu, unavailable_reason
+        from jaxmem.xla.gpu.compile import GpuUnavailable, compile_for_gpu, unavailable_reason
 
         reason = unavailable_reason()
         if reason:
@@ -92,7 +92,7 @@ class Judge:
     def _tpu_figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
         """XLA:TPU's figures, deviceless in this process. A program XLA:TPU refuses (over the
         chip's memory) counts as its message's figure, above the chip: it does not fit."""
-        from jaxmem.xla.tpu import TpuUnavailable, compile_for_tpu, unavailable_reason
+        from jaxmem.xla.tpu.compile import TpuUnavailable, compile_for_tpu, unavailable_reason
 
         reason = unavailable_reason()
         if reason:

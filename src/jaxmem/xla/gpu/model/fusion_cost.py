@@ -1,4 +1,4 @@
-"""Fusion rules priced by XLA:GPU's performance model (`gpu_cost`): whether priority fusion
+"""Fusion rules priced by XLA:GPU's performance model (`performance`): whether priority fusion
 computes a producer inside each kernel that reads it or stores it once.
 
 Priority fusion (xla/service/gpu/transforms/priority_fusion.cc: CalculateProducerPriority)
@@ -19,10 +19,10 @@ from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_HLO_REDUCE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS, rule
 from jaxmem.compiler.stages import Roles
-from jaxmem.xla.gpu_cost import Kernel, bf16_arithmetic_native, duplicate_is_faster, flops_per_element
-from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, MOVEMENT, REDUCTIONS,
+from jaxmem.xla.gpu.model.performance import Kernel, bf16_arithmetic_native, duplicate_is_faster, flops_per_element
+from jaxmem.xla.gpu.model.ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, MOVEMENT, REDUCTIONS,
                                       absorbs, elements, kernel_space)
-from jaxmem.xla.gpu_reduction import column_reduction_blocks
+from jaxmem.xla.gpu.model.reduction import column_reduction_blocks
 
 # How far the cost model follows a chain (values); past it the chain is stored.
 WALK_LIMIT = 400
@@ -193,7 +193,7 @@ class _Chain:
 def duplicated(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any, v: int,
                reread: set[int] = frozenset()) -> bool:
     """Whether XLA:GPU computes the transcendental chain ending at `v` inside each loop kernel
-    that reads it (priority fusion, `gpu_cost.duplicate_is_faster`), rather than storing it.
+    that reads it (priority fusion, `performance.duplicate_is_faster`), rather than storing it.
 
     The kernels reading `v` are found by following its readers through values that are
     themselves fused (cheap elementwise ops and data movement, computed in each of their
@@ -335,7 +335,7 @@ def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[boo
     many times (a broadcast into a reduction, an outer product into a scatter's updates).
 
     Priority fusion prices every producer, cheap or not, with its cost model
-    (`gpu_cost.duplicate_is_faster`); fused into a consumer it is computed once per element the
+    (`performance.duplicate_is_faster`); fused into a consumer it is computed once per element the
     consumer reads (the operand's utilization: gpu_performance_model.cc multiplies the
     producer's FLOPs by it), and it reads its own inputs that often. Fused into a kernel that
     broadcasts it 128 times, even a multiply costs more than writing and reading it once: in
@@ -368,7 +368,7 @@ def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[boo
 
 def capped_reductions(g: Program, layouts: dict[int, tuple[int, ...]], dev: Any) -> dict[int, int]:
     """Reduce op -> its blocks, for each column reduction launched on too few blocks to reach
-    the device's DRAM bandwidth (`gpu_reduction.column_reduction_blocks`, in the operand's
+    the device's DRAM bandwidth (`reduction.column_reduction_blocks`, in the operand's
     physical order `layouts`: a convolution's NCHW result on A100 is reduced per channel as
     a row reduction, its NHWC one on H100 as a column reduction)."""
     found = {}
@@ -462,7 +462,7 @@ def sum_of_stored_values(g: Program, roles: Roles, fused: list[bool], tainted: l
 
     Priority fusion prices every producer against its consumers (priority_fusion.cc:
     CalculateProducerPriority with gpu_performance_model.cc, EstimateRunTimesForPriorityFusion;
-    `gpu_cost.duplicate_is_faster`); its first pricing, with every op still its own kernel,
+    `performance.duplicate_is_faster`); its first pricing, with every op still its own kernel,
     is what this follows: the sum and each op reading it (`_direct_readers`) as single-op
     kernels. Fused, each reader reads the sum's inputs in place of the sum. With two readers
     that is faster (linen_resnet_bottleneck's dumps, A100: each `bn + shortcut` sum, read by

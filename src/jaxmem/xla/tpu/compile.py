@@ -32,8 +32,8 @@ from typing import Any, Callable, Sequence
 
 from jaxmem.accelerators import Accelerator, resolve, tpu_presets
 from jaxmem.errors import JaxmemError, PlanError
-from jaxmem.xla import gpu as common
-from jaxmem.xla.gpu import XlaGpuReference
+from jaxmem.xla.gpu import compile as common
+from jaxmem.xla.gpu.compile import XlaGpuReference
 
 TOP_BUFFERS = common.TOP_BUFFERS
 # The cached figures' form (per-leaf tiled bytes, the reservation): a new form is a new version.
@@ -424,7 +424,7 @@ def summary(ref: XlaGpuReference) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print TARGET's XLA:TPU figures as one JSON object. Exit 3 when
     libtpu is unavailable, 2 for any other error a user can cause."""
-    from jaxmem.xla.cpu import _parse_donate
+    from jaxmem.xla.cpu.compile import _parse_donate
     from jaxmem.xla.start import quiet_jax_start
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.tpu")

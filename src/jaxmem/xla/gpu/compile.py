@@ -104,7 +104,7 @@ def spec_for(device: str) -> str | None:
 def target_config(spec: str) -> str:
     """The text of a shipped `GpuTargetConfigProto` (`targets/<spec>.txtpb`)."""
     try:
-        return resources.files("jaxmem.xla").joinpath("targets", f"{spec}.txtpb").read_text(encoding="utf-8")
+        return resources.files("jaxmem.xla.gpu").joinpath("targets", f"{spec}.txtpb").read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):
         names = sorted(set(GPU_TARGETS.values()))
         raise PlanError(f"no GPU target description {spec!r}; jaxmem ships {', '.join(names)}") from None
@@ -768,7 +768,7 @@ def child_answer(returncode: int, stdout: str, stderr: str, failed: str = "") ->
 def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print TARGET's XLA:GPU figures as one JSON object. Exit 3 when the
     CUDA plugin is unavailable, 2 for any other error a user can cause."""
-    from jaxmem.xla.cpu import _parse_donate
+    from jaxmem.xla.cpu.compile import _parse_donate
     from jaxmem.xla.start import quiet_jax_start
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.gpu")

@@ -35,6 +35,7 @@ from importlib import resources
 from typing import Any, Callable, Sequence
 
 from jaxmem.accelerators import ACCELERATORS
+from jaxmem.compiler.plan_types import MemoryAnalysisTotal
 from jaxmem.errors import JaxmemError, PlanError, ShardingError
 
 # jaxmem GPU preset -> XLA's target description (targets/<name>.txtpb), from the one table of
@@ -52,7 +53,7 @@ class GpuUnavailable(JaxmemError):
 
 
 @dataclass
-class XlaGpuReference:
+class XlaGpuReference(MemoryAnalysisTotal):
     """XLA:GPU's figures for one program on one target (what `--json` prints as `xla_gpu`).
 
     `arguments` and `outputs` are per flat leaf, in order: `{"bytes", "donated"}` and
@@ -77,10 +78,6 @@ class XlaGpuReference:
     note: str = ""
     oom: str = ""   # XLA:TPU's out-of-memory message when its compile refused the program
     reserved_bytes: int | None = None   # XLA:TPU: the reservation its runtime holds for the temporaries
-
-    @property
-    def total_bytes(self) -> int:
-        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
     def summary(self) -> dict[str, Any]:
         """The JSON `xla_gpu` object: target, the byte figures and compile_seconds."""

@@ -35,7 +35,7 @@ from jaxmem.accelerators import ACCELERATORS
 from jaxmem.compiler import planner
 from jaxmem.compiler.aliasing import donation_aliases
 from jaxmem.compiler.fusion import forced_fusion, fusion_of
-from jaxmem.compiler.plan_types import Const
+from jaxmem.compiler.plan_types import Const, MemoryAnalysisTotal
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import Analysis, Roles, Span
 from jaxmem.xla.gpu.model.conv import conv_calls, conv_operand_scratch, conv_plan
@@ -66,7 +66,7 @@ DEVICE_SM = {a.name: a.compute_capability for a in ACCELERATORS.values() if a.co
 # -- the prediction ------------------------------------------------------------------------------
 
 @dataclass
-class Prediction:
+class Prediction(MemoryAnalysisTotal):
     """XLA:GPU's figures as the model predicts them (the `memory_analysis()` fields)."""
 
     device: str
@@ -79,10 +79,6 @@ class Prediction:
     fused_values: int = 0
     arguments: list = None    # per flat leaf, as `XlaGpuReference.arguments` (the pool's input)
     outputs: list = None      # per flat output, as `XlaGpuReference.outputs`
-
-    @property
-    def total_bytes(self) -> int:
-        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
     def summary(self) -> dict[str, Any]:
         """The JSON `predicted_xla` object."""

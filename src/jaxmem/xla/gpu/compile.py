@@ -439,10 +439,7 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
         raise PlanError(f"XLA:GPU gives no memory analysis: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
     seconds = time.perf_counter() - started
     flat = jax.tree.leaves(structs)
-    wanted = set(donate_argnums)
-    donated: list[bool] = []
-    for position, arg in enumerate(structs):
-        donated += [position in wanted] * len(jax.tree.leaves(arg))
+    donated = donated_leaves(structs, donate_argnums)
     kept = _kept_arguments(lowered, len(flat))
     hlo = compiled.as_text() or ""
     aliases = {out: kept[param] for out, param in output_aliases(hlo).items() if param < len(kept)}
@@ -465,6 +462,17 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     if use_cache:
         cache_write(directory, key, data)
     return data
+
+
+def donated_leaves(args: Sequence[Any], donate_argnums: Sequence[int]) -> list[bool]:
+    """Per flat leaf of `args`, whether its top-level argument is donated."""
+    import jax
+
+    wanted = set(donate_argnums)
+    donated: list[bool] = []
+    for position, arg in enumerate(args):
+        donated += [position in wanted] * len(jax.tree.leaves(arg))
+    return donated
 
 
 def lower_on_one_device(fn: Callable[..., Any], args: Sequence[Any], mesh: Any,

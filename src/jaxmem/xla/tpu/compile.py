@@ -311,10 +311,7 @@ def _compile_and_read(lowered: Any, structs: Sequence[Any], options: dict[str, A
         oom = found.group(0)[:400]
     seconds = time.perf_counter() - started
     flat = jax.tree.leaves(structs)
-    wanted = set(donate_argnums)
-    donated: list[bool] = []
-    for position, arg in enumerate(structs):
-        donated += [position in wanted] * len(jax.tree.leaves(arg))
+    donated = common.donated_leaves(structs, donate_argnums)
     outs = jax.tree.leaves(lowered.out_info)
     arguments = [{"bytes": common._nbytes(leaf), "donated": donated[i] if i < len(donated) else False,
                   "shape": common._shape_key(leaf)} for i, leaf in enumerate(flat)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
@@ -56,6 +56,37 @@ def constant_rereads(op: Any, size: int, rereads: dict[Any, tuple[int, int]]) ->
         rereads[(op.index, k)] = (net, size * itemsize)
 
 
+def _walk_inputs(g: Program, op: Any, inside: Callable[[int], bool], seen: set[int], todo: list[int],
+                 reads: dict[int, int], rereads: dict[Any, tuple[int, int]]) -> bool:
+    """One step of a kernel's walk: each input of `op` not met before is computed inside the
+    kernel (`inside`: its producer joins `todo`) or read (its bytes in `reads`); one met before
+    is counted as re-read. False once the walk has met more than WALK_LIMIT values."""
+    for u in op.inputs:
+        if u in seen:
+            count_reread(u, reads, rereads)
+            continue
+        seen.add(u)
+        if len(seen) > WALK_LIMIT:
+            return False
+        if inside(u):
+            todo.append(g.producer[u])
+        else:
+            reads[u] = g.nbytes[u]
+    return True
+
+
+def _readers_take_in(g: Program, tainted: list[bool], op: Any, w: int) -> bool:
+    """Whether every reader of `w` (the result of `op`) computes it inside itself: no GEMM reads
+    it tainted, and each reader absorbs it where it reads it."""
+    for c in g.users[w]:
+        cop = g.ops[c]
+        if cop.primitive in DOTS and tainted[w]:
+            return False
+        if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
+            return False
+    return True
+
+
 @dataclass
 class _Chain:
     """The transcendental chain ending at `v` whose duplication `duplicated` prices."""
@@ -87,13 +118,7 @@ class _Chain:
             return False
         if len(g.users[w]) > MAX_FUSED_READERS:
             return False
-        for c in g.users[w]:
-            cop = g.ops[c]
-            if cop.primitive in DOTS and self.tainted[w]:
-                return False
-            if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
-                return False
-        return True
+        return _readers_take_in(g, self.tainted, op, w)
 
     def consumer_kernel(self, root: int) -> Kernel | None:
         """The kernel computing op `root`: FLOPs of its fused ops, bytes of the stored values read
@@ -116,17 +141,8 @@ class _Chain:
                 flops[oi] = flops_per_element(dev, op.primitive, str(g.dtypes[out]) if out is not None else "",
                                               op.params) * size
                 constant_rereads(op, size, rereads)
-            for u in op.inputs:
-                if u in seen:
-                    count_reread(u, reads, rereads)
-                    continue
-                seen.add(u)
-                if len(seen) > WALK_LIMIT:
-                    return None
-                if u != self.v and self.inside(u):
-                    todo.append(g.producer[u])
-                else:
-                    reads[u] = g.nbytes[u]
+            if not _walk_inputs(g, op, lambda u: u != self.v and self.inside(u), seen, todo, reads, rereads):
+                return None
         written = sum(g.nbytes[w] for w in rop.outputs if w is not None)
         out = next((w for w in rop.outputs if w is not None), self.v)
         # a reduction's kernel runs over its input: a value broadcast into it is read (and,
@@ -152,17 +168,10 @@ class _Chain:
                 pflops[oi] = (flops_per_element(dev, op.primitive, str(g.dtypes[out]), op.params)
                               * elements(g.shapes[out]))
                 constant_rereads(op, elements(g.shapes[out]), prereads)
-            for u in op.inputs:
-                if u in seen:
-                    count_reread(u, preads, prereads)
-                    continue
-                seen.add(u)
-                if len(seen) > WALK_LIMIT:
-                    return None
-                if g.producer[u] >= 0 and fused[u] and not (roles.outputs[u] or roles.external[u]):
-                    todo.append(g.producer[u])
-                else:
-                    preads[u] = g.nbytes[u]
+            if not _walk_inputs(g, op, lambda u: (g.producer[u] >= 0 and fused[u]
+                                                  and not (roles.outputs[u] or roles.external[u])),
+                                seen, todo, preads, prereads):
+                return None
         return Kernel(pflops, elements(g.shapes[self.v]), preads, g.nbytes[self.v], prereads)
 
     def reader_roots(self) -> list[int] | None:
@@ -244,13 +253,7 @@ class _Reread:
         # a transcendental read twice is priced by `duplicated`; here it is taken as stored
         if op.primitive in GPU_EXPENSIVE and not (reader_side and len(g.users[w]) == 1):
             return False
-        for c in g.users[w]:
-            cop = g.ops[c]
-            if cop.primitive in DOTS and self.tainted[w]:
-                return False
-            if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
-                return False
-        return True
+        return _readers_take_in(g, self.tainted, op, w)
 
     def cone(self, root: int, stop: int) -> tuple[dict[int, float], dict[int, int], dict[Any, tuple[int, int]]]:
         """FLOPs of the ops computed in the kernel rooted at op `root`, bytes of the stored

@@ -231,6 +231,16 @@ def start_references(run: Analysis) -> None:
         run.schedulers, run.scheduled = start_cpu_schedulers(run.target, run.donate, args.cpu_scheduler)
 
 
+def _start_or_note(run: Analysis, compiler: str, reason: str | None, start: Callable[[], Any]) -> bool:
+    """Start `compiler`'s reference (`start()`: its worker and result box), or, where `reason`
+    says it cannot run here, leave a note that XLA:CPU is the reference. Whether it started."""
+    if reason:
+        run.note = f"{compiler} is not available here ({reason}); comparing with XLA:CPU"
+        return False
+    run.worker, run.box = start()
+    return True
+
+
 def start_xla_gpu(run: Analysis) -> None:
     """XLA:GPU's deviceless compile for a GPU preset; a note (or, for `--xla gpu`, an error)
     where it cannot run."""
@@ -241,11 +251,9 @@ def start_xla_gpu(run: Analysis) -> None:
         if run.args.xla == "gpu":
             raise PlanError(f"--xla gpu needs a GPU preset with an XLA target description, not {run.device[0]!r}")
         run.want_gpu = False
-    elif reason:
-        run.note = f"XLA:GPU is not available here ({reason}); comparing with XLA:CPU"
-        run.want_gpu = False
     else:
-        run.worker, run.box = start_gpu_reference(run.target, run.preset, run.donate, run.args.top)
+        run.want_gpu = _start_or_note(run, "XLA:GPU", reason, lambda: start_gpu_reference(
+            run.target, run.preset, run.donate, run.args.top))
 
 
 def start_xla_tpu(run: Analysis) -> None:
@@ -256,11 +264,8 @@ def start_xla_tpu(run: Analysis) -> None:
     reason = unavailable_reason()
     if reason and run.args.xla == "tpu":
         raise PlanError(f"--xla tpu: XLA:TPU is not available here: {reason}")
-    if reason:
-        run.note = f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU"
-        run.want_tpu = False
-    else:
-        run.worker, run.box = start_tpu_reference(run.target, run.accelerator, run.donate, run.args.top)
+    run.want_tpu = _start_or_note(run, "XLA:TPU", reason, lambda: start_tpu_reference(
+        run.target, run.accelerator, run.donate, run.args.top))
 
 
 def plan_beside_references(run: Analysis) -> None:

@@ -18,12 +18,11 @@ from jaxmem.compiler.stages import Analysis, Roles
 def sin_program() -> tuple[Program, Roles, list[int]]:
     """`sin(x) * 2` over f32[4] as a `Program`, its roles (x external, the product the output)
     and its program order."""
-    import jax
     import jax.numpy as jnp
 
-    from jaxmem.compiler.jaxpr_adapter import inline
+    from jaxmem.compiler.jaxpr_adapter import inline, make_closed_jaxpr
 
-    program = inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4)))
+    program = inline(make_closed_jaxpr(lambda x: jnp.sin(x) * 2, jnp.ones(4)))
     n = program.num_values
     roles = Roles([v in program.invars for v in range(n)], [v in program.outvars for v in range(n)], [False] * n, {})
     return program, roles, program_order(program)

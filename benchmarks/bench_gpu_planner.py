@@ -4,9 +4,9 @@
     .venv/bin/python benchmarks/bench_gpu_planner.py --programs moe_train,mlp_train
 
 For each program of `jaxmem.examples.suite.ALL_PROGRAMS` (with its donation), on h100-80gb and
-a100-40gb: XLA:GPU's total (`jaxmem.xla.gpu`, deviceless; the compile seconds are those of the
-compile that filled the cache, or of this run's), `predicted_xla_bytes` (`xla.gpu_model.predict`)
-and its ratio to XLA:GPU's, jaxmem's GPU-target plan (`gpu_model.plan_on_gpu`: the lower of the
+a100-40gb: XLA:GPU's total (`jaxmem.xla.gpu.compile`, deviceless; the compile seconds are those of the
+compile that filled the cache, or of this run's), `predicted_xla_bytes` (`xla.gpu.model.predict.predict`)
+and its ratio to XLA:GPU's, jaxmem's GPU-target plan (`xla.gpu.model.predict.plan_on_gpu`: the lower of the
 CPU-model and GPU-model plans, checked) and its ratio, and the seconds of the plans and
 predictions against the compile's (`lowered.compile()` alone).
 
@@ -29,9 +29,9 @@ import time
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.planner import plan_jaxpr
 from jaxmem.examples.suite import ALL_PROGRAMS
-from jaxmem.xla.cpu import xla_reference
-from jaxmem.xla.gpu import xla_gpu_reference
-from jaxmem.xla.gpu_model import plan_on_gpu, predict
+from jaxmem.xla.cpu.compile import xla_reference
+from jaxmem.xla.gpu.compile import xla_gpu_reference
+from jaxmem.xla.gpu.model.predict import plan_on_gpu, predict
 
 DEVICES = ("h100-80gb", "a100-40gb")
 

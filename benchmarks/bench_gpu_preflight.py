@@ -5,7 +5,7 @@
 
 For each program of `jaxmem.examples.suite.PROGRAMS` (with its donation): XLA:CPU's total on
 this machine (a fresh process, XLA's default scheduler, as `jaxmem analyze --xla cpu`), XLA:GPU's
-total for h100-80gb and a100-40gb (`jaxmem.xla.gpu`, the cache bypassed so the compile
+total for h100-80gb and a100-40gb (`jaxmem.xla.gpu.compile`, the cache bypassed so the compile
 time is real), each compile's seconds, and jaxmem's own plan peak. "CPU/GPU" is XLA:CPU's total
 over XLA:GPU H100's: how far the figure jaxmem judged fits by before this change was from the
 compiler the GPU runs; "plan/GPU" the same for jaxmem's planned peak. † marks a target where
@@ -21,8 +21,8 @@ import time
 
 from jaxmem.compiler.planner import plan
 from jaxmem.examples.suite import PROGRAMS
-from jaxmem.xla.cpu import xla_reference_in_subprocess
-from jaxmem.xla.gpu import xla_gpu_reference
+from jaxmem.xla.cpu.compile import xla_reference_in_subprocess
+from jaxmem.xla.gpu.compile import xla_gpu_reference
 
 
 def mib(n: int) -> str:

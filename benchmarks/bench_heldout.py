@@ -6,7 +6,7 @@
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_heldout.py --set both --predict-only   # seconds, no XLA compile
 
 Two sets: `eval`, the held-out training steps of `benchmarks/heldout_models/` (every module's
-`make`; never used to tune `jaxmem.xla.gpu_model`), and `tuning`, the 23 models of
+`make`; never used to tune `jaxmem.xla.gpu.model.predict`), and `tuning`, the 23 models of
 `benchmarks/outside_models/` the model was tuned on (`bench_outside_models.MODELS`). Each model
 and device runs as `bench_outside_models` runs it: one `jaxmem analyze MODEL --device D --xla gpu
 --json` process (XLA:GPU deviceless), and the row gives XLA:GPU's total bytes
@@ -93,7 +93,7 @@ def predict_only(model: str, device: str, models_dir: str, xla: dict[tuple[str, 
     """The model's prediction in this process, against the recorded XLA:GPU total."""
     from jaxmem.compiler.planner import plan
     from jaxmem.compiler.target import jit_donation, load_target
-    from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
+    from jaxmem.xla.gpu.model.predict import plan_on_gpu, predict_plan
 
     if (model, device) not in xla:
         return {"model": model, "device": device, "seconds": 0.0, "error": "no recorded XLA:GPU total"}

@@ -27,7 +27,7 @@ from jaxmem.examples import offload
 from jaxmem.examples.suite import ALL_PROGRAMS
 from jaxmem.fitting.bound import flop_lower_bound, lower_bound
 from jaxmem.fitting.judge import Judge, values_equal
-from jaxmem.xla.gpu import compile_for_gpu
+from jaxmem.xla.gpu.compile import compile_for_gpu
 
 MiB = 2 ** 20
 

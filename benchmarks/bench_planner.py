@@ -31,7 +31,7 @@ import jax
 from jaxmem.compiler.planner import plan
 from jaxmem.examples.suite import PROGRAMS, SCALING_LAYERS, transformer_train_step
 from jaxmem.units import MiB
-from jaxmem.xla.cpu import YNN_OFF, xla_reference_in_subprocess
+from jaxmem.xla.cpu.compile import YNN_OFF, xla_reference_in_subprocess
 
 RATIO_TARGET = 1.0
 GEOMEAN_TARGET = 0.85
@@ -45,7 +45,7 @@ def _mib(n: float) -> str:
 
 def bench_program(name: str, repeat: int, ynn_off: bool) -> dict[str, Any]:
     """One suite program: plan it (best plan time of `repeat`), and XLA's DFS and BFS totals
-    (and, with `ynn_off`, the same with XLA's YNNPACK fusions off, see `jaxmem.xla.cpu.YNN_OFF`)."""
+    (and, with `ynn_off`, the same with XLA's YNNPACK fusions off, see `jaxmem.xla.cpu.compile.YNN_OFF`)."""
     program = PROGRAMS[name]
     best = None
     for _ in range(repeat):

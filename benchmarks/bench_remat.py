@@ -30,7 +30,7 @@ from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import trace
 from jaxmem.compiler.remat_search import program_flops
 from jaxmem.units import format_size
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 
 def _sgd(loss: Callable) -> Callable:

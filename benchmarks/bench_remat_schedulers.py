@@ -13,13 +13,13 @@ import subprocess
 import sys
 
 from jaxmem.units import format_size
-from jaxmem.xla.cpu import scheduler_env
+from jaxmem.xla.cpu.compile import scheduler_env
 
 CHILD = """
 import json, sys, jax
 sys.path.insert(0, {here!r})
 from bench_remat import mlp_model, plain_mlp_model, transformer_model
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 out = {{}}
 for name, (make, args) in {{
         "residual MLP 12L": mlp_model(12, batch=2048, width=256),

@@ -29,8 +29,8 @@ from jaxmem.compiler.planner import plan_jaxpr  # noqa: E402
 from jaxmem.examples.suite import ALL_PROGRAMS  # noqa: E402
 from jaxmem.fitting.judge import Judge  # noqa: E402
 from jaxmem.fitting.reorder import reorder  # noqa: E402
-from jaxmem.xla.gpu import _dump_files  # noqa: E402
-from jaxmem.xla.gpu_model import plan_on_gpu  # noqa: E402
+from jaxmem.xla.gpu.compile import _dump_files  # noqa: E402
+from jaxmem.xla.gpu.model.predict import plan_on_gpu  # noqa: E402
 
 MIB = 2 ** 20
 _VALUE = re.compile(r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)")

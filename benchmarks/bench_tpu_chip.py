@@ -23,8 +23,8 @@ import argparse
 import json
 import sys
 
-from jaxmem.xla.tpu import xla_tpu_reference
-from jaxmem.xla.tpu_chip import compare, loop_programs, read_recording
+from jaxmem.xla.tpu.compile import xla_tpu_reference
+from jaxmem.xla.tpu.chip import compare, loop_programs, read_recording
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETS = {"suite": "tpu_v5e_chip.jsonl", "tuning": "tpu_v5e_tuning.jsonl", "eval": "tpu_v5e_eval.jsonl"}

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/check_gpu_planner.py --ab OLD_SRC NEW_SRC --programs transformer_train_12
 
 Per program of `jaxmem.examples.suite.ALL_PROGRAMS`: the CPU-model plan's peak and validity,
-the GPU plan's (`gpu_model.plan_on_gpu`) and, per device, every field of `gpu_model.predict`'s
+the GPU plan's (`xla.gpu.model.predict.plan_on_gpu`) and, per device, every field of `xla.gpu.model.predict.predict`'s
 `Prediction` but its seconds. A speed change must leave these byte-for-byte equal (`--compare`).
 
 With `--repeat N` it also times the path the planning bench counts, apart from JAX's trace:
@@ -32,7 +32,7 @@ def figures_and_seconds(name: str, repeat: int) -> dict:
     from jaxmem.compiler import jaxpr_adapter as ja
     from jaxmem.compiler.planner import plan_jaxpr
     from jaxmem.examples.suite import ALL_PROGRAMS
-    from jaxmem.xla.gpu_model import plan_on_gpu, predict
+    from jaxmem.xla.gpu.model.predict import plan_on_gpu, predict
 
     program = ALL_PROGRAMS[name]
     out: dict = {}

@@ -49,7 +49,7 @@ def figures(name: str, target: str, donate: tuple[int, ...] | None) -> dict:
     from jaxmem.compiler.planner import plan
     from jaxmem.compiler.target import jit_donation, load_target
     from jaxmem.fitting.bound import lower_bound
-    from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
+    from jaxmem.xla.gpu.model.predict import plan_on_gpu, predict_plan
 
     fn, args = load_target(target)
     if donate is None:

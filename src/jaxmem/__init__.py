@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Device": "jaxmem.runtime.device",
     "Buffer": "jaxmem.runtime.allocator",
-    "plan": "jaxmem.xla.reference",
+    "plan": "jaxmem.xla.cpu.plan",
     "Plan": "jaxmem.compiler.plan_types",
     "jit": "jaxmem.execution.jit",
     "clear_caches": "jaxmem.execution.jit",

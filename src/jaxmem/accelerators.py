@@ -37,7 +37,7 @@ class Accelerator:
         platform: "gpu" or "tpu".
         capacity_bytes: device memory as its runtime reports it (GPU: `nvidia-smi`'s memory.total;
             TPU: `memory_stats()["bytes_limit"]` where read on a chip, else XLA:TPU's own limit).
-        gpu_spec: XLA's GPU target description (`xla/targets/<spec>.txtpb`), GPUs only.
+        gpu_spec: XLA's GPU target description (`xla/gpu/targets/<spec>.txtpb`), GPUs only.
         compute_capability: the GPU's major compute capability (XLA:GPU's choices read it).
         topology: the TPU topology a deviceless compile builds for one chip (`v5e:1x1`).
         pool_rules: "gpu_client" or "tpu_runtime" (module docstring).

@@ -10,7 +10,7 @@ import pytest
 
 from jaxmem.cli.fit import scheduler_advice
 from jaxmem.cli.main import main as cli_main
-from jaxmem.xla.cpu import SCHEDULER_FLAGS, xla_reference_in_subprocess
+from jaxmem.xla.cpu.compile import SCHEDULER_FLAGS, xla_reference_in_subprocess
 
 TARGET = "jaxmem.examples.suite:parallel_branches"   # XLA:CPU: dfs 217.1 MiB, bfs 238.1 MiB
 

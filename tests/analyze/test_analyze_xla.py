@@ -11,7 +11,7 @@ import textwrap
 
 from jaxmem.errors import PlanError
 from jaxmem.examples.suite import PROGRAMS
-from jaxmem.xla.cpu import (SCHEDULER_FLAGS, YNN_OFF, scheduler_env, xla_reference,
+from jaxmem.xla.cpu.compile import (SCHEDULER_FLAGS, YNN_OFF, scheduler_env, xla_reference,
                             xla_reference_in_subprocess)
 
 
@@ -125,7 +125,7 @@ def test_analyze_library_fusion_hides_the_dot_result_from_xla_temp():
     result (256x512 float32) exists inside the library; the reference names exactly those bytes."""
     import jax.numpy as jnp
 
-    from jaxmem.xla.cpu import xla_reference
+    from jaxmem.xla.cpu.compile import xla_reference
 
     ref = xla_reference(lambda x, w: jnp.tanh(x @ w).sum(), (jnp.ones((256, 512)), jnp.ones((512, 512))))
     if ref.library_fusions == 0:

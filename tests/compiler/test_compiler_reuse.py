@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from jaxmem.compiler import planner
 from jaxmem.compiler.planner import plan_jaxpr
-from jaxmem.xla.gpu_model import gpu_plan_fusion, predict
+from jaxmem.xla.gpu.model.predict import gpu_plan_fusion, predict
 
 
 def _step(w, x):

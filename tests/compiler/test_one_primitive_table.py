@@ -21,7 +21,7 @@ from jaxmem.compiler import rules
 # added later must reach them through the table (`rules.set_row`)
 from jaxmem.compiler.planner import plan_jaxpr
 from jaxmem.fitting.bound import lower_bound
-from jaxmem.xla.gpu_model import predict
+from jaxmem.xla.gpu.model.predict import predict
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "jaxmem"
 TABLE = SRC / "compiler" / "rules.py"

@@ -16,7 +16,7 @@ def run_gpu_script() -> Callable[[str], dict[str, Any]]:
     """Runs `script` (its `{tests}` filled with this folder) in a child with JAX_PLATFORMS=cpu,
     where XLA:GPU compiles deviceless, and returns the last JSON line it printed; skips where the
     CUDA plugin cannot load."""
-    from jaxmem.xla.gpu import unavailable_reason
+    from jaxmem.xla.gpu.compile import unavailable_reason
 
     if unavailable_reason():
         pytest.skip(unavailable_reason())

@@ -17,7 +17,7 @@ from jaxmem.fitting.attention import (attention_chunked, attention_lines, attent
                                       chunked_dot_product_attention)
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.rewrites import rewrite_first
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 
 def _qkv(t, s, heads, kv_heads, dim=16, seed=0):
@@ -117,7 +117,7 @@ GPU_SCRIPT = textwrap.dedent("""
     from test_fit_attention import _lm
     from jaxmem.fitting.fit import fit
     from jaxmem.fitting.attention import chunked_dot_product_attention
-    from jaxmem.xla.gpu import compile_for_gpu
+    from jaxmem.xla.gpu.compile import compile_for_gpu
     step, args = _lm()
     r = fit(step, *args, budget="half-temp", donate_argnums=(0, 1), device="h100-80gb", rewrite=False)
     (kept,) = r.rewrites

@@ -21,7 +21,7 @@ from jaxmem.examples.layers import one_hot_cross_entropy
 from jaxmem.fitting.policy import policy_expression, with_policy
 from jaxmem.fitting.pools import reshape_max_pool
 from jaxmem.fitting.reorder import WIDENED, ordered_function, readers_first, reorder, reordered
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 SMALL = dict(batch=4, size=16, channels=(4, 8, 16), classes=10)
 
@@ -119,7 +119,7 @@ GPU_SCRIPT = textwrap.dedent("""
     from jaxmem.fitting.fit import fit
     from jaxmem.examples.suite import cnn_train
     from jaxmem.fitting.reorder import reordered
-    from jaxmem.xla.gpu import compile_for_gpu
+    from jaxmem.xla.gpu.compile import compile_for_gpu
     fn, args = cnn_train()
     r = fit(fn, *args, budget="half-temp", device="h100-80gb", rewrite=False, time_limit=600)
     best = r.policies.best

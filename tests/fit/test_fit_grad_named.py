@@ -17,7 +17,7 @@ from jaxmem.compiler.costs import jaxpr_flops
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.policy import PolicyCandidate, _trace, dot_lines_in, find_sites, search_policies, with_policy
 from jaxmem.fitting.sites import NAMED_DOTS, dot_tag
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 
 def _params():

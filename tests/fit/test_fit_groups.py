@@ -17,7 +17,7 @@ from jaxmem.examples import mlp
 from jaxmem.examples.adam import adam_update
 from jaxmem.examples.layers import one_hot_cross_entropy
 from jaxmem.fitting.policy import PolicyCandidate, find_sites, policy_expression, with_policy
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 from test_fit_policy import _close
 
 STRONG, CHEAP = "nothing_saveable", "dots_with_no_batch_dims_saveable"
@@ -108,7 +108,7 @@ GPU_SCRIPT = textwrap.dedent("""
     from jaxmem.examples import mlp
     from jaxmem.fitting.judge import Judge
     from jaxmem.fitting.policy import POLICIES, search_policies, with_policy
-    from jaxmem.xla.gpu import compile_for_gpu
+    from jaxmem.xla.gpu.compile import compile_for_gpu
     sizes = dict(depth=12, width=256, in_dim=256, classes=16, batch=512, activation="silu")
     fn, args = mlp.make_train_step(**sizes)
     judge = Judge("h100-80gb")

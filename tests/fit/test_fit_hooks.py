@@ -14,7 +14,7 @@ import numpy as np
 from jax import grad, value_and_grad, vjp  # bound by name at import, before any fit runs
 
 from jaxmem.fitting.policy import find_sites, with_policy
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 RNG = np.random.default_rng(1)
 WS = jnp.asarray(RNG.standard_normal((4, 64, 64), dtype=np.float32) / 8)

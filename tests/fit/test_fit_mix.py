@@ -18,7 +18,7 @@ from jaxmem.examples import rnn, zoo
 from jaxmem.fitting.judge import compute_dtype, values_equal
 from jaxmem.fitting.policy import PolicyCandidate, _trace, find_sites, policy_expression, scan_dot_lines, with_policy
 from jaxmem.fitting.sites import NAMED_DOTS, dot_tag
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 from test_fit_policy import SMALL, _close, _donated, _lm_by_hand, _loop
 
 STRONG, CHEAP = "nothing_saveable", "dots_with_no_batch_dims_saveable"
@@ -155,7 +155,7 @@ GPU_SCRIPT = textwrap.dedent("""
     from test_fit_policy import _loop
     from jaxmem.fitting.judge import Judge
     from jaxmem.fitting.policy import search_policies, with_policy
-    from jaxmem.xla.gpu import compile_for_gpu
+    from jaxmem.xla.gpu.compile import compile_for_gpu
     fn, args = _loop()
     judge = Judge("h100-80gb")
     ends = [judge.total(with_policy(fn, p, ("loop",)), args, (0, 1)) for p in (CHEAP, STRONG)]

@@ -24,7 +24,7 @@ from jaxmem.examples.layers import gelu, layernorm
 from jaxmem.fitting.judge import Judge, values_equal
 from jaxmem.fitting.policy import OFFLOAD, policy_expression, search_policies
 from jaxmem.fitting.sites import CARRY_TAG, OFFLOAD_NAMES
-from jaxmem.xla.gpu import abstract_args, spec_for, target_config, with_memory
+from jaxmem.xla.gpu.compile import abstract_args, spec_for, target_config, with_memory
 from jaxmem.units import PRESETS
 from jax.experimental import topologies
 from jax.sharding import NamedSharding, PartitionSpec

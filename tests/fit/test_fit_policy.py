@@ -18,7 +18,7 @@ from jaxmem.examples.layers import layernorm
 from jaxmem.fitting.judge import Figures, Judge, resolve_budget
 from jaxmem.fitting.policy import PolicyCandidate, find_sites, policy_expression, with_policy
 from jaxmem.fitting.sites import NAMED_DOTS
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, seq=64, batch=2, vocab=256)
 
@@ -174,7 +174,7 @@ GPU_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_fit_policy import _scanned, _by_hand
     from jaxmem.fitting.fit import fit
-    from jaxmem.xla.gpu import compile_for_gpu
+    from jaxmem.xla.gpu.compile import compile_for_gpu
     fn, args = _scanned()
     r = fit(fn, *args, budget="half-temp", donate_argnums=(0, 1), device="h100-80gb", rewrite=False)
     step, a = _by_hand(r.policies.best.policy)

@@ -20,7 +20,7 @@ from jaxmem.examples import cnn
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.pools import pool_lines, pool_sites, pools_rewritten, reshape_max_pool
 from jaxmem.fitting.rewrites import rewrite_first
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 SMALL = dict(batch=4, size=16, channels=(4, 8, 16), classes=10)
 

@@ -18,7 +18,7 @@ from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.costs import eqn_cost
 from jaxmem.compiler.planner import plan_jaxpr
 from jaxmem.fitting.reorder import FOLDED, ordered_function, reorder
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 TARGET = "jaxmem.examples.suite:mlp_train"
 
@@ -144,7 +144,7 @@ GPU_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from test_fit_reorder import _flops, small_cnn
     from jaxmem.fitting.reorder import reorder
-    from jaxmem.xla.gpu import compile_for_gpu
+    from jaxmem.xla.gpu.compile import compile_for_gpu
     fn, args = small_cnn()
     r = reorder(fn, *args, donate_argnums=(0,), device="h100-80gb")
     def total(f):

@@ -21,7 +21,7 @@ from jaxmem.examples import zoo
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.rewrites import rewrite_first
 from jaxmem.fitting.scales import grouped_line, scale_lines, scale_sites, scales_combined
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 _RNG = np.random.default_rng(0)
 X = jnp.asarray(_RNG.normal(size=(4, 5, 6)), jnp.float32)

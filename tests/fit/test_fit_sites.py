@@ -15,7 +15,7 @@ from jax.lax import scan  # imported by name before any site context: still a si
 
 from jaxmem.fitting.policy import find_sites, layer_line, with_policy
 from jaxmem.fitting.sites import checkpoint_sites
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 RNG = np.random.default_rng(0)
 WS = jnp.asarray(RNG.standard_normal((4, 32, 32), dtype=np.float32) / 6)

@@ -1,4 +1,4 @@
-"""One small program per XLA:GPU fusion rule that `jaxmem.xla.gpu_model` models, loadable as
+"""One small program per XLA:GPU fusion rule that `jaxmem.xla.gpu.model.predict` models, loadable as
 `tests/gpu/fusion_programs.py:NAME`. In each, one intermediate (`BIG`, 16 MiB of float32) is
 far larger than everything else, so XLA:GPU's temp figure says whether XLA stored it.
 
@@ -399,7 +399,7 @@ def residual_relu(n: int = 4096, d: int = 1024):
     return fn, (jnp.ones((d,), jnp.float32), x, x + 1, x + 2)
 
 
-# --- Triton split-K (`jaxmem.xla.gpu_splitk`): (512 x 2048) @ (2048 x 512) splits 8 ways on
+# --- Triton split-K (`jaxmem.xla.gpu.model.splitk`): (512 x 2048) @ (2048 x 512) splits 8 ways on
 # H100 and 4 on A100, its float32 partials 8 and 4 MiB against a 1 MiB result.
 
 def splitk_partials_held():
@@ -456,7 +456,7 @@ def splitk_residual_stored():
 def gemm_epilogue_into_donated():
     """An SGD step on a donated 16 MiB weight whose gradient is one GEMM: XLA:GPU's GEMM fusion
     takes `w - 0.1 * g` into the GEMM (an epilogue) and writes the new weight into the donated
-    buffer, so the gradient is never stored (`gpu_model.gemm_output_epilogues`). Not split-K
+    buffer, so the gradient is never stored (`xla.gpu.model.predict.gemm_output_epilogues`). Not split-K
     on either device (M, N, K = 1024, 4096, 512)."""
     def fn(w, x, d):
         return w - 0.1 * (x.T @ d)
@@ -499,7 +499,7 @@ def masked_select_into_gemm():
     """A GEMM reading `where(m > 0, d, 0)` (a relu or dropout mask applied to a gradient): the
     select reads a mask and a value, more bytes than it writes, so XLA's GEMM fusion does not
     take it into the GEMM's operand (IsInputWorthFusing) and the 16 MiB select is stored
-    (`gpu_model_fusion_producers.input_worth_fusing`)."""
+    (`xla.gpu.model.fusion_producers.input_worth_fusing`)."""
     def fn(x, m, d):
         return x.T @ jnp.where(m > 0, d, 0.0)
     return fn, (jnp.ones((N, 512), jnp.float32), jnp.ones((N, D), jnp.float32), jnp.ones((N, D), jnp.float32))
@@ -594,7 +594,7 @@ def splitk_int8_gemm():
     """An int8 GEMM with an s32 result (M, N, K = 512, 512, 4096): XLA's split-K rewriter skips
     only s32 operands, so it splits this one (8 ways on H100, 4 on A100) with s32 partials
     (the default accumulator of s8 x s8 -> s32); the dequantize and the sign mask read the
-    partials, the reduce fused into each (`gpu_splitk.dot_split`)."""
+    partials, the reduce fused into each (`xla.gpu.model.splitk.dot_split`)."""
     def fn(x, w, scale):
         acc = jax.lax.dot(x, w, preferred_element_type=jnp.int32)
         return acc.astype(jnp.float32) * scale, acc > 0
@@ -638,7 +638,7 @@ def gemm_operand_through_transpose():
     """A GEMM reading `(a - m).T`, `m` a masked diagonal: the algebraic simplifier folds the
     transpose into the dot, so the subtract is the GEMM's operand, and reading two 1 MiB values
     to write one it is not taken into the GEMM (IsInputWorthFusing): XLA stores it
-    (`loop_subtract_fusion`, f32[512,512]; `gpu_model.read_by_gemm`)."""
+    (`loop_subtract_fusion`, f32[512,512]; `xla.gpu.model.predict.read_by_gemm`)."""
     def fn(a, d, x):
         return x @ (a - jnp.diag(d)).T
     return fn, (jnp.ones((512, 512), jnp.float32), jnp.ones((512,), jnp.float32), jnp.ones((2048, 512), jnp.float32))
@@ -845,7 +845,7 @@ def max_pool_gradient_added(act=jnp.tanh):
     return step, ((w1, w2, w3), jnp.ones((64, 32, 32, 3), jnp.float32))
 
 
-# --- convolutions: cuDNN's operands (gpu_model_conv)
+# --- convolutions: cuDNN's operands (xla.gpu.model.conv)
 
 def _conv_loss(conv):
     """A weight step and the input's gradient through `conv(x, w)`."""
@@ -1002,7 +1002,7 @@ def pool_indices_in_decoder():
     concatenation, one SGD step. XLA's list scheduler runs the pool gradient's variadic
     reduce-window (the pooled values and four s32 index arrays) during the forward decoder, so
     its index arrays are live from there to the backward's scatter, through the backward's
-    peak (`gpu_model_heap.pool_index_spans`)."""
+    peak (`xla.gpu.model.heap.pool_index_spans`)."""
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
     w1 = jax.random.normal(ks[0], (3, 3, 8, 32)) * 0.1
     w2 = jax.random.normal(ks[1], (3, 3, 32, 64)) * 0.1
@@ -1062,7 +1062,7 @@ def group_norm_decoder():
     convolution's weight gradient reads the SiLU output transposed (NCHW to CNHW): XLA:GPU's
     multi-output fusion makes that copy the second output of the backward loop fusion that
     reads the same convolution result (`loop_add_transpose_fusion.1`), not a kernel of its own
-    (`gpu_model_conv.early_copies`)."""
+    (`xla.gpu.model.conv.early_copies`)."""
     dims = ("NHWC", "HWIO", "NHWC")
     conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from jaxmem.xla.gpu import unavailable_reason
+from jaxmem.xla.gpu.compile import unavailable_reason
 
 HERE = Path(__file__).resolve().parent
 FUSION = str(HERE / "fusion_programs.py")
@@ -31,8 +31,8 @@ def predicted_and_xla(name: str, device: str, donate: tuple[int, ...] = ()) -> t
     """(the GPU model's prediction, XLA:GPU's deviceless figures, the module) for the fusion
     program `name` on `device`, with `donate` donated."""
     from jaxmem.compiler import jaxpr_adapter as ja
-    from jaxmem.xla import gpu_model
-    from jaxmem.xla.gpu import xla_gpu_reference
+    from jaxmem.xla.gpu.model import predict as gpu_model
+    from jaxmem.xla.gpu.compile import xla_gpu_reference
 
     module, factory = load_fusion_program(name)
     ref = xla_gpu_reference(f"{FUSION}:{name}", device=device, donate_argnums=donate, top=0)
@@ -48,8 +48,8 @@ def heap_cases(name: str, look: Callable[[Any], Any], device: str = "h100-80gb")
     the heap is built here)."""
     import jax
 
-    from jaxmem.xla import gpu_model as gm
-    from jaxmem.xla import gpu_model_heap as gh
+    from jaxmem.xla.gpu.model import predict as gm
+    from jaxmem.xla.gpu.model import heap as gh
 
     _, factory = load_fusion_program(name)
     fn, args = factory()
@@ -75,7 +75,7 @@ def program_fusion(name: str, device: str) -> tuple[Any, list[bool]]:
 
     from jaxmem.compiler import planner
     from jaxmem.compiler.fusion import forced_fusion
-    from jaxmem.xla.gpu_model_fusion import gpu_fusion
+    from jaxmem.xla.gpu.model.fusion import gpu_fusion
 
     _, factory = load_fusion_program(name)
     fn, args = factory()

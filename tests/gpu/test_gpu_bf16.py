@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from jaxmem.xla.gpu import xla_gpu_reference
+from jaxmem.xla.gpu.compile import xla_gpu_reference
 
 from gpu_test_support import predicted_and_xla
 from test_gpu_model import FUSION, _load, _predict, needs_gpu_compiler
@@ -52,7 +52,7 @@ def test_stored_bf16_tanh_has_the_bytes_xla_gpu_stores_per_device(device):
 
     from jaxmem.compiler import planner
     from jaxmem.compiler.fusion import forced_fusion
-    from jaxmem.xla.gpu_model import gpu_fusion, stored_in_f32
+    from jaxmem.xla.gpu.model.predict import gpu_fusion, stored_in_f32
 
     _, factory = _load("gelu_step_bf16")
     ref = xla_gpu_reference(f"{FUSION}:gelu_step_bf16", device=device, top=10)
@@ -106,8 +106,8 @@ def test_a_gemm_epilogue_root_keeps_its_type_and_a_gemm_read_value_gets_a_copy()
 
     from jaxmem.compiler import planner
     from jaxmem.compiler.fusion import forced_fusion
-    from jaxmem.xla.gpu_model import prediction_fusion
-    from jaxmem.xla.gpu_model_fusion import bf16_gemm_copies, widened_values, written_by_gemm
+    from jaxmem.xla.gpu.model.predict import prediction_fusion
+    from jaxmem.xla.gpu.model.fusion import bf16_gemm_copies, widened_values, written_by_gemm
 
     _, factory = _load("bf16_bias_gelu_grad")
     fn, args = factory()

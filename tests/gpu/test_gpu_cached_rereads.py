@@ -1,4 +1,4 @@
-"""The performance model's re-reads (`gpu_cost.Device.reread_ns`, `Kernel.rereads`): an operand a
+"""The performance model's re-reads (`xla.gpu.model.performance.Device.reread_ns`, `Kernel.rereads`): an operand a
 loop kernel reads in several places, and a constant it broadcasts, cost their reads past the
 first at the cache's bandwidth (gpu_performance_model_base.cc, ReadTimeWithDRAMHeuristic), which
 decides whether priority fusion recomputes a transcendental in each reader."""
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from jaxmem.xla.gpu import xla_gpu_reference
-from jaxmem.xla.gpu_cost import L1_CACHE_SIZE_PER_SM, L2_CACHE_SPEEDUP, device_numbers
+from jaxmem.xla.gpu.compile import xla_gpu_reference
+from jaxmem.xla.gpu.model.performance import L1_CACHE_SIZE_PER_SM, L2_CACHE_SPEEDUP, device_numbers
 
 from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, program_fusion
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jaxmem.errors import PlanError, ShardingError
-from jaxmem.xla.gpu import GpuUnavailable, child_answer, child_reply
+from jaxmem.xla.gpu.compile import GpuUnavailable, child_answer, child_reply
 
 
 def _round_trip(capsys, compile):

@@ -1,7 +1,7 @@
 """The concatenate rules of the XLA:GPU model on the programs of `fusion_programs.py` that show
-them: a concatenate cloned into the GEMMs that read it (`gpu_model_fusion_concat.cloned_gemm_concats`,
+them: a concatenate cloned into the GEMMs that read it (`xla.gpu.model.fusion_concat.cloned_gemm_concats`,
 a `FUSION_RULES` entry) and the gathers those GEMMs read, stored and computed together by
-sibling multi-output fusion (`gpu_model_heap.cloned_concat_operand_spans`, a `SPAN_ADJUSTMENTS`
+sibling multi-output fusion (`xla.gpu.model.heap.cloned_concat_operand_spans`, a `SPAN_ADJUSTMENTS`
 entry): each rule's own decision, then the prediction against XLA:GPU's deviceless compile."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from jaxmem.compiler import planner
 from jaxmem.compiler.fusion import forced_fusion
-from jaxmem.xla import gpu_model_fusion as gf
-from jaxmem.xla import gpu_model_heap as gh
-from jaxmem.xla.gpu_model_fusion_concat import (cloned_gemm_concats, concat_copy_scratch, recomputed_concat_operands,
+from jaxmem.xla.gpu.model import fusion as gf
+from jaxmem.xla.gpu.model import heap as gh
+from jaxmem.xla.gpu.model.fusion_concat import (cloned_gemm_concats, concat_copy_scratch, recomputed_concat_operands,
                                                 sibling_gather_spans)
 
 from gpu_test_support import heap_cases, load_fusion_program, needs_gpu_compiler, predicted_and_xla

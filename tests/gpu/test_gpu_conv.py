@@ -1,4 +1,4 @@
-"""The XLA:GPU model's convolution passes (`gpu_model_conv`): which cuDNN call each jaxpr
+"""The XLA:GPU model's convolution passes (`xla.gpu.model.conv`): which cuDNN call each jaxpr
 convolution becomes (conv_rewriter.cc), whose operands are swapped (conv_operand_swapper.cc),
 which inputs are padded (conv_padding_legalization.cc) or copied to cuDNN's layout
 (layout_assignment.cc), checked on the small programs of `fusion_programs.py` and against
@@ -11,8 +11,8 @@ import pytest
 
 from jaxmem.compiler import planner
 from jaxmem.compiler.fusion import forced_fusion
-from jaxmem.xla import gpu_model_conv as gc
-from jaxmem.xla import gpu_model_fusion as gf
+from jaxmem.xla.gpu.model import conv as gc
+from jaxmem.xla.gpu.model import fusion as gf
 
 from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
@@ -129,7 +129,7 @@ def test_a_1x1_kernel_reversed_for_the_input_gradient_is_a_forward_call_taking_a
 
 
 # transposed_conv_grad and transposed_conv_of_activation on H100: 1.017 since the tanh
-# gradient no longer overwrites the conv's result (`gpu_model_heap.conv_results_kept`; the
+# gradient no longer overwrites the conv's result (`xla.gpu.model.heap.conv_results_kept`; the
 # dump's `cudnn-conv.5{0}` and `input_add_transpose_fusion{0}` are at offsets of their own):
 # the backward-filter call's transposed copies (one 6 MiB scratch in the model, XLA's
 # `input_transpose_fusion` and `loop_transpose_fusion` apart) leave 0.3 MiB of fragmentation

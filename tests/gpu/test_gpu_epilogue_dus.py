@@ -1,14 +1,14 @@
 """Four XLA:GPU behaviours of the GPU model, checked against XLA:GPU's deviceless compiles on
 both devices:
 
-- GEMM epilogues (`gpu_model_fusion_gemm.output_epilogues`): an elementwise chain that alone reads a
+- GEMM epilogues (`xla.gpu.model.fusion_gemm.output_epilogues`): an elementwise chain that alone reads a
   GEMM's result is computed in the GEMM fusion, which writes the chain's last value; an SGD
   update into a donated weight stores no gradient.
-- split-K partials read by a GEMM's prologue through fused steps (`gpu_splitk.FUSED_GEMM_READER_DEPTH`):
+- split-K partials read by a GEMM's prologue through fused steps (`xla.gpu.model.splitk.FUSED_GEMM_READER_DEPTH`):
   the prologue's last value is stored and the partials die there.
 - a donated buffer updated in place by a chain of `dynamic_update_slice`
-  (`gpu_model_heap.donated_output_prefix_spans`): every update is written in the argument's allocation.
-- GEMM prologues (`gpu_model_fusion_producers.gemm_prologue_not_worth_fusing`): an elementwise op that reads more
+  (`xla.gpu.model.heap.donated_output_prefix_spans`): every update is written in the argument's allocation.
+- GEMM prologues (`xla.gpu.model.fusion_producers.gemm_prologue_not_worth_fusing`): an elementwise op that reads more
   bytes than it writes (a masked select) is stored for the GEMM, not computed in its operand.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmem.xla import gpu_model
-from jaxmem.xla.gpu import xla_gpu_reference
+from jaxmem.xla.gpu.model import predict as gpu_model
+from jaxmem.xla.gpu.compile import xla_gpu_reference
 
 from gpu_test_support import FUSION, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
@@ -68,7 +68,7 @@ def test_gemm_prologue_stored_where_xla_stores_it(name, device, fresh_prediction
 @needs_gpu_compiler
 def test_own_gpu_plan_writes_the_sgd_update_from_the_gemm():
     """jaxmem's own GPU plan takes XLA's GEMM output epilogues where an update chain ends in an
-    output (`gpu_model.gpu_plan_output_epilogues`): without them it held each weight gradient
+    output (`xla.gpu.model.predict.gpu_plan_output_epilogues`): without them it held each weight gradient
     beside the weights, above XLA:GPU's own total; with them it is at or below it, checked,
     and runs on the host to jax.jit's values."""
     import jaxmem

@@ -1,4 +1,4 @@
-"""Each registered fusion rule of the XLA:GPU model (`gpu_model_fusion.PRODUCER_RULES`,
+"""Each registered fusion rule of the XLA:GPU model (`xla.gpu.model.fusion.PRODUCER_RULES`,
 `FUSION_RULES`) on a small program that triggers it: the rule's own decision, checked against
 XLA:GPU's deviceless compile where one is cheap (`xla_gpu_reference`, cached per session) or
 against the byte figure worked out by hand."""
@@ -11,10 +11,10 @@ import pytest
 
 from jaxmem.compiler import planner
 from jaxmem.compiler.fusion import forced_fusion
-from jaxmem.xla import gpu_model_fusion as gf
-from jaxmem.xla.gpu import xla_gpu_reference
-from jaxmem.xla.gpu_model import predict
-from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
+from jaxmem.xla.gpu.model import fusion as gf
+from jaxmem.xla.gpu.compile import xla_gpu_reference
+from jaxmem.xla.gpu.model.predict import predict
+from jaxmem.xla.gpu.model.fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
                                                    new_movement_read_by_gemm, reader_does_not_absorb,
                                                    reread_by_its_readers, stored_sum_read_by_several,
                                                    too_many_readers, transcendental_into_gemm,
@@ -241,7 +241,7 @@ def test_output_epilogues_write_the_sgd_update_from_the_gemm():
 def test_a_reduction_over_size_one_dimensions_is_a_squeeze():
     """algebraic_simplifier.cc (HandleReduce): a reduce that keeps every element is a reshape;
     the model's simplified program has a squeeze there, which fuses into its readers."""
-    from jaxmem.xla.gpu_model_ops import strength_reduced
+    from jaxmem.xla.gpu.model.ops import strength_reduced
     module, factory = load_fusion_program("scatter_unit_sum")
     g = strength_reduced(planner.inlined(jax.make_jaxpr(factory()[0])(*factory()[1])))
     kinds = [op.primitive for op in g.ops]

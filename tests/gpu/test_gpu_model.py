@@ -1,4 +1,4 @@
-"""jaxmem's model of XLA:GPU (`jaxmem.xla.gpu_model`) against XLA:GPU itself, compiled deviceless.
+"""jaxmem's model of XLA:GPU (`jaxmem.xla.gpu.model.predict`) against XLA:GPU itself, compiled deviceless.
 
 Per fusion rule, a small program (`fusion_programs.py`) whose XLA:GPU buffer assignment shows
 the rule: the number of 16 MiB buffers XLA:GPU's temp block holds is the model's too, and the
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.xla.gpu import xla_gpu_reference
-from jaxmem.xla.gpu_model import gpu_fusion, plan_on_gpu, predict
+from jaxmem.xla.gpu.compile import xla_gpu_reference
+from jaxmem.xla.gpu.model.predict import gpu_fusion, plan_on_gpu, predict
 
 from gpu_test_support import needs_gpu_compiler, FUSION, load_fusion_program as _load
 
@@ -172,13 +172,13 @@ def test_each_pred2_rule_matches_xla_gpu_buffer_assignment(name, device):
 @needs_gpu_compiler
 def test_heap_placement_reproduces_xla_gpu_offsets_of_its_own_temporaries(tmp_path):
     """XLA's temporaries (its own live ranges and value ids, from moe_train's dumps) placed by
-    `gpu_heap`: the spatial placement puts every buffer of 1 KiB or more at XLA's offset, and
+    `xla.gpu.model.heap_simulator`: the spatial placement puts every buffer of 1 KiB or more at XLA's offset, and
     the heap is XLA's temp allocation (the rest: 16-24 byte tuple tables)."""
     import subprocess
     import sys
 
-    from jaxmem.xla.gpu import _dump_files, child_env
-    from jaxmem.xla.gpu_heap import dump_temp_spans, placements, xla_heap_size
+    from jaxmem.xla.gpu.compile import _dump_files, child_env
+    from jaxmem.xla.gpu.model.heap_simulator import dump_temp_spans, placements, xla_heap_size
 
     subprocess.run([sys.executable, "-m", "jaxmem.xla.gpu", "jaxmem.examples.zoo:moe_train", "--spec", "h100_sxm",
                     "--device", "h100-80gb", "--donate", "0,1", "--no-cache", "--top", "0"],
@@ -195,12 +195,12 @@ def test_heap_placement_reproduces_xla_gpu_offsets_of_its_own_temporaries(tmp_pa
 
 
 def test_heap_placement_is_valid_and_never_below_the_live_bound():
-    """Invariants of `gpu_heap` on random heaps: no two buffers live at once share bytes, the
+    """Invariants of `xla.gpu.model.heap_simulator` on random heaps: no two buffers live at once share bytes, the
     heap holds every buffer, and no placement beats the most bytes live at once."""
     import random
 
     from jaxmem.compiler.stages import live_profile
-    from jaxmem.xla.gpu_heap import placements, xla_heap_size
+    from jaxmem.xla.gpu.model.heap_simulator import placements, xla_heap_size
 
     rng = random.Random(7)
     for _ in range(200):

@@ -14,8 +14,8 @@ import numpy as np
 from jaxmem.compiler.checker import check_plan
 from jaxmem.compiler.planner import plan, plan_jaxpr
 from jaxmem.execution.verify import compare_with_jit
-from jaxmem.xla.gpu import xla_gpu_reference
-from jaxmem.xla.gpu_model import gpu_plan_fusion, plan_on_gpu
+from jaxmem.xla.gpu.compile import xla_gpu_reference
+from jaxmem.xla.gpu.model.predict import gpu_plan_fusion, plan_on_gpu
 
 from gpu_test_support import needs_gpu_compiler
 

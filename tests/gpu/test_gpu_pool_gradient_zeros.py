@@ -1,5 +1,5 @@
 """A max-pool gradient's zeros that XLA's list scheduler runs first
-(`gpu_model_heap.early_scatter_zero_spans`, a `SPAN_ADJUSTMENTS` entry) on the programs of
+(`xla.gpu.model.heap.early_scatter_zero_spans`, a `SPAN_ADJUSTMENTS` entry) on the programs of
 `fusion_programs.py` that show it: the rule's own spans, then the prediction against XLA:GPU's
 deviceless compile."""
 
@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from jaxmem.compiler import planner
-from jaxmem.xla import gpu_model_heap as gh
+from jaxmem.xla.gpu.model import heap as gh
 
 from gpu_test_support import heap_cases, load_fusion_program, needs_gpu_compiler, predicted_and_xla
 
@@ -46,12 +46,12 @@ def test_early_scatter_zero_spans_skip_added_and_shared_zeros(name):
 @pytest.mark.parametrize("device", [H100, A100])
 def test_early_scatter_zero_spans_match_xla(device):
     # 0.991 on H100, 0.999 on A100, where the input's one NCHW copy is held from the forward
-    # call to the backward-filter call (`gpu_model_conv.shared_copy_spans`; the dump's
+    # call to the backward-filter call (`xla.gpu.model.conv.shared_copy_spans`; the dump's
     # `wrapped_transpose.1`, f32[64,3,32,32]; 0.978 without it)
     pred, ref, _ = predicted_and_xla("max_pool_gradient_not_added", device)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.01
     # within 0.08: with the pool's index arrays held from the forward pass
-    # (`gpu_model_heap.pool_index_spans`, as the dump's `loop_reduce_window_fusion{1..4}`), what
+    # (`xla.gpu.model.heap.pool_index_spans`, as the dump's `loop_reduce_window_fusion{1..4}`), what
     # is left is the jnp.repeat gradient's two size-2 reductions, which XLA emits inside one loop
     # fusion (`loop_select_fusion.1`) and the model stores (1.071 on H100, 1.070 on A100)
     pred, ref, _ = predicted_and_xla("max_pool_gradient_added", device)

@@ -16,8 +16,8 @@ from jaxmem.cli.main import main as cli_main
 from jaxmem.runtime.device import Device
 from jaxmem.runtime.steps import Leaf, StepProgram, match_state, program_from_reference, simulate_steps
 from jaxmem.units import MiB, PRESETS
-from jaxmem.xla import gpu as xla_gpu
-from jaxmem.xla.gpu import GPU_TARGETS, cache_read, unavailable_reason, xla_gpu_reference
+from jaxmem.xla.gpu import compile as xla_gpu
+from jaxmem.xla.gpu.compile import GPU_TARGETS, cache_read, unavailable_reason, xla_gpu_reference
 from jaxmem.xla.start import filter_noise
 
 from gpu_test_support import needs_gpu_compiler

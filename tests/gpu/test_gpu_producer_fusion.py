@@ -1,4 +1,4 @@
-"""Priority fusion's price of a cheap producer that its readers re-read (`gpu_model_fusion_cost.reread_stored`),
+"""Priority fusion's price of a cheap producer that its readers re-read (`xla.gpu.model.fusion_cost.reread_stored`),
 checked against XLA:GPU's deviceless compiles on both devices.
 
 XLA fuses a producer into its readers only when its cost model finds the fused kernels faster;
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxmem.xla import gpu_model
-from jaxmem.xla.gpu import _dump_files, child_env, spec_for
+from jaxmem.xla.gpu.model import predict as gpu_model
+from jaxmem.xla.gpu.compile import _dump_files, child_env, spec_for
 
 from gpu_test_support import needs_gpu_compiler, predicted_and_xla
 

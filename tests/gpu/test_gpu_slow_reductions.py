@@ -1,5 +1,5 @@
-"""A cheap value a column reduction on few blocks reads is stored (`gpu_reduction`,
-`gpu_model_fusion_cost.slow_reduction_stored`): the performance model caps a kernel's bandwidth
+"""A cheap value a column reduction on few blocks reads is stored (`xla.gpu.model.reduction`,
+`xla.gpu.model.fusion_cost.slow_reduction_stored`): the performance model caps a kernel's bandwidth
 by its blocks (gpu_performance_model_base.cc, AdjustBandwidth), and a per-channel sum of 4096
 rows of NHWC data runs on 4 (reduction.cc, ColumnReductionFusion)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmem.xla.gpu_cost import device_numbers
-from jaxmem.xla.gpu_reduction import column_reduction_blocks, reduction_dimensions
+from jaxmem.xla.gpu.model.performance import device_numbers
+from jaxmem.xla.gpu.model.reduction import column_reduction_blocks, reduction_dimensions
 
 from gpu_test_support import needs_gpu_compiler, predicted_and_xla, program_fusion
 

@@ -1,4 +1,4 @@
-"""XLA:GPU's Triton split-K (`jaxmem.xla.gpu_splitk`) against XLA:GPU compiled deviceless.
+"""XLA:GPU's Triton split-K (`jaxmem.xla.gpu.model.splitk`) against XLA:GPU compiled deviceless.
 
 The split factor on a grid of GEMMs (sizes, batch, float32 and bfloat16, a float32 operand cast
 to bfloat16; most not in the suite) read from the optimized HLO of each compile: the GEMM
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.xla.gpu import GPU_TARGETS, xla_gpu_reference
-from jaxmem.xla.gpu_model import predict
-from jaxmem.xla.gpu_splitk import dot_split, split_k
+from jaxmem.xla.gpu.compile import GPU_TARGETS, xla_gpu_reference
+from jaxmem.xla.gpu.model.predict import predict
+from jaxmem.xla.gpu.model.splitk import dot_split, split_k
 
 from gpu_test_support import needs_gpu_compiler, FUSION, load_fusion_program
 
@@ -64,7 +64,7 @@ def xla_splits(device: str) -> list[int]:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxmem.units import PRESETS
-    from jaxmem.xla.gpu import target_config, with_memory
+    from jaxmem.xla.gpu.compile import target_config, with_memory
 
     text = with_memory(target_config(GPU_TARGETS[device]), PRESETS[device])
     topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology="1x1x1")
@@ -97,7 +97,7 @@ def measured() -> dict[str, list[int]]:
 @pytest.mark.parametrize("device", DEVICES)
 def test_split_factor_matches_xla_gpu_on_a_grid(measured, device):
     """The cost model's factor for each GEMM of the grid, from the traced jaxpr's dot (its
-    dimensions and operand widths, as `gpu_model` sees it), is XLA:GPU's."""
+    dimensions and operand widths, as `xla.gpu.model.predict` sees it), is XLA:GPU's."""
     import jax
 
     predicted = []

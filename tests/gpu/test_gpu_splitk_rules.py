@@ -4,11 +4,11 @@ on both devices (`fusion_programs.py`):
 - split-K of 8-bit GEMMs: s8 x s8 -> s32 and float8 x float8 -> f32 split like the others
   (only s32 operands are skipped), partials in the default accumulator type; on A100, without
   float8 tensor cores, the float8 GEMM is cuBLASLt on float16 copies of its operands with a
-  4 MiB workspace (`gpu_model.float8_fallback_scratch`);
+  4 MiB workspace (`xla.gpu.model.predict.float8_fallback_scratch`);
 - split-K inside while and scan bodies (the rewriter visits every non-fusion computation), the
-  bodies modelled by the GPU model itself (`gpu_model_scratch.loop_scratch`);
+  bodies modelled by the GPU model itself (`xla.gpu.model.scratch.loop_scratch`);
 - a GEMM operand read through a transpose is the GEMM's operand for the prologue rule
-  (`gpu_model.read_by_gemm`);
+  (`xla.gpu.model.predict.read_by_gemm`);
 - newer JAX's data-movement primitives (`tile`, `stack`, `split`, `unstack`) computed inside
   their readers.
 """
@@ -18,9 +18,9 @@ from __future__ import annotations
 import pytest
 
 from jaxmem.compiler import jaxpr_adapter as ja
-from jaxmem.xla.gpu import xla_gpu_reference
-from jaxmem.xla.gpu_model import predict
-from jaxmem.xla.gpu_splitk import accumulator_bits, dot_split
+from jaxmem.xla.gpu.compile import xla_gpu_reference
+from jaxmem.xla.gpu.model.predict import predict
+from jaxmem.xla.gpu.model.splitk import accumulator_bits, dot_split
 
 from gpu_test_support import needs_gpu_compiler, FUSION, load_fusion_program
 
@@ -139,8 +139,8 @@ def test_new_movement_primitives_are_computed_inside_their_readers(name, device)
 def test_split_contraction_padded_operands_are_stored_beside_the_partials(name, device):
     """A contraction of 1000 split 8 (H100) or 4 (A100) ways is padded to 1024 or 1008 (float32)
     and 1024 (bfloat16): XLA's temp is the partials and both padded operands, byte for byte
-    (`gpu_splitk.padded_operand_bytes`); the partials alone fall 4.5 or 2.3 MiB short."""
-    from jaxmem.xla.gpu_splitk import padded_k
+    (`xla.gpu.model.splitk.padded_operand_bytes`); the partials alone fall 4.5 or 2.3 MiB short."""
+    from jaxmem.xla.gpu.model.splitk import padded_k
 
     pred, ref = _predict_and_reference(name, device)
     assert pred.temp_bytes == ref.temp_bytes, (pred.temp_bytes, ref.temp_bytes)
@@ -151,10 +151,10 @@ def test_split_contraction_padded_operands_are_stored_beside_the_partials(name, 
 
 
 def test_a_broadcast_stops_the_stored_readers_walk():
-    """`gpu_splitk._broadcast_downstream`: the split Dense's halves broadcast over the feature
+    """`xla.gpu.model.splitk._broadcast_downstream`: the split Dense's halves broadcast over the feature
     map; the modulated map, read twice, is not stored (it was, 4 MiB, before the rule)."""
     from jaxmem.compiler import planner
-    from jaxmem.xla import gpu_splitk as gs
+    from jaxmem.xla.gpu.model import splitk as gs
 
     g = planner.inlined(_traced("splitk_film_broadcast").closed_jaxpr)
     wide = [op for op in g.ops if op.primitive == "mul" and any(len(g.shapes[u]) == 4 and g.shapes[u][1] == 1

@@ -1,4 +1,4 @@
-"""Three XLA:GPU behaviours of convolutional U-Nets (`gpu_model_heap`), each on its own program
+"""Three XLA:GPU behaviours of convolutional U-Nets (`xla.gpu.model.heap`), each on its own program
 of `fusion_programs.py`: a folded max-pool gradient has no zeros to share with a relu
 (`shared_zero_spans`), a cuDNN call's result is never overwritten in place
 (`conv_results_kept`), and a pool gradient's index arrays live from where XLA's list scheduler
@@ -20,9 +20,9 @@ import pytest
 
 from jaxmem.compiler.stages import live_profile
 from jaxmem.compiler.target import load_target
-from jaxmem.xla import gpu_model as gm
-from jaxmem.xla import gpu_model_heap as gh
-from jaxmem.xla.gpu_model_conv import early_copies
+from jaxmem.xla.gpu.model import predict as gm
+from jaxmem.xla.gpu.model import heap as gh
+from jaxmem.xla.gpu.model.conv import early_copies
 
 from gpu_test_support import FUSION, heap_cases, needs_gpu_compiler, predicted_and_xla
 
@@ -92,7 +92,7 @@ def test_unet_rules_against_xla(device):
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.08
     # the batch norm's gradient beside the conv result: 0.79 of XLA's total on H100 without the
     # rule; on A100 0.875 without the input's one NCHW copy held from the forward call to the
-    # backward-filter call (`gpu_model_conv.shared_copy_spans`; the dump's `wrapped_transpose.1`)
+    # backward-filter call (`xla.gpu.model.conv.shared_copy_spans`; the dump's `wrapped_transpose.1`)
     pred, ref, _ = predicted_and_xla("conv_batchnorm_grad", device)
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.02
     # the index arrays through the backward's peak: 0.83 (H100) / 0.81 (A100) without the

@@ -1,8 +1,8 @@
-"""`dynamic_update_slice` as XLA:GPU fuses it (`gpu_model.updates_read_inside`), checked against
+"""`dynamic_update_slice` as XLA:GPU fuses it (`xla.gpu.model.predict.updates_read_inside`), checked against
 XLA:GPU's deviceless compiles on both devices: an update read only by loop, reduction and
 concatenate kernels is computed inside each of them and never stored; one that is returned is
 stored; a costly value it updates, read through it by several kernels, is stored once; and an
-update of a split-K GEMM's result does not make its readers store it (`gpu_splitk`)."""
+update of a split-K GEMM's result does not make its readers store it (`xla.gpu.model.splitk`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxmem.compiler import planner
-from jaxmem.xla import gpu_model
+from jaxmem.xla.gpu.model import predict as gpu_model
 
 from gpu_test_support import load_fusion_program, needs_gpu_compiler, predicted_and_xla
 

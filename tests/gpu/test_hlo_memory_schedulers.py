@@ -15,7 +15,7 @@ import pytest
 
 from gpu_test_support import FUSION, needs_gpu_compiler
 from jaxmem.errors import PlanError
-from jaxmem.xla.hlo_memory_schedulers import dfs_schedule, list_schedule, live_bytes, main, parse_entry, post_order
+from jaxmem.xla.gpu.hlo_memory_schedulers import dfs_schedule, list_schedule, live_bytes, main, parse_entry, post_order
 
 # The counterexample in ListScheduler's comment: B defines more than it frees, so the greedy
 # scheduler defers it behind D, E and F. Sizes in f32 elements: B and F define 2, the rest 1.

@@ -15,7 +15,7 @@ from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import profile, search
 from jaxmem.errors import ConfigError
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 from remat_helpers import assert_close, sgd_step
 
 

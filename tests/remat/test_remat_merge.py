@@ -12,7 +12,7 @@ from jaxmem.compiler.costs import jaxpr_flops
 from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import economize, profile, search
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remat_helpers import assert_close  # noqa: E402

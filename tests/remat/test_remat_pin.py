@@ -9,7 +9,7 @@ import jaxmem
 from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import search
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 from remat_helpers import assert_close, sgd_step
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import jaxmem.compiler.remat_search as remat_search
 from jaxmem.fitting.fit import fit
 from jaxmem.compiler.remat_graph import trace
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 from remat_helpers import assert_close, sgd_step
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxmem.compiler.remat_graph import as_function, trace
 from jaxmem.compiler.remat_search import search
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 from remat_helpers import sgd_step
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from jaxmem.cli.main import main as cli_main
-from jaxmem.xla import gpu as xla_gpu, sharding
-from jaxmem.xla.gpu import GPU_TARGETS, unavailable_reason
+from jaxmem.xla import sharding
+from jaxmem.xla.gpu import compile as xla_gpu
+from jaxmem.xla.gpu.compile import GPU_TARGETS, unavailable_reason
 from jaxmem.errors import ShardingError
 from jaxmem.units import MiB, PRESETS
 

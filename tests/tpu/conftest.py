@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmem.xla.tpu import unavailable_reason
+from jaxmem.xla.tpu.compile import unavailable_reason
 
 
 @pytest.fixture(scope="session")

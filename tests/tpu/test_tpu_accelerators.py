@@ -11,14 +11,14 @@ import pytest
 from jaxmem.accelerators import ACCELERATORS, find, gpu_presets, is_gpu, resolve, tpu_presets
 from jaxmem.errors import ConfigError, PlanError
 from jaxmem.units import PRESETS, parse_size
-from jaxmem.xla.gpu import GPU_TARGETS
-from jaxmem.xla.gpu_model import DEVICE_SM
+from jaxmem.xla.gpu.compile import GPU_TARGETS
+from jaxmem.xla.gpu.model.predict import DEVICE_SM
 from jaxmem.xla.sharding import tpu_topology_for
-from jaxmem.xla.tpu import DEVICELESS_ENV, host_bounds, parse_topology
+from jaxmem.xla.tpu.compile import DEVICELESS_ENV, host_bounds, parse_topology
 
 MiB = 1 << 20
 # The three GPU tables as they stood before the one table (units.PRESETS, xla/gpu.GPU_TARGETS,
-# gpu_model.DEVICE_SM): every GPU figure must stay byte for byte.
+# xla.gpu.model.predict.DEVICE_SM): every GPU figure must stay byte for byte.
 GPUS_BEFORE = {
     "h100-80gb": (81559, "h100_sxm", 9), "h100-94gb": (95830, "h100_sxm", 9), "h200-141gb": (143771, "h200", 9),
     "a100-40gb": (40960, "a100_sxm_40", 8), "a100-80gb": (81920, "a100_sxm_80", 8), "v100-16gb": (16384, "v100", 7),
@@ -73,7 +73,7 @@ def test_capacities_are_what_xla_tpu_states():
         "import numpy as np, jax, jax.numpy as jnp\n"
         "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
         "from jaxmem.accelerators import tpu_presets, resolve\n"
-        "from jaxmem.xla.tpu import topology_devices\n"
+        "from jaxmem.xla.tpu.compile import topology_devices\n"
         "for name in tpu_presets():\n"
         "    d = topology_devices(resolve(name).topology)[:1]\n"
         "    s = NamedSharding(Mesh(np.array(d), ('x',)), P())\n"

@@ -14,8 +14,8 @@ import os
 import pytest
 
 from jaxmem.examples.suite import ALL_PROGRAMS
-from jaxmem.xla.tpu import xla_tpu_reference
-from jaxmem.xla.tpu_chip import FIELDS, chip_peak, compare, read_recording
+from jaxmem.xla.tpu.compile import xla_tpu_reference
+from jaxmem.xla.tpu.chip import FIELDS, chip_peak, compare, read_recording
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results")
 LOOP = read_recording(os.path.join(RESULTS, "tpu_v5e_chip.jsonl"))

@@ -98,7 +98,7 @@ def test_libtpu_of_another_version_is_one_line(capsys, monkeypatch):
 
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.50" if name == "libtpu" else real(name))
-    from jaxmem.xla.tpu import unavailable_reason
+    from jaxmem.xla.tpu.compile import unavailable_reason
 
     assert unavailable_reason() == "libtpu 0.0.50 is installed, and JAX 0.10.2 needs libtpu==0.0.42.*"
     code, out, err = _run(["maxbatch", f"{PROGRAMS}:rows_step", "--arg", "rows", "--device", "tpu-v5e-16gb"], capsys)
@@ -138,7 +138,7 @@ def test_a_sharded_step_per_chip_on_a_v5e_slice(capsys):
 @pytest.mark.usefixtures("needs_libtpu")
 def test_maxbatch_finds_the_boundary_the_rules_give(capsys):
     from jaxmem.accelerators import resolve
-    from jaxmem.xla.tpu import xla_tpu_reference
+    from jaxmem.xla.tpu.compile import xla_tpu_reference
 
     code, out, err = _run(["maxbatch", f"{PROGRAMS}:rows_step", "--arg", "rows", "--device", "tpu-v5e-16gb", "--json",
                            "--min", "1024"], capsys)
@@ -170,7 +170,7 @@ def test_maxbatch_finds_the_boundary_the_rules_give(capsys):
 def test_maxbatch_of_the_gpt_example_is_what_the_chip_ran(capsys):
     """The chip ran batch 17 for 3 steps and refused 18 at compile, parameters and optimizer
     state donated (benchmarks/results/tpu_v5e_chip_maxbatch.jsonl)."""
-    from jaxmem.xla.tpu_chip import read_recording
+    from jaxmem.xla.tpu.chip import read_recording
 
     chip = {row["batch_size"]: row["ok"] for row in read_recording(
         os.path.join(HERE, "..", "..", "benchmarks", "results", "tpu_v5e_chip_maxbatch.jsonl"))}

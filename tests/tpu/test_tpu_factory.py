@@ -1,4 +1,4 @@
-"""The programs a factory runs before the step (`xla.tpu_factory`): recorded while jaxmem runs
+"""The programs a factory runs before the step (`xla.tpu.factory`): recorded while jaxmem runs
 the factory, compiled for the chip; each stays resident on a TPU at XLA:TPU's code figure (as a
 v5e showed, tests/tpu/test_tpu_chip_models.py). The truth here: the same two programs compiled
 through `jax.jit(...).lower().compile()` for the chip, each on its own."""
@@ -11,7 +11,7 @@ import pytest
 
 from jaxmem.runtime.steps import program_from_reference
 from jaxmem.runtime.tpu_pool import simulate_tpu_steps
-from jaxmem.xla.tpu import xla_tpu_reference
+from jaxmem.xla.tpu.compile import xla_tpu_reference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

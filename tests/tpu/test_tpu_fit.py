@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from jaxmem.cli.main import main as cli_main
-from jaxmem.xla.tpu import DEVICELESS_ENV
+from jaxmem.xla.tpu.compile import DEVICELESS_ENV
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -23,7 +23,7 @@ def test_judge_on_a_tpu_preset_is_xla_tpu_s_own_figures():
         "import sys; sys.path.insert(0, %r)\n"
         "from tpu_programs import narrow_columns\n"
         "from jaxmem.fitting.judge import Judge\n"
-        "from jaxmem.xla.tpu import xla_tpu_reference\n"
+        "from jaxmem.xla.tpu.compile import xla_tpu_reference\n"
         "fn, args = narrow_columns()\n"
         "judge = Judge('tpu-v5e-16gb')\n"
         "f = judge.figures(fn, args, ())\n"

@@ -15,7 +15,7 @@ import jax
 import pytest
 
 import tpu_programs
-from jaxmem.xla.tpu import xla_tpu_reference
+from jaxmem.xla.tpu.compile import xla_tpu_reference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxmem.compiler.jaxpr_adapter import aval_bytes
-from jaxmem.xla.gpu import unavailable_reason, xla_gpu_reference
+from jaxmem.xla.gpu.compile import unavailable_reason, xla_gpu_reference
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep_programs.py")
 needs_gpu_compiler = pytest.mark.skipif(unavailable_reason() is not None,

@@ -231,36 +231,41 @@ def start_references(run: Analysis) -> None:
         run.schedulers, run.scheduled = start_cpu_schedulers(run.target, run.donate, args.cpu_scheduler)
 
 
+def _start_or_note(run: Analysis, compiler: str, reason: str | None, start: Callable[[], Any]) -> bool:
+    """Start `compiler`'s reference (`start()`: its worker and result box), or, where `reason`
+    says it cannot run here, leave a note that XLA:CPU is the reference. Whether it started."""
+    if reason:
+        run.note = f"{compiler} is not available here ({reason}); comparing with XLA:CPU"
+        return False
+    run.worker, run.box = start()
+    return True
+
+
 def start_xla_gpu(run: Analysis) -> None:
     """XLA:GPU's deviceless compile for a GPU preset; a note (or, for `--xla gpu`, an error)
     where it cannot run."""
-    from jaxmem.xla.gpu import spec_for, unavailable_reason
+    from jaxmem.xla.gpu.compile import spec_for, unavailable_reason
 
     reason = unavailable_reason()
     if spec_for(run.device[0]) is None:
         if run.args.xla == "gpu":
             raise PlanError(f"--xla gpu needs a GPU preset with an XLA target description, not {run.device[0]!r}")
         run.want_gpu = False
-    elif reason:
-        run.note = f"XLA:GPU is not available here ({reason}); comparing with XLA:CPU"
-        run.want_gpu = False
     else:
-        run.worker, run.box = start_gpu_reference(run.target, run.preset, run.donate, run.args.top)
+        run.want_gpu = _start_or_note(run, "XLA:GPU", reason, lambda: start_gpu_reference(
+            run.target, run.preset, run.donate, run.args.top))
 
 
 def start_xla_tpu(run: Analysis) -> None:
     """XLA:TPU's deviceless compile (libtpu) for a TPU preset; a note (or, for `--xla tpu`, an
     error) where it cannot run."""
-    from jaxmem.xla.tpu import unavailable_reason
+    from jaxmem.xla.tpu.compile import unavailable_reason
 
     reason = unavailable_reason()
     if reason and run.args.xla == "tpu":
         raise PlanError(f"--xla tpu: XLA:TPU is not available here: {reason}")
-    if reason:
-        run.note = f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU"
-        run.want_tpu = False
-    else:
-        run.worker, run.box = start_tpu_reference(run.target, run.accelerator, run.donate, run.args.top)
+    run.want_tpu = _start_or_note(run, "XLA:TPU", reason, lambda: start_tpu_reference(
+        run.target, run.accelerator, run.donate, run.args.top))
 
 
 def plan_beside_references(run: Analysis) -> None:
@@ -286,11 +291,11 @@ def plan_beside_references(run: Analysis) -> None:
 def plan_for_gpu(run: Analysis) -> None:
     """Stage 4, for a GPU preset: jaxmem's plan with XLA:GPU's fusion rules, and XLA:GPU's
     figure predicted."""
-    from jaxmem.xla.gpu import spec_for
+    from jaxmem.xla.gpu.compile import spec_for
 
     if spec_for(run.preset) is None:
         return
-    from jaxmem.xla.gpu_model import plan_on_gpu, predict_plan
+    from jaxmem.xla.gpu.model.predict import plan_on_gpu, predict_plan
 
     run.plan = run.guarded(lambda: plan_on_gpu(run.plan))
     run.predicted = run.guarded(lambda: predict_plan(run.plan, run.preset))
@@ -312,8 +317,8 @@ def take_device_reference(run: Analysis) -> None:
     """What XLA:GPU's or XLA:TPU's compile handed back: its reference, or its error (raised,
     unless the compiler is unavailable here: then a note, and XLA:CPU's figures)."""
     from jaxmem.reports.terminal import busy
-    from jaxmem.xla.gpu import GpuUnavailable
-    from jaxmem.xla.tpu import TpuUnavailable
+    from jaxmem.xla.gpu.compile import GpuUnavailable
+    from jaxmem.xla.tpu.compile import TpuUnavailable
 
     assert run.box is not None
     if "err" not in run.box:
@@ -451,7 +456,7 @@ def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...
 
     if not xla:
         return make_plan(fn, *args, donate_argnums=donate, xla=False)
-    from jaxmem.xla.cpu import xla_reference
+    from jaxmem.xla.cpu.compile import xla_reference
 
     box: dict[str, Any] = {}
 
@@ -475,7 +480,7 @@ def run_plan(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...
 def start_gpu_reference(target: str, device: str, donate: tuple[int, ...], top: int) -> tuple[threading.Thread, dict[str, Any]]:
     """Start XLA:GPU's deviceless compile (a subprocess) in a thread; join it and read `box`
     ("ref" or "err") after planning."""
-    from jaxmem.xla.gpu import xla_gpu_reference
+    from jaxmem.xla.gpu.compile import xla_gpu_reference
 
     return start_reference(lambda on_start: xla_gpu_reference(target, device=device, donate_argnums=donate,
                                                               top=top, on_start=on_start))
@@ -483,7 +488,7 @@ def start_gpu_reference(target: str, device: str, donate: tuple[int, ...], top: 
 
 def start_tpu_reference(target: str, accelerator: Any, donate: tuple[int, ...], top: int) -> tuple[threading.Thread, dict[str, Any]]:
     """Start XLA:TPU's deviceless compile (a subprocess) in a thread, as `start_gpu_reference`."""
-    from jaxmem.xla.tpu import xla_tpu_reference
+    from jaxmem.xla.tpu.compile import xla_tpu_reference
 
     return start_reference(lambda on_start: xla_tpu_reference(target, accelerator, donate_argnums=donate,
                                                               top=top, on_start=on_start))
@@ -564,7 +569,7 @@ def start_cpu_schedulers(target: str, donate: tuple[int, ...], which: str) -> tu
     """Compile TARGET with XLA:CPU's "dfs" and/or "bfs" scheduler, each in a fresh process (XLA
     reads its flags once per process), in threads beside the planner; `box` maps each scheduler
     to its `XlaReference` or to the error it raised."""
-    from jaxmem.xla.cpu import xla_reference_in_subprocess
+    from jaxmem.xla.cpu.compile import xla_reference_in_subprocess
 
     box: dict[str, Any] = {}
 
@@ -592,7 +597,7 @@ def better_schedule(box: dict[str, Any]) -> tuple[Any, dict[str, int]]:
 
 
 def _cpu_reference(fn: Callable[..., Any], args: Sequence[Any], donate: tuple[int, ...]) -> Any:
-    from jaxmem.xla.cpu import xla_reference
+    from jaxmem.xla.cpu.compile import xla_reference
 
     return xla_reference(fn, args, donate_argnums=donate)
 

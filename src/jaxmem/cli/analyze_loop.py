@@ -29,7 +29,7 @@ def loop_pool(run: Any, device: Any = None) -> Any:
     from jaxmem.compiler.target import argument_signatures
     from jaxmem.runtime.steps import program_from_reference, shared_state, simulate_loop
     from jaxmem.runtime.tpu_pool import simulate_tpu_loop
-    from jaxmem.xla.gpu import load_abstract
+    from jaxmem.xla.gpu.compile import load_abstract
 
     first = run.tpu if run.tpu is not None else run.gpu
     if first is None or first.oom:
@@ -63,9 +63,9 @@ def loop_pool(run: Any, device: Any = None) -> Any:
 def _reference(run: Any, target: str) -> Any:
     """XLA:TPU's or XLA:GPU's figures of another program of the loop (compiled deviceless)."""
     if run.tpu is not None:
-        from jaxmem.xla.tpu import xla_tpu_reference
+        from jaxmem.xla.tpu.compile import xla_tpu_reference
 
         return xla_tpu_reference(target, run.accelerator, top=0)
-    from jaxmem.xla.gpu import xla_gpu_reference
+    from jaxmem.xla.gpu.compile import xla_gpu_reference
 
     return xla_gpu_reference(target, device=run.preset, top=0)

@@ -82,7 +82,7 @@ def scheduler_advice(totals: dict[str, int], budget: int, fitted_total: int) -> 
     >>> scheduler_advice({"dfs": 90, "bfs": 120}, 100, 95)
     "XLA's own dfs scheduler meets the budget with no recompute (90 B): XLA_FLAGS=--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
     """
-    from jaxmem.xla.cpu import SCHEDULER_FLAGS
+    from jaxmem.xla.cpu.compile import SCHEDULER_FLAGS
 
     if not totals:
         return None

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             # devices when CPU is JAX's only platform, which must be set before JAX starts, as
             # must libtpu's settings for a machine without a TPU.
             os.environ.setdefault("JAX_PLATFORMS", "cpu")
-            from jaxmem.xla.tpu import DEVICELESS_ENV
+            from jaxmem.xla.tpu.compile import DEVICELESS_ENV
 
             for key, value in DEVICELESS_ENV.items():
                 os.environ.setdefault(key, value)

@@ -4,7 +4,7 @@ TARGET's factory takes the keyword argument NAME (`batch_size`, a sequence lengt
 returns `(fn, args)`. The answer is judged by XLA, compiled deviceless for the device (XLA:GPU
 for a GPU preset, XLA:TPU for a TPU preset), and the runtime over N training steps as `jaxmem
 analyze` runs it (the GPU client's pool; the TPU runtime's rules): `value` fits and `value + 1`
-does not. On a GPU, jaxmem's model of XLA:GPU (`xla.gpu_model.predict`: no compile) finds the
+does not. On a GPU, jaxmem's model of XLA:GPU (`xla.gpu.model.predict.predict`: no compile) finds the
 largest value whose predicted total fits, the first guess; XLA's compiles confirm it (and its
 neighbour). Elsewhere jaxmem's planner at two small values makes the guess.
 
@@ -49,7 +49,7 @@ def target_donation(target: str, name: str, value: int) -> tuple[int, ...]:
     `jax.jit(..., donate_argnums=...)` (read from its trace at `name=value`, abstract arguments,
     nothing allocated); () for any other function or a factory that cannot be traced here."""
     from jaxmem.compiler.target import jit_donation
-    from jaxmem.xla.gpu import load_abstract
+    from jaxmem.xla.gpu.compile import load_abstract
 
     try:
         fn, args = load_abstract(target, {name: value})
@@ -63,7 +63,7 @@ def planner_guess(target: str, name: str, minimum: int, limit: int, donate: tupl
     (abstract arguments, nothing allocated), and the value where the line through them reaches
     `limit`. (None, seconds) when the planner cannot say."""
     from jaxmem.compiler.planner import plan
-    from jaxmem.xla.gpu import load_abstract
+    from jaxmem.xla.gpu.compile import load_abstract
     from jaxmem.xla.maxbatch import line_guess
 
     started = time.perf_counter()
@@ -79,13 +79,13 @@ def planner_guess(target: str, name: str, minimum: int, limit: int, donate: tupl
 
 def predicted_guess(target: str, name: str, minimum: int, maximum: int, limit: int, donate: tuple[int, ...],
                     device: str) -> tuple[int | None, float, int]:
-    """A first guess from jaxmem's model of XLA:GPU (`xla.gpu_model.predict`, no compile): the
+    """A first guess from jaxmem's model of XLA:GPU (`xla.gpu.model.predict.predict`, no compile): the
     value where the predicted XLA:GPU total reaches `limit`: a line through the predictions at
     `minimum` and `2 * minimum`, then one secant step through a prediction at that value.
     (None, seconds, predictions) when the model cannot say."""
     from jaxmem.compiler import jaxpr_adapter as ja
-    from jaxmem.xla.gpu import load_abstract
-    from jaxmem.xla.gpu_model import predict
+    from jaxmem.xla.gpu.compile import load_abstract
+    from jaxmem.xla.gpu.model.predict import predict
     from jaxmem.xla.maxbatch import Judgement, line_guess
 
     started = time.perf_counter()
@@ -154,14 +154,14 @@ def judge_for(args: argparse.Namespace, accelerator: Any, donate: tuple[int, ...
                    + (f" ({known})" if known else ""))
         if accelerator.is_tpu:
             from jaxmem.runtime.tpu_pool import compile_refused, simulate_tpu_steps
-            from jaxmem.xla.tpu import xla_tpu_reference
+            from jaxmem.xla.tpu.compile import xla_tpu_reference
 
             ref = xla_tpu_reference(args.target, accelerator, donate_argnums=donate, kwargs={args.arg: value}, top=0)
             verdict = (compile_refused(ref, accelerator, args.steps) if ref.oom else
                        simulate_tpu_steps(program_from_reference(ref), accelerator.capacity_bytes, args.steps,
                                           code_bytes=ref.generated_code_bytes, reserved_bytes=ref.reserved_bytes))
         else:
-            from jaxmem.xla.gpu import xla_gpu_reference
+            from jaxmem.xla.gpu.compile import xla_gpu_reference
 
             ref = xla_gpu_reference(args.target, device=accelerator.name, donate_argnums=donate,
                                     kwargs={args.arg: value}, top=0)
@@ -186,13 +186,13 @@ def resolve_device(text: str) -> Any:
         raise PlanError(f"--device must be a GPU or TPU preset ({', '.join(gpu_presets() + tpu_presets())}), "
                         f"got {text!r}")
     if accelerator.is_tpu:
-        from jaxmem.xla.tpu import TpuUnavailable, unavailable_reason as tpu_reason
+        from jaxmem.xla.tpu.compile import TpuUnavailable, unavailable_reason as tpu_reason
 
         reason = tpu_reason()
         if reason:
             raise TpuUnavailable(f"maxbatch needs XLA:TPU for {accelerator.name}, which is not available here: {reason}")
     else:
-        from jaxmem.xla.gpu import GpuUnavailable, unavailable_reason
+        from jaxmem.xla.gpu.compile import GpuUnavailable, unavailable_reason
 
         reason = unavailable_reason()
         if reason:

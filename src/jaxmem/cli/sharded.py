@@ -43,35 +43,36 @@ def wanted(args: argparse.Namespace, fn_args: Sequence[Any]) -> bool:
     return bool(args.mesh or args.layout or args.compare_shardings) or find_mesh(fn_args) is not None
 
 
+def _kind_or_cpu(kind: str, reason: str | None, forced: bool) -> tuple[str, str | None]:
+    """`kind` ("gpu" or "tpu") where its compiler runs here; else an error when `--xla` asked
+    for it (`forced`), or "cpu" with a note."""
+    if not reason:
+        return kind, None
+    name = f"XLA:{kind.upper()}"
+    if forced:
+        raise PlanError(f"{name} is not available here: {reason}")
+    return "cpu", f"{name} is not available here ({reason}); comparing with XLA:CPU on host devices"
+
+
 def _xla_kind(args: argparse.Namespace, device: str) -> tuple[str, str | None]:
     """("gpu", "tpu" or "cpu", a note when XLA:GPU or XLA:TPU was wanted but is not available)."""
     from jaxmem.accelerators import find
-    from jaxmem.xla.gpu import spec_for, unavailable_reason
+    from jaxmem.xla.gpu.compile import spec_for, unavailable_reason
 
     accelerator = find(device)
     if args.topology and (accelerator is None or not accelerator.is_tpu):
         raise PlanError(f"--topology is for a TPU preset, not {device!r}")
     if accelerator is not None and accelerator.is_tpu and args.xla in ("auto", "tpu"):
-        from jaxmem.xla.tpu import unavailable_reason as tpu_reason
+        from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
 
-        reason = tpu_reason()
-        if reason:
-            if args.xla == "tpu":
-                raise PlanError(f"XLA:TPU is not available here: {reason}")
-            return "cpu", f"XLA:TPU is not available here ({reason}); comparing with XLA:CPU on host devices"
-        return "tpu", None
+        return _kind_or_cpu("tpu", tpu_reason(), args.xla == "tpu")
     if args.xla == "tpu":
         raise PlanError(f"--xla tpu needs a TPU preset, not {device!r}")
     if args.xla == "cpu" or spec_for(device) is None:
         if args.xla == "gpu":
             raise PlanError(f"--xla gpu needs a GPU preset with an XLA target description, not {device!r}")
         return "cpu", None
-    reason = unavailable_reason()
-    if reason:
-        if args.xla == "gpu":
-            raise PlanError(f"XLA:GPU is not available here: {reason}")
-        return "cpu", f"XLA:GPU is not available here ({reason}); comparing with XLA:CPU on host devices"
-    return "gpu", None
+    return _kind_or_cpu("gpu", unavailable_reason(), args.xla == "gpu")
 
 
 def pool_verdict(ref: dict[str, Any], dev: Any, steps: int) -> Any:

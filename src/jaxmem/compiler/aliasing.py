@@ -6,7 +6,7 @@ jax/_src/interpreters/mlir.py, `tf.aliasing_output` in the module); a donated ar
 unpaired is a buffer donor XLA may give any output (`jax.buffer_donor`). Arguments the
 program never reads are dropped from the module first (jit's `kept_var_idx`), so they are never
 paired. The GPU model, the lower bound and the reports all read this one analysis; XLA's own
-choice, read back from a compiled module, is `xla.gpu.output_aliases`.
+choice, read back from a compiled module, is `xla.gpu.compile.output_aliases`.
 
     >>> import jax, jax.numpy as jnp
     >>> from jaxmem.compiler.jaxpr_adapter import inline

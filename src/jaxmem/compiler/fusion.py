@@ -6,14 +6,8 @@ is the cost: fusing a cheap elementwise/broadcast producer removes its bytes fro
 may keep its (possibly large) inputs alive longer. `choose_fusion` decides value by value, in
 program order, by the effect on the peak of the live-bytes profile under a given schedule.
 
-    >>> import jax, jax.numpy as jnp
-    >>> from jaxmem.compiler.jaxpr_adapter import inline
-    >>> from jaxmem.compiler.schedule import program_order
-    >>> from jaxmem.compiler.stages import Roles
-    >>> program = inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4)))
-    >>> n = program.num_values   # values 0 (x), 1 (sin x), 2 (the output); x is external
-    >>> roles = Roles([v in program.invars for v in range(n)], [v in program.outvars for v in range(n)], [False] * n, {})
-    >>> order = program_order(program)
+    >>> from jaxmem.compiler.doc_example import sin_program
+    >>> program, roles, order = sin_program()   # values 0 (x), 1 (sin x), 2 (the output); x is external
     >>> fused = choose_fusion(program, order, roles, forced_fusion(program, roles))
     >>> fused   # sin(x) is never stored: `mul` recomputes it
     [False, True, False]
@@ -114,7 +108,7 @@ def _gemm_chain(g: Program, roles: Roles, fused: list[bool], v: int) -> list[int
 def reads_fused_gemm(g: Program, fused: list[bool], op) -> bool:
     """Whether `op` computes a fused GEMM result itself (`gemm_epilogues`), maybe transposed, or
     through fused elementwise ops (the GPU prediction's epilogue chains,
-    `gpu_model.gemm_output_epilogues`): its output is written while the GEMM reads its operands."""
+    `xla.gpu.model.fusion_gemm.gemm_output_epilogues`): its output is written while the GEMM reads its operands."""
     return any(fused[u] and g.producer[u] >= 0 and _fused_gemm_under(g, fused, u, EPILOGUE_DEPTH)
                for u in op.inputs)
 

@@ -5,18 +5,8 @@ a loop carry written back into its initial buffer) form one buffer group. Each g
 interval [start, end] over schedule positions (-1: on entry, n: on exit) with a size rounded to
 256 bytes. The maximum over positions of the live bytes is the lower bound no placement beats.
 
-    >>> import jax, jax.numpy as jnp
-    >>> from jaxmem.compiler.jaxpr_adapter import inline
-    >>> from jaxmem.compiler.schedule import program_order
-    >>> from jaxmem.compiler.stages import Roles
-    >>> program = inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4)))
-    >>> n = program.num_values   # values 0 (x), 1 (sin x), 2 (the output); x is external
-    >>> roles = Roles([v in program.invars for v in range(n)], [v in program.outvars for v in range(n)], [False] * n, {})
-    >>> order = program_order(program)
-    >>> from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
-    >>> from jaxmem.compiler.stages import Analysis
-    >>> fused = choose_fusion(program, order, roles, forced_fusion(program, roles))
-    >>> analysis = Analysis(roles, fusion_of(program, fused), {})
+    >>> from jaxmem.compiler.doc_example import sin_analysis
+    >>> program, order, analysis = sin_analysis()   # sin(x) * 2 over f32[4], fusion chosen
     >>> live = assign_buffers(program, order, analysis)
     >>> live.peak, [(iv.start, iv.end, iv.size) for iv in live.intervals][:2]
     (256, [(1, 2, 256)])

@@ -111,8 +111,18 @@ class ValueInfo:
     source: SourceLine | None = None
 
 
+class MemoryAnalysisTotal:
+    """`total_bytes` of XLA's `memory_analysis()` figures, for the classes that hold them
+    (`argument_bytes`, `output_bytes`, `temp_bytes`, `alias_bytes`): argument + output + temp -
+    alias."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+
 @dataclass
-class XlaReference:
+class XlaReference(MemoryAnalysisTotal):
     """XLA's own numbers for the same function on this machine (compiled.memory_analysis())."""
 
     argument_bytes: int
@@ -126,10 +136,6 @@ class XlaReference:
     # own allocations, missing from temp_bytes, so the total undercounts by about that much.
     library_fusions: int = 0
     library_hidden_bytes: int = 0
-
-    @property
-    def total_bytes(self) -> int:
-        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
 
 @dataclass

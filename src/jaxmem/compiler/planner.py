@@ -61,7 +61,7 @@ def plan(
     **Arguments:** `fn` and its example `args` (pytrees of arrays); `donate_argnums`, positional
     arguments whose buffers outputs may take over; keyword arguments are passed to `fn` (closed
     over). `xla` must be False: the compiler compiles nothing with XLA (XLA sits on a floor
-    above it, docs/architecture.md); `jaxmem.plan` (`jaxmem.xla.reference.plan`) is this plan
+    above it, docs/architecture.md); `jaxmem.plan` (`jaxmem.xla.cpu.plan.plan`) is this plan
     with XLA's `memory_analysis()` in `Plan.xla`. The keyword stays so that it is never passed
     on to `fn`, and calls written for `jaxmem.plan` with `xla=False` mean the same here.
 
@@ -69,7 +69,7 @@ def plan(
     """
     if xla:
         raise ConfigError("compiler.planner.plan compiles nothing with XLA: jaxmem.plan "
-                          "(jaxmem.xla.reference.plan) adds XLA's figures")
+                          "(jaxmem.xla.cpu.plan.plan) adds XLA's figures")
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
     donate_argnums = tuple(donate_argnums)
@@ -110,7 +110,7 @@ def plan_jaxpr(
     the loop's own output buffers), so it costs this plan nothing; `carry_inputs`, per output,
     the input it is the new value of (a loop carry, sharing the loop state's buffer);
     `base_fusion`, the target's fusion rules: `(program, roles, forced) -> fused`, the values
-    always fused before the peak-driven choice (GPU targets: `jaxmem.xla.gpu_model.gpu_fusion`;
+    always fused before the peak-driven choice (GPU targets: `jaxmem.xla.gpu.model.predict.gpu_fusion`;
     None: the forced views only, XLA:CPU's model). Loop and cond bodies are planned with it too.
 
     **Returns:** the `Plan` for the schedule with the fewest live bytes.
@@ -125,7 +125,7 @@ def plan_jaxpr(
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off inside, restored after.
 
-    Planning (and `xla.gpu_model.predict`) makes many small objects and no cycles: the
+    Planning (and `xla.gpu.model.predict.predict`) makes many small objects and no cycles: the
     collector would only rescan the (large) jaxpr again and again, a third of the time on big
     programs. Nested uses are fine: only the outermost turns it back on.
     """
@@ -139,7 +139,7 @@ def gc_paused() -> Iterator[None]:
 
 
 # The last programs inlined, by their jaxpr's identity: planning one jaxpr for two targets and
-# predicting XLA:GPU's figure for it (`xla.gpu_model.plan_on_gpu`, `predict`) inline it once. A
+# predicting XLA:GPU's figure for it (`xla.gpu.model.predict.plan_on_gpu`, `predict`) inline it once. A
 # few are kept (a program and its loop bodies), so that memory held past planning stays small.
 INLINED_KEPT = 4
 _inlined: dict[int, tuple[Any, Program]] = {}

@@ -41,7 +41,7 @@ class Rule:
     absorbs: bool = False
     cost: str = ""
     recomputable: bool = True
-    # -- columns read by XLA:GPU's model (xla/gpu_*)
+    # -- columns read by XLA:GPU's model (xla/gpu/model/)
     # an elementwise op to XLA:GPU's loop fusion beside the `cost == "elementwise"` rows (a convert)
     gpu_elementwise: bool = False
     # data movement XLA:GPU computes inside its consumer (gpu_fusible.cc: IsFusible)
@@ -193,7 +193,7 @@ def _facet(names: str, **columns: object) -> None:
         RULES[name] = replace(RULES[name], **columns)
 
 
-# -- facets read by XLA:GPU's model (xla/gpu_*)
+# -- facets read by XLA:GPU's model (xla/gpu/model/)
 _facet("convert_element_type", gpu_elementwise=True)
 _facet("""broadcast_in_dim iota reshape squeeze expand_dims transpose gather dynamic_slice slice pad concatenate
           rev tile stack empty empty2 split unstack dynamic_update_slice""", gpu_movement=True)
@@ -280,7 +280,7 @@ FOLDS_CONSTANTS = _names(lambda r: r.folds_constants)
 WIDENED = _names(lambda r: r.widened)
 
 
-# XLA:GPU's model (xla/gpu_*)
+# XLA:GPU's model (xla/gpu/model/)
 GPU_ELEMENTWISE = _names(lambda r: r.cost == "elementwise" or r.gpu_elementwise)
 GPU_MOVEMENT = _names(lambda r: r.gpu_movement)
 GPU_REDUCTIONS = _names(lambda r: r.cost == "reduction")

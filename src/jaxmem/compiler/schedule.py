@@ -8,18 +8,8 @@ bytes net of what it allocates; and a depth-first post-order from the outputs th
 operand with more extra users / larger subgraph first. The planner scores each by its live
 bytes and keeps the best.
 
-    >>> import jax, jax.numpy as jnp
-    >>> from jaxmem.compiler.jaxpr_adapter import inline
-    >>> from jaxmem.compiler.schedule import program_order
-    >>> from jaxmem.compiler.stages import Roles
-    >>> program = inline(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(4)))
-    >>> n = program.num_values   # values 0 (x), 1 (sin x), 2 (the output); x is external
-    >>> roles = Roles([v in program.invars for v in range(n)], [v in program.outvars for v in range(n)], [False] * n, {})
-    >>> order = program_order(program)
-    >>> from jaxmem.compiler.fusion import choose_fusion, forced_fusion, fusion_of
-    >>> from jaxmem.compiler.stages import Analysis
-    >>> fused = choose_fusion(program, order, roles, forced_fusion(program, roles))
-    >>> analysis = Analysis(roles, fusion_of(program, fused), {})
+    >>> from jaxmem.compiler.doc_example import sin_analysis
+    >>> program, order, analysis = sin_analysis()   # sin(x) * 2 over f32[4], fusion chosen
     >>> order = list_schedule(program, analysis)
     >>> sorted(order) == list(range(len(program.ops)))
     True

@@ -327,16 +327,22 @@ for _name, _uf in [("erf", sps.erf), ("erfc", sps.erfc), ("erf_inv", sps.erfinv)
     KERNELS[_name] = _simple(_uf, "f", max_size=SPECIAL_SIZE)
 
 
-@kernel_of("div")
-def _div(eqn: Any) -> Kernel | None:
+def _float_or_int(eqn: Any, float_kinds: str, float_ufunc: Any, int_compute: Any) -> Kernel | None:
+    """A NumPy ufunc for the float kinds `float_kinds`, `int_compute(dtype, a, b)` for integers
+    (XLA's integer rules), None for anything else or operands NumPy cannot hold."""
     dtype = _dt(_out_avals(eqn)[0])
     if not _native_all(eqn):
         return None
-    if dtype.kind in "fc":
-        return _ufunc(np.true_divide, eqn)
+    if dtype.kind in float_kinds:
+        return _ufunc(float_ufunc, eqn)
     if dtype.kind in "iu":
-        return Kernel(compute=functools.partial(_int_div, dtype))
+        return Kernel(compute=functools.partial(int_compute, dtype))
     return None
+
+
+@kernel_of("div")
+def _div(eqn: Any) -> Kernel | None:
+    return _float_or_int(eqn, "fc", np.true_divide, _int_div)
 
 
 def _int_div(dtype: np.dtype, a: Array, b: Array) -> Array:
@@ -357,14 +363,7 @@ def _int_div(dtype: np.dtype, a: Array, b: Array) -> Array:
 
 @kernel_of("rem")
 def _rem(eqn: Any) -> Kernel | None:
-    dtype = _dt(_out_avals(eqn)[0])
-    if not _native_all(eqn):
-        return None
-    if dtype.kind == "f":
-        return _ufunc(np.fmod, eqn)  # C fmod: the sign of the dividend, as lax.rem
-    if dtype.kind in "iu":
-        return Kernel(compute=functools.partial(_int_rem, dtype))
-    return None
+    return _float_or_int(eqn, "f", np.fmod, _int_rem)  # C fmod: the sign of the dividend, as lax.rem
 
 
 def _int_rem(dtype: np.dtype, a: Array, b: Array) -> Array:
@@ -730,6 +729,16 @@ def _iota(eqn: Any) -> Kernel | None:
     return Kernel(compute=compute, into=lambda out: np.copyto(out, values), overlap_safe=True, views=True)
 
 
+def _clamped_slices(starts: tuple[Array, ...], shape: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...]:
+    """The slices of a dynamic slice or update of `sizes` at `starts`, each start clamped into
+    [0, dim - size] as XLA clamps it."""
+    out = []
+    for s, n, k in zip(starts, shape, sizes):
+        s = min(max(int(s), 0), n - k)
+        out.append(slice(s, s + k))
+    return tuple(out)
+
+
 @kernel_of("dynamic_slice")
 def _dynamic_slice(eqn: Any) -> Kernel | None:
     sizes = tuple(int(s) for s in _params(eqn)["slice_sizes"])
@@ -738,13 +747,7 @@ def _dynamic_slice(eqn: Any) -> Kernel | None:
     if len(_in_avals(eqn)) != 1 + nidx:
         return None
 
-    def index(starts: tuple[Array, ...]) -> tuple[slice, ...]:
-        # XLA clamps each start into [0, dim - size]
-        out = []
-        for s, n, k in zip(starts, shape, sizes):
-            s = min(max(int(s), 0), n - k)
-            out.append(slice(s, s + k))
-        return tuple(out)
+    index = functools.partial(_clamped_slices, shape=shape, sizes=sizes)
 
     return Kernel(compute=lambda x, *st: x[index(st)], into=lambda out, x, *st: np.copyto(out, x[index(st)]),
                   views=True)
@@ -757,12 +760,7 @@ def _dynamic_update_slice(eqn: Any) -> Kernel | None:
     if len(_in_avals(eqn)) != 2 + len(shape):
         return None
 
-    def index(starts: tuple[Array, ...]) -> tuple[slice, ...]:
-        out = []
-        for s, n, k in zip(starts, shape, usize):
-            s = min(max(int(s), 0), n - k)
-            out.append(slice(s, s + k))
-        return tuple(out)
+    index = functools.partial(_clamped_slices, shape=shape, sizes=usize)
 
     def into(out: Array, x: Array, update: Array, *st: Array) -> None:
         # When the plan writes in place, `out` is `x`'s memory: copy only what differs.
@@ -1014,13 +1012,10 @@ def _select_and_scatter_add(eqn: Any) -> Kernel | None:
     select = getattr(p["select_prim"], "name", str(p["select_prim"]))
     source_aval, operand_aval = _in_avals(eqn)
     dtype = _dt(operand_aval)
-    if select not in ("ge", "le") or not _native_all(eqn) or dtype.kind != "f":
+    window = _window_params(eqn)   # no dilations in its parameters
+    if select not in ("ge", "le") or not _native_all(eqn) or dtype.kind != "f" or window is None:
         return None
-    dims = tuple(int(d) for d in p["window_dimensions"])
-    strides = tuple(int(s) for s in p["window_strides"])
-    padding = tuple((int(lo), int(hi)) for lo, hi in p["padding"])
-    if any(lo < 0 or hi < 0 for lo, hi in padding):
-        return None
+    dims, strides, padding = window
     shape = tuple(operand_aval.shape)
     out_shape = tuple(int(n) for n in source_aval.shape)
     padded_shape = tuple(n + lo + hi for n, (lo, hi) in zip(shape, padding))

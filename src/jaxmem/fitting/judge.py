@@ -71,20 +71,15 @@ class Judge:
     def figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
         self.compiles += 1
         if self.device is None:
-            from jaxmem.xla.cpu import xla_reference
+            from jaxmem.xla.cpu.compile import xla_reference
 
             ref = xla_reference(fn, args, donate_argnums=tuple(donate))
             return Figures(ref.argument_bytes, ref.output_bytes, ref.temp_bytes, ref.alias_bytes)
         if self.accelerator is not None and self.accelerator.is_tpu:
             return self._tpu_figures(fn, args, donate)
-        from jaxmem.xla.gpu import GpuUnavailable, compile_for_gpu, unavailable_reason
+        from jaxmem.xla.gpu.compile import GpuUnavailable, compile_for_gpu, unavailable_reason
 
-        reason = unavailable_reason()
-        if reason:
-            raise GpuUnavailable(reason)
-        if os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
-            raise GpuUnavailable("deviceless XLA:GPU compiles need JAX started with JAX_PLATFORMS=cpu "
-                                 "(set it before importing jax, or use `jaxmem fit --device`)")
+        _deviceless_ready(unavailable_reason(), GpuUnavailable, "XLA:GPU")
         data = compile_for_gpu(fn, args, spec=self.spec, device=self.device, donate_argnums=tuple(donate))
         return Figures(int(data["argument_bytes"]), int(data["output_bytes"]), int(data["temp_bytes"]),
                        int(data["alias_bytes"]))
@@ -92,14 +87,9 @@ class Judge:
     def _tpu_figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
         """XLA:TPU's figures, deviceless in this process. A program XLA:TPU refuses (over the
         chip's memory) counts as its message's figure, above the chip: it does not fit."""
-        from jaxmem.xla.tpu import TpuUnavailable, compile_for_tpu, unavailable_reason
+        from jaxmem.xla.tpu.compile import TpuUnavailable, compile_for_tpu, unavailable_reason
 
-        reason = unavailable_reason()
-        if reason:
-            raise TpuUnavailable(reason)
-        if os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
-            raise TpuUnavailable("deviceless XLA:TPU compiles need JAX started with JAX_PLATFORMS=cpu "
-                                 "(set it before importing jax, or use `jaxmem fit --device`)")
+        _deviceless_ready(unavailable_reason(), TpuUnavailable, "XLA:TPU")
         data = compile_for_tpu(fn, args, accelerator=self.accelerator, donate_argnums=tuple(donate), top=0)
         return Figures(int(data["argument_bytes"]), int(data["output_bytes"]), int(data["temp_bytes"]),
                        int(data["alias_bytes"]))
@@ -210,3 +200,13 @@ def infeasible_line(budget: int, floor: int, judge: str) -> str | None:
 
 
 __all__ = ["Figures", "Judge", "resolve_budget", "infeasible_line", "values_equal", "compute_dtype", "JaxmemError"]
+
+
+def _deviceless_ready(reason: str | None, unavailable: type[Exception], compiler: str) -> None:
+    """Raise `unavailable` where `compiler`'s deviceless compile cannot run in this process: its
+    reason, or JAX not started with JAX_PLATFORMS=cpu."""
+    if reason:
+        raise unavailable(reason)
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
+        raise unavailable(f"deviceless {compiler} compiles need JAX started with JAX_PLATFORMS=cpu "
+                          "(set it before importing jax, or use `jaxmem fit --device`)")

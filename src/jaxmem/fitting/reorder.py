@@ -483,7 +483,7 @@ def _plans(traced: ja.Traced, device: str | None) -> dict[str, Plan]:
     donated = [k in traced.donated for k in range(len(traced.in_avals))]
     cpu = plan_jaxpr(traced.closed_jaxpr, donated=donated, check=False)
     if is_gpu(device):
-        from jaxmem.xla.gpu_model import plan_on_gpu
+        from jaxmem.xla.gpu.model.predict import plan_on_gpu
 
         gpu = plan_on_gpu(cpu)
         if gpu.peak_bytes < cpu.peak_bytes:

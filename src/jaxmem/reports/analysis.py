@@ -176,7 +176,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         accelerator: the device's preset row, None for a bare size.
         cpu_totals: XLA:CPU's total under each scheduler compiled (`--cpu-scheduler`).
     """
-    from jaxmem.xla.tpu import summary as tpu_summary
+    from jaxmem.xla.tpu.compile import summary as tpu_summary
 
     name, capacity = device
     on_tpu = accelerator is not None and accelerator.is_tpu

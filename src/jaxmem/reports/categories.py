@@ -56,10 +56,8 @@ _OPTIMIZER_PATH = re.compile(
 def is_backward(step: Step) -> bool:
     """True when JAX's transpose (the backward pass of autodiff) emitted this step.
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> [(s.primitive, is_backward(s)) for s in plan.schedule[2:5]]   # the backward part starts at 3
     [('sub', False), ('broadcast_in_dim', True), ('mul', True)]
     """
@@ -83,10 +81,8 @@ def backward_steps(plan: Plan) -> set[int]:
     backward part reads lies inside the backward part too. The update steps after it (an
     optimizer's) read gradients but feed no backward step, so they stay out.
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> sorted(backward_steps(plan))
     [3, 4, 5, 6, 7, 8]
     """
@@ -180,10 +176,8 @@ def argument_roles(plan: Plan, backward: set[int], gradients: set[ValueId],
                    arg_paths: Sequence[str] | None = None) -> dict[ValueId, tuple[str, str]]:
     """The category of each top-level argument and the rule that decided it (module docstring).
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> backward = backward_steps(plan)
     >>> gradients = _gradients(plan, backward, _reads(plan, backward))   # as argument_reasons does
     >>> argument_roles(plan, backward, gradients)[plan.invars[-1]]
@@ -225,10 +219,8 @@ def argument_roles(plan: Plan, backward: set[int], gradients: set[ValueId],
 def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict[ValueId, str]:
     """The report category of every value of a plan.
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> value_categories(plan)[plan.invars[0]], value_categories(plan)[plan.invars[1]]
     ('parameters', 'inputs')
 
@@ -280,10 +272,8 @@ def value_categories(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict
 def argument_reasons(plan: Plan, arg_paths: Sequence[str] | None = None) -> dict[ValueId, str]:
     """How each top-level argument's category was decided, in words, for reports.
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> argument_reasons(plan)[plan.invars[0]]
     'its updated value is returned'
     """

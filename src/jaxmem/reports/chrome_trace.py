@@ -77,10 +77,8 @@ def _replay_events(data: ReportData) -> list[dict[str, Any]]:
 def trace_events(data: ReportData) -> list[dict[str, Any]]:
     """The trace events for a report: counters, steps and markers.
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> from jaxmem.reports.data import from_plan
     >>> data = from_plan(plan)
     >>> [e for e in trace_events(data) if e["ph"] == "C"][0]["args"]   # on entry: the arguments

@@ -85,10 +85,8 @@ class ReportData:
     """Everything a report shows, as plain data: the x range, bytes per category at each x,
     the blocks (placement map, tables, pprof), replayed allocators' lines and a summary.
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> from jaxmem.reports.data import from_plan
     >>> data = from_plan(plan)
     >>> data.categories, data.peak_x, data.peak_bytes

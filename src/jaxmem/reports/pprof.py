@@ -77,10 +77,8 @@ class _Strings:
 def profile_bytes(blocks: Sequence[Block], *, device: str = "jaxmem", gzipped: bool = True) -> bytes:
     """A pprof profile with one sample per block: its stack, one allocation, its bytes.
 
-    >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def step(w, x):   # one SGD step: w is updated and returned, x only read
-    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
-    >>> plan = jaxmem.plan(step, jnp.ones((64, 64)), jnp.ones((8, 64)))
+    >>> from jaxmem.reports.doc_example import sgd_step_plan
+    >>> plan = sgd_step_plan()   # one SGD step: w (64, 64) is updated and returned, x (8, 64) only read
     >>> from jaxmem.reports.data import from_plan
     >>> data = from_plan(plan)
     >>> raw = profile_bytes(data.live_at(data.peak_x), gzipped=False)

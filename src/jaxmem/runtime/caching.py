@@ -300,6 +300,14 @@ class CachingAllocator(Allocator):
             lambda: chunks, requested=orig_size, rounded=size, in_use=self.bytes_in_use, pool_bytes=self.reserved_bytes,
             limit=self.limit, largest_free_block=largest, fragmentation=free >= size)
 
+    def _count_device_alloc(self, nbytes: int) -> None:
+        """The statistics of `nbytes` newly reserved (or mapped) from the device."""
+        self.reserved_bytes += nbytes
+        if self.reserved_bytes > self.peak_pool_bytes:
+            self.peak_pool_bytes = self.reserved_bytes
+        self.device_allocs += 1
+        self.device_alloc_bytes += nbytes
+
     def _alloc_block(self, pool: int, size: int, stream: int) -> _Block | None:
         alloc_size = allocation_size(size)
         if self.reserved_bytes + alloc_size > self.limit:
@@ -314,11 +322,7 @@ class CachingAllocator(Allocator):
         self._segments[addr] = seg
         block = _Block(addr, alloc_size, stream, pool, seg)
         seg.ref = block
-        self.reserved_bytes += alloc_size
-        if self.reserved_bytes > self.peak_pool_bytes:
-            self.peak_pool_bytes = self.reserved_bytes
-        self.device_allocs += 1
-        self.device_alloc_bytes += alloc_size
+        self._count_device_alloc(alloc_size)
         return block
 
     # ---- free ------------------------------------------------------------------------------
@@ -548,11 +552,7 @@ class CachingAllocator(Allocator):
         if nxt is not None and not nxt.allocated and nxt.mapped:
             self._merge(to_map, nxt)
         self._insert_free(to_map)
-        self.reserved_bytes += mapped
-        if self.reserved_bytes > self.peak_pool_bytes:
-            self.peak_pool_bytes = self.reserved_bytes
-        self.device_allocs += 1
-        self.device_alloc_bytes += mapped
+        self._count_device_alloc(mapped)
         return True
 
     def _try_allocate_expandable_block(self, pool: int, size: int, stream: int) -> _Block | None:

@@ -12,7 +12,7 @@ The TPU runtime is not the GPU client: nothing is preallocated and none of the
   the runtime holds one buffer of its own (`RUNTIME_BYTES`) from the start;
 - the program's temporaries are not buffers: they are a reservation the program holds from its
   first call (`bytes_reserved`, `peak_bytes_reserved`): XLA:TPU's preallocated temporaries in
-  device memory (`xla.tpu.reservation_bytes`), which is less than `temp_size_in_bytes`; buffers
+  device memory (`xla.tpu.compile.reservation_bytes`), which is less than `temp_size_in_bytes`; buffers
   share the chip with it.
 
     verdict = simulate_tpu_steps(program, resolve("tpu-v5e-16gb").capacity_bytes, steps=3)
@@ -95,7 +95,7 @@ def simulate_tpu_steps(program: StepProgram, limit: int, steps: int = 3, *, code
 
     Resident: the runtime's own buffer (`RUNTIME_BYTES`), the arguments, and from the first call
     the program's code (`code_bytes`). The program's reservation (`reserved_bytes`: XLA:TPU's
-    preallocated temporaries as the runtime reserves them, `xla.tpu.reservation_bytes`; else
+    preallocated temporaries as the runtime reserves them, `xla.tpu.compile.reservation_bytes`; else
     its temp bytes) is held beside the buffers, which a best-fit pool places over the rest of
     the chip. `peak_bytes` is the buffers' peak plus the reservation, as
     `peak_bytes_in_use + peak_bytes_reserved` reads on the chip.
@@ -120,7 +120,7 @@ def simulate_tpu_loop(programs: Sequence[StepProgram], limit: int, steps: int = 
     the largest any program called so far needed (the eval step's 201,474,048 B stayed through
     the next train step, whose own is 3,915,776 B). `shared` is `simulate_loop`'s: the arguments
     of a later program that are program 0's state. `factory`: the programs the factory ran on
-    the chip before the loop (`xla.tpu_factory.factory_programs`): their code stays resident
+    the chip before the loop (`xla.tpu.factory.factory_programs`): their code stays resident
     beside the loop's, and their reservation counts as any program's.
     """
     from jaxmem.runtime.device import Device

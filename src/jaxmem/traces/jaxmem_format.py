@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jaxmem.errors import TraceError, quote
-from jaxmem.traces.model import ACTIONS, Block, Event, Frame, Segment, Trace
+from jaxmem.traces.model import ACTIONS, Block, Event, Frame, Segment, Trace, read_trace_text
 
 FORMAT, VERSION = "jaxmem-trace", 1
 
@@ -179,8 +179,4 @@ def parse_jaxmem_trace(text: str, source: str = "<jaxmem trace>") -> Trace:
 
 def read_jaxmem_trace(path: str | Path) -> Trace:
     """Read a jaxmem trace file (see `parse_jaxmem_trace`)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise TraceError(f"{path}: cannot read ({err})") from None
-    return parse_jaxmem_trace(text, str(path))
+    return parse_jaxmem_trace(read_trace_text(path), str(path))

@@ -15,7 +15,7 @@ import io
 from pathlib import Path
 
 from jaxmem.errors import TraceError, quote
-from jaxmem.traces.model import Event, Trace
+from jaxmem.traces.model import Event, Trace, read_trace_text
 
 HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
 _ACTIONS = {"allocate": "alloc", "free": "free", "allocate failure": "oom"}
@@ -106,11 +106,7 @@ def _parse(text: str, source: str) -> Trace:
 
 def read_rmm_csv(path: str | Path) -> Trace:
     """Read an RMM log file (see `parse_rmm_csv`)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise TraceError(f"{path}: cannot read ({err})") from None
-    return parse_rmm_csv(text, str(path))
+    return parse_rmm_csv(read_trace_text(path), str(path))
 
 
 def _format_time(time_us: float) -> str:

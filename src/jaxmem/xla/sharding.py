@@ -598,7 +598,7 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
     if xla == "gpu":
         from jax.experimental import topologies
 
-        from jaxmem.xla.gpu import GpuUnavailable, spec_for, target_config, with_memory
+        from jaxmem.xla.gpu.compile import GpuUnavailable, spec_for, target_config, with_memory
         from jaxmem.units import PRESETS
 
         if n > MAX_GPU_DEVICES:
@@ -632,7 +632,7 @@ def tpu_topology_for(device: str, chips: int) -> str:
     ('v5e:2x4', 'v5p:2x2x2', 'v6e:1x1')
     """
     from jaxmem.accelerators import resolve
-    from jaxmem.xla.tpu import parse_topology
+    from jaxmem.xla.tpu.compile import parse_topology
 
     chip, dims = parse_topology(resolve(device).topology or "")
     shape = [1] * len(dims)
@@ -652,7 +652,7 @@ def _tpu_mesh(sizes: tuple[int, ...], names: tuple[str, ...], device: str, topol
     from jax.sharding import AxisType, Mesh
 
     from jaxmem.accelerators import resolve
-    from jaxmem.xla.tpu import parse_topology, topology_devices
+    from jaxmem.xla.tpu.compile import parse_topology, topology_devices
 
     n = math.prod(sizes)
     acc = resolve(device)
@@ -749,7 +749,7 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
         "in_specs": [[_entry_text(e) for e in _spec_of(leaf)] for leaf in flat],
     }
     if use_cache:
-        from jaxmem.xla.gpu import cache_dir, cache_write
+        from jaxmem.xla.gpu.compile import cache_dir, cache_write
 
         cache_write(cache_dir(), key, data)
     return data
@@ -819,7 +819,7 @@ def _argument_and_output_leaves(lowered: Any, compiled: Any, flat: Sequence[Any]
     with the argument XLA aliases them to."""
     import jax
 
-    from jaxmem.xla.gpu import _kept_arguments, output_aliases
+    from jaxmem.xla.gpu.compile import _kept_arguments, output_aliases
 
     outs = jax.tree.leaves(lowered.out_info)
     kept = _kept_arguments(lowered, len(flat))
@@ -845,7 +845,7 @@ def _peak_from_dump(dump_dir: str | None, xla: str, top: int, flat_closed: Any,
     the bytes live there, each op named by the user's function and name stack in place of
     jaxmem's per-equation scope."""
     from jaxmem.compiler import jaxpr_adapter as ja
-    from jaxmem.xla.gpu import peak_buffers_from_dump
+    from jaxmem.xla.gpu.compile import peak_buffers_from_dump
 
     peak, live = (peak_buffers_from_dump(dump_dir, top) if dump_dir and xla == "gpu" else
                   peak_buffers_from_dump(dump_dir, top, live_range="after_optimizations-live-range.txt")
@@ -864,7 +864,7 @@ SHARDED_CACHE_VERSION = 1
 
 
 def sharded_cache_key(lowered_text: str, target_text: str, mesh: dict[str, int], top: int) -> str:
-    """The cache key of a sharded compile, with `xla.gpu`'s discipline: the lowered program (its
+    """The cache key of a sharded compile, with `xla.gpu.compile`'s discipline: the lowered program (its
     shardings, donation and jaxmem's per-equation names in it), the target (with the mesh), JAX's
     versions and XLA_FLAGS (less the dump and host-device flags jaxmem sets itself).
 
@@ -874,7 +874,7 @@ def sharded_cache_key(lowered_text: str, target_text: str, mesh: dict[str, int],
     import jax
     import jaxlib
 
-    from jaxmem.xla.gpu import cache_key
+    from jaxmem.xla.gpu.compile import cache_key
 
     versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} sharded v{SHARDED_CACHE_VERSION}"
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split()
@@ -886,7 +886,7 @@ def sharded_cache_key(lowered_text: str, target_text: str, mesh: dict[str, int],
 def sharded_cache_read(key: str) -> dict[str, Any] | None:
     """A cached sharded result for `key` (marked `cached`), or None when absent, unreadable or
     not a whole result (a corrupt entry is ignored and compiled again)."""
-    from jaxmem.xla.gpu import cache_dir
+    from jaxmem.xla.gpu.compile import cache_dir
 
     try:
         with open(os.path.join(cache_dir(), f"{key}.json"), encoding="utf-8") as f:
@@ -934,7 +934,7 @@ def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None
     flags.append(f"--xla_dump_hlo_pass_re={PARTITIONING_PASSES}")
     env["XLA_FLAGS"] = " ".join(flags)
     if xla == "tpu":
-        from jaxmem.xla.tpu import DEVICELESS_ENV
+        from jaxmem.xla.tpu.compile import DEVICELESS_ENV
 
         for name, value in DEVICELESS_ENV.items():
             env.setdefault(name, value)
@@ -958,21 +958,21 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
             `mesh` and `layout` given.
         mesh: axis sizes such as "8" or "4x2" (axes "data", "model"), for `layout`.
         layout: "dp", "fsdp" or "fsdp_tp" (see `layout_specs`); None keeps the factory's shardings.
-        use_cache: read and write the cache of `xla.gpu.cache_dir` (keyed as `sharded_cache_key`);
+        use_cache: read and write the cache of `xla.gpu.compile.cache_dir` (keyed as `sharded_cache_key`);
             a hit is marked `cached` and skips XLA's compile and jaxmem's plan.
 
     Raises:
         GpuUnavailable: the CUDA plugin is not available here.
         ShardingError, PlanError: one line from the child.
     """
-    from jaxmem.xla.gpu import GpuUnavailable, child_answer, unavailable_reason
+    from jaxmem.xla.gpu.compile import GpuUnavailable, child_answer, unavailable_reason
 
     if xla == "gpu":
         reason = unavailable_reason()
         if reason:
             raise GpuUnavailable(reason)
     if xla == "tpu":
-        from jaxmem.xla.tpu import unavailable_reason as tpu_reason
+        from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
 
         reason = tpu_reason()
         if reason:
@@ -1008,8 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print a sharded TARGET's per-device figures as one JSON object. Exit
     3 when the CUDA plugin is unavailable, 4 for a sharding error, 2 for any other user error."""
     from jaxmem.xla.start import quiet_jax_start
-    from jaxmem.xla.cpu import _parse_donate
-    from jaxmem.xla.gpu import child_reply, dump_dir_from_flags, load_with_kwargs
+    from jaxmem.xla.cpu.compile import _parse_donate
+    from jaxmem.xla.gpu.compile import child_reply, dump_dir_from_flags, load_with_kwargs
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.sharding")
     parser.add_argument("target")

@@ -1,4 +1,4 @@
-"""What every pass of the XLA:GPU model (`gpu_model`) and the split-K rewrite (`gpu_splitk`) reads
+"""What every pass of the XLA:GPU model (`predict`) and the split-K rewrite (`splitk`) reads
 of a program: the primitive classes (derived from `compiler.rules`), the dots as XLA:GPU's
 algebraic simplifier and dot merger leave them, which consumer computes which producer inside
 it, and the context the fusion rules share (`FusionContext`). It imports no other pass."""
@@ -35,9 +35,9 @@ DOT_MERGE_BYTES = 32 << 20
 
 @dataclass
 class FusionContext:
-    """What the fusion rules (`gpu_model_fusion.FUSION_RULES`, `PRODUCER_RULES`) read: the
+    """What the fusion rules (`fusion.FUSION_RULES`, `PRODUCER_RULES`) read: the
     program as XLA:GPU's simplifier leaves it (`strength_reduced`), the values' roles, the
-    device (None: jaxmem's own plan) and its performance-model numbers (`gpu_cost.Device`),
+    device (None: jaxmem's own plan) and its performance-model numbers (`performance.Device`),
     and per-value facts the driver keeps: `costly` (a fused chain holding a transcendental),
     `tainted` (computed from a transcendental through cheap ops), `reread` (cheap values the
     performance model stores), `updates_inside` (dynamic_update_slice ops computed in their

@@ -1,4 +1,4 @@
-"""Fusion rules priced by XLA:GPU's performance model (`gpu_cost`): whether priority fusion
+"""Fusion rules priced by XLA:GPU's performance model (`performance`): whether priority fusion
 computes a producer inside each kernel that reads it or stores it once.
 
 Priority fusion (xla/service/gpu/transforms/priority_fusion.cc: CalculateProducerPriority)
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_HLO_REDUCE, GPU_NOT_DUPLICATED, MAX_FUSED_READERS, rule
 from jaxmem.compiler.stages import Roles
-from jaxmem.xla.gpu_cost import Kernel, bf16_arithmetic_native, duplicate_is_faster, flops_per_element
-from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, MOVEMENT, REDUCTIONS,
+from jaxmem.xla.gpu.model.performance import Kernel, bf16_arithmetic_native, duplicate_is_faster, flops_per_element
+from jaxmem.xla.gpu.model.ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, LOOP_CONSUMERS, MOVEMENT, REDUCTIONS,
                                       absorbs, elements, kernel_space)
-from jaxmem.xla.gpu_reduction import column_reduction_blocks
+from jaxmem.xla.gpu.model.reduction import column_reduction_blocks
 
 # How far the cost model follows a chain (values); past it the chain is stored.
 WALK_LIMIT = 400
@@ -56,6 +56,37 @@ def constant_rereads(op: Any, size: int, rereads: dict[Any, tuple[int, int]]) ->
         rereads[(op.index, k)] = (net, size * itemsize)
 
 
+def _walk_inputs(g: Program, op: Any, inside: Callable[[int], bool], seen: set[int], todo: list[int],
+                 reads: dict[int, int], rereads: dict[Any, tuple[int, int]]) -> bool:
+    """One step of a kernel's walk: each input of `op` not met before is computed inside the
+    kernel (`inside`: its producer joins `todo`) or read (its bytes in `reads`); one met before
+    is counted as re-read. False once the walk has met more than WALK_LIMIT values."""
+    for u in op.inputs:
+        if u in seen:
+            count_reread(u, reads, rereads)
+            continue
+        seen.add(u)
+        if len(seen) > WALK_LIMIT:
+            return False
+        if inside(u):
+            todo.append(g.producer[u])
+        else:
+            reads[u] = g.nbytes[u]
+    return True
+
+
+def _readers_take_in(g: Program, tainted: list[bool], op: Any, w: int) -> bool:
+    """Whether every reader of `w` (the result of `op`) computes it inside itself: no GEMM reads
+    it tainted, and each reader absorbs it where it reads it."""
+    for c in g.users[w]:
+        cop = g.ops[c]
+        if cop.primitive in DOTS and tainted[w]:
+            return False
+        if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
+            return False
+    return True
+
+
 @dataclass
 class _Chain:
     """The transcendental chain ending at `v` whose duplication `duplicated` prices."""
@@ -87,13 +118,7 @@ class _Chain:
             return False
         if len(g.users[w]) > MAX_FUSED_READERS:
             return False
-        for c in g.users[w]:
-            cop = g.ops[c]
-            if cop.primitive in DOTS and self.tainted[w]:
-                return False
-            if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
-                return False
-        return True
+        return _readers_take_in(g, self.tainted, op, w)
 
     def consumer_kernel(self, root: int) -> Kernel | None:
         """The kernel computing op `root`: FLOPs of its fused ops, bytes of the stored values read
@@ -116,17 +141,8 @@ class _Chain:
                 flops[oi] = flops_per_element(dev, op.primitive, str(g.dtypes[out]) if out is not None else "",
                                               op.params) * size
                 constant_rereads(op, size, rereads)
-            for u in op.inputs:
-                if u in seen:
-                    count_reread(u, reads, rereads)
-                    continue
-                seen.add(u)
-                if len(seen) > WALK_LIMIT:
-                    return None
-                if u != self.v and self.inside(u):
-                    todo.append(g.producer[u])
-                else:
-                    reads[u] = g.nbytes[u]
+            if not _walk_inputs(g, op, lambda u: u != self.v and self.inside(u), seen, todo, reads, rereads):
+                return None
         written = sum(g.nbytes[w] for w in rop.outputs if w is not None)
         out = next((w for w in rop.outputs if w is not None), self.v)
         # a reduction's kernel runs over its input: a value broadcast into it is read (and,
@@ -152,17 +168,10 @@ class _Chain:
                 pflops[oi] = (flops_per_element(dev, op.primitive, str(g.dtypes[out]), op.params)
                               * elements(g.shapes[out]))
                 constant_rereads(op, elements(g.shapes[out]), prereads)
-            for u in op.inputs:
-                if u in seen:
-                    count_reread(u, preads, prereads)
-                    continue
-                seen.add(u)
-                if len(seen) > WALK_LIMIT:
-                    return None
-                if g.producer[u] >= 0 and fused[u] and not (roles.outputs[u] or roles.external[u]):
-                    todo.append(g.producer[u])
-                else:
-                    preads[u] = g.nbytes[u]
+            if not _walk_inputs(g, op, lambda u: (g.producer[u] >= 0 and fused[u]
+                                                  and not (roles.outputs[u] or roles.external[u])),
+                                seen, todo, preads, prereads):
+                return None
         return Kernel(pflops, elements(g.shapes[self.v]), preads, g.nbytes[self.v], prereads)
 
     def reader_roots(self) -> list[int] | None:
@@ -193,7 +202,7 @@ class _Chain:
 def duplicated(g: Program, roles: Roles, fused: list[bool], tainted: list[bool], dev: Any, v: int,
                reread: set[int] = frozenset()) -> bool:
     """Whether XLA:GPU computes the transcendental chain ending at `v` inside each loop kernel
-    that reads it (priority fusion, `gpu_cost.duplicate_is_faster`), rather than storing it.
+    that reads it (priority fusion, `performance.duplicate_is_faster`), rather than storing it.
 
     The kernels reading `v` are found by following its readers through values that are
     themselves fused (cheap elementwise ops and data movement, computed in each of their
@@ -244,13 +253,7 @@ class _Reread:
         # a transcendental read twice is priced by `duplicated`; here it is taken as stored
         if op.primitive in GPU_EXPENSIVE and not (reader_side and len(g.users[w]) == 1):
             return False
-        for c in g.users[w]:
-            cop = g.ops[c]
-            if cop.primitive in DOTS and self.tainted[w]:
-                return False
-            if any(u == w and not absorbs(op.primitive, cop.primitive, k) for k, u in enumerate(cop.operands)):
-                return False
-        return True
+        return _readers_take_in(g, self.tainted, op, w)
 
     def cone(self, root: int, stop: int) -> tuple[dict[int, float], dict[int, int], dict[Any, tuple[int, int]]]:
         """FLOPs of the ops computed in the kernel rooted at op `root`, bytes of the stored
@@ -335,7 +338,7 @@ def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[boo
     many times (a broadcast into a reduction, an outer product into a scatter's updates).
 
     Priority fusion prices every producer, cheap or not, with its cost model
-    (`gpu_cost.duplicate_is_faster`); fused into a consumer it is computed once per element the
+    (`performance.duplicate_is_faster`); fused into a consumer it is computed once per element the
     consumer reads (the operand's utilization: gpu_performance_model.cc multiplies the
     producer's FLOPs by it), and it reads its own inputs that often. Fused into a kernel that
     broadcasts it 128 times, even a multiply costs more than writing and reading it once: in
@@ -368,7 +371,7 @@ def reread_stored(g: Program, roles: Roles, fused: list[bool], tainted: list[boo
 
 def capped_reductions(g: Program, layouts: dict[int, tuple[int, ...]], dev: Any) -> dict[int, int]:
     """Reduce op -> its blocks, for each column reduction launched on too few blocks to reach
-    the device's DRAM bandwidth (`gpu_reduction.column_reduction_blocks`, in the operand's
+    the device's DRAM bandwidth (`reduction.column_reduction_blocks`, in the operand's
     physical order `layouts`: a convolution's NCHW result on A100 is reduced per channel as
     a row reduction, its NHWC one on H100 as a column reduction)."""
     found = {}
@@ -462,7 +465,7 @@ def sum_of_stored_values(g: Program, roles: Roles, fused: list[bool], tainted: l
 
     Priority fusion prices every producer against its consumers (priority_fusion.cc:
     CalculateProducerPriority with gpu_performance_model.cc, EstimateRunTimesForPriorityFusion;
-    `gpu_cost.duplicate_is_faster`); its first pricing, with every op still its own kernel,
+    `performance.duplicate_is_faster`); its first pricing, with every op still its own kernel,
     is what this follows: the sum and each op reading it (`_direct_readers`) as single-op
     kernels. Fused, each reader reads the sum's inputs in place of the sum. With two readers
     that is faster (linen_resnet_bottleneck's dumps, A100: each `bn + shortcut` sum, read by

@@ -3,7 +3,7 @@ which row-normalisation values XLA:GPU's softmax rewriter stores as a Triton fus
 and which it computes inside the fusion.
 
 `softmax_fusions` and `widened_softmax_roots_stored` are the rules registered in
-`gpu_model_fusion.FUSION_RULES`; `softmax_outputs` is also read by the heap pass (a Triton
+`fusion.FUSION_RULES`; `softmax_outputs` is also read by the heap pass (a Triton
 fusion's output never takes over an operand's buffer).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_BITCASTS, GPU_ROW_PASS
-from jaxmem.xla.gpu_model_ops import ELEMENTWISE, REDUCTIONS, FusionContext, float_bytes
+from jaxmem.xla.gpu.model.ops import ELEMENTWISE, REDUCTIONS, FusionContext, float_bytes
 
 
 def softmax_fusions(ctx: FusionContext, fused: list[bool]) -> dict[int, bool]:

@@ -2,7 +2,7 @@
 
 XLA:GPU's buffer assignment (xla/service/buffer_assignment.cc) gives arguments and outputs
 their own allocations and packs every temporary into one block, placed by its heap simulator
-(xla/service/heap_simulator/heap_simulator.cc; `gpu_heap.xla_heap_size`). jaxmem's liveness
+(xla/service/heap_simulator/heap_simulator.cc; `heap_simulator.xla_heap_size`). jaxmem's liveness
 (`compiler.liveness.assign_buffers`) gives the buffers; then, in order:
 
 - `INTERVAL_ADJUSTMENTS`, `(case, intervals) -> intervals`: buffers XLA holds otherwise than
@@ -31,11 +31,11 @@ from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_RELU_ZERO_READERS, storage_rule
 from jaxmem.compiler.stages import Analysis, Roles, Span, align, live_profile
-from jaxmem.xla.gpu_heap import xla_heap_size
-from jaxmem.xla.gpu_model_conv import early_copies, shared_copy_spans
-from jaxmem.xla.gpu_model_fusion_concat import sibling_gather_spans
-from jaxmem.xla.gpu_model_ops import elements, merged_dots, no_inplace
-from jaxmem.xla.gpu_model_schedule import merged_order, xla_orders
+from jaxmem.xla.gpu.model.heap_simulator import xla_heap_size
+from jaxmem.xla.gpu.model.conv import early_copies, shared_copy_spans
+from jaxmem.xla.gpu.model.fusion_concat import sibling_gather_spans
+from jaxmem.xla.gpu.model.ops import elements, merged_dots, no_inplace
+from jaxmem.xla.gpu.model.schedule import merged_order, xla_orders
 
 # triton_fusion_analysis.h: kMaxParameterPerDotOperand, the parameters a GEMM fusion reads per operand.
 GEMM_PARAMETERS_PER_OPERAND = 4
@@ -48,7 +48,7 @@ class HeapCase:
     arguments' allocations (`aliased`) with the argument each takes (`donated_sources`),
     per loop op its body's largest value (`pieces`), the scheduler whose order it is, the
     fused flags, the device ("" where not known) and where each convolution whose adds are
-    fused into its cuDNN call runs (`calls`: `gpu_model_conv.conv_calls`, found before
+    fused into its cuDNN call runs (`calls`: `conv.conv_calls`, found before
     `no_inplace` renames the calls' ops)."""
 
     g: Program
@@ -449,7 +449,7 @@ def _updates_of(g: Program, pos: dict[int, int], arg: int, members: Sequence[int
 
 def early_copy_spans(case: HeapCase) -> list[Span]:
     """Layout copies XLA:GPU's list scheduler makes long before the cuDNN call that reads them
-    (`gpu_model_conv.early_copies`), each live from there to the call, where the call's
+    (`conv.early_copies`), each live from there to the call, where the call's
     scratch holds it; list orders only, with a device."""
     if not (case.device and case.scheduler == "list" and case.analysis is not None):
         return []
@@ -475,7 +475,7 @@ def early_copy_spans(case: HeapCase) -> list[Span]:
 
 def conv_copy_spans(case: HeapCase) -> list[Span]:
     """The transposed copies several cuDNN calls share, each one buffer from its first reader
-    to its last (`gpu_model_conv.shared_copy_spans`; only with a device)."""
+    to its last (`conv.shared_copy_spans`; only with a device)."""
     if not case.device:
         return []
     return shared_copy_spans(case.g, case.order, case.device, case.calls)
@@ -511,7 +511,7 @@ def concatenated_operand_spans(case: HeapCase) -> list[Span]:
 def cloned_concat_operand_spans(case: HeapCase) -> list[Span]:
     """The gathers XLA stores for the GEMMs a concatenate is cloned into, computed together by
     sibling multi-output fusion (xla/service/gpu/transforms/multi_output_fusion.cc;
-    `gpu_model_fusion_concat.sibling_gather_spans`). The model leaves them fused (the GEMM
+    `fusion_concat.sibling_gather_spans`). The model leaves them fused (the GEMM
     reads a concatenate it computes inside), so they are spans the program does not show.
 
     **Returns:** (start, end, size) spans over positions of `order`."""
@@ -522,7 +522,7 @@ def cloned_concat_operand_spans(case: HeapCase) -> list[Span]:
 
 def bf16_copy_intervals(case: HeapCase, intervals: list[Any]) -> list[Any]:
     """The intervals with each float32-stored value that GEMMs read too (`case.copies`,
-    `gpu_model_fusion.bf16_gemm_copies`) held as XLA holds it: the float32 buffer until its
+    `fusion.bf16_gemm_copies`) held as XLA holds it: the float32 buffer until its
     last reader other than a GEMM, and its bfloat16 copy (float_normalization.cc's convert
     before the GEMMs) from the first GEMM, or the last float32 reader where that runs first
     (the convert fused beside it), to the last GEMM. In the A100 dump of
@@ -617,7 +617,7 @@ def assign_temps(intervals: Sequence[Any], aliased: set[int] = frozenset()) -> i
 
 def place(heap: list[Span]) -> int:
     """The temp block's size: the heap placed as XLA's heap simulator places it
-    (`gpu_heap.xla_heap_size`), fragmentation included."""
+    (`heap_simulator.xla_heap_size`), fragmentation included."""
     return xla_heap_size(heap)
 
 

@@ -10,8 +10,8 @@ from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler import planner
 from jaxmem.compiler.program import Program, side_table
 from jaxmem.compiler.stages import Roles, Span, align
-from jaxmem.xla.gpu_cost import device_numbers
-from jaxmem.xla.gpu_model_ops import dot_kind, elements
+from jaxmem.xla.gpu.model.performance import device_numbers
+from jaxmem.xla.gpu.model.ops import dot_kind, elements
 
 # cuBLASLt's workspace beside the float8 fallback's GEMM (its dump: the custom call's second
 # result, s8[4194304], on A100).
@@ -22,7 +22,7 @@ FLOAT8_NATIVE_SM = 89   # float8 GEMMs need compute capability 8.9 (Ada) or late
 def op_scratch(g: Program, op: Any, workspace: int) -> int:
     """Temporaries XLA:GPU adds around one op, live while it runs: a cuBLAS GEMM's workspace.
     (A max-pool gradient's reduce-window outputs are buffers of their own:
-    `gpu_model_heap.pool_index_spans`.)"""
+    `heap.pool_index_spans`.)"""
     if op.primitive == "dot_general" and dot_kind(op, g) == "gemm":
         return workspace
     return 0
@@ -61,7 +61,7 @@ def loop_scratch(g: Program, body_heap: BodyHeap, place: Callable[[list], int],
     MakeNonfusionComputations), which the planner's own plan of a body does not know
     (`benchmarks/outside_models/while_data.py`: the body's GEMM holds f32[8,64,512] on H100).
     The largest body value is apart because buffer assignment places each value on its own:
-    it may take an output allocation free at the time (`gpu_model_heap.with_pieces`). Opaque
+    it may take an output allocation free at the time (`heap.with_pieces`). Opaque
     ops with jaxprs of their own keep the planner's scratch, planned with `nested_fusion` as
     the fusion base."""
     cache: dict[tuple, tuple[int, int]] = {}

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler import planner
 from jaxmem.compiler.plan_types import Plan, XlaReference
-from jaxmem.xla.cpu import xla_reference
+from jaxmem.xla.cpu.compile import xla_reference
 
 
 def plan(

@@ -2,7 +2,7 @@
 (xla/service/gpu/transforms/gemm_fusion.cc, "triton-gemm-rewriter") writes from a GEMM (its
 elementwise epilogue) and which select masks it leaves stored beside it.
 
-`output_epilogues` and `shared_masks_stored` are registered in `gpu_model_fusion.FUSION_RULES`;
+`output_epilogues` and `shared_masks_stored` are registered in `fusion.FUSION_RULES`;
 `gemm_output_epilogues` is also jaxmem's own GPU plan's second fusion base.
 """
 
@@ -13,9 +13,9 @@ from typing import Any, Sequence
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_BITCASTS
 from jaxmem.compiler.stages import Roles
-from jaxmem.xla.gpu_model_ops import (DOT_MERGE_BYTES, DOTS, ELEMENTWISE, IO_TOLERANCE_BYTES, FusionContext,
+from jaxmem.xla.gpu.model.ops import (DOT_MERGE_BYTES, DOTS, ELEMENTWISE, IO_TOLERANCE_BYTES, FusionContext,
                                       dot_kind, elements, merged_dots)
-from jaxmem.xla.gpu_splitk import dot_split
+from jaxmem.xla.gpu.model.splitk import dot_split
 
 
 def output_epilogues(ctx: FusionContext, fused: list[bool]) -> dict[int, bool]:

@@ -32,8 +32,8 @@ from typing import Any, Callable, Sequence
 
 from jaxmem.accelerators import Accelerator, resolve, tpu_presets
 from jaxmem.errors import JaxmemError, PlanError
-from jaxmem.xla import gpu as common
-from jaxmem.xla.gpu import XlaGpuReference
+from jaxmem.xla.gpu import compile as common
+from jaxmem.xla.gpu.compile import XlaGpuReference
 
 TOP_BUFFERS = common.TOP_BUFFERS
 # The cached figures' form (per-leaf tiled bytes, the reservation): a new form is a new version.
@@ -311,10 +311,7 @@ def _compile_and_read(lowered: Any, structs: Sequence[Any], options: dict[str, A
         oom = found.group(0)[:400]
     seconds = time.perf_counter() - started
     flat = jax.tree.leaves(structs)
-    wanted = set(donate_argnums)
-    donated: list[bool] = []
-    for position, arg in enumerate(structs):
-        donated += [position in wanted] * len(jax.tree.leaves(arg))
+    donated = common.donated_leaves(structs, donate_argnums)
     outs = jax.tree.leaves(lowered.out_info)
     arguments = [{"bytes": common._nbytes(leaf), "donated": donated[i] if i < len(donated) else False,
                   "shape": common._shape_key(leaf)} for i, leaf in enumerate(flat)]
@@ -424,7 +421,7 @@ def summary(ref: XlaGpuReference) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print TARGET's XLA:TPU figures as one JSON object. Exit 3 when
     libtpu is unavailable, 2 for any other error a user can cause."""
-    from jaxmem.xla.cpu import _parse_donate
+    from jaxmem.xla.cpu.compile import _parse_donate
     from jaxmem.xla.start import quiet_jax_start
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.tpu")
@@ -456,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             if texts and not data.get("oom"):
                 from importlib.metadata import version
 
-                from jaxmem.xla.tpu_factory import factory_programs
+                from jaxmem.xla.tpu.factory import factory_programs
 
                 import jax
 

@@ -2,8 +2,8 @@
 inside its operand fusion, cloned into each GEMM that can take it, and so never stored for
 it; the gathers those GEMMs read, stored and computed together by sibling multi-output fusion.
 
-`cloned_gemm_concats` is registered in `gpu_model_fusion.FUSION_RULES`, `sibling_gather_spans`
-is read by `gpu_model_heap.cloned_concat_operand_spans` (`SPAN_ADJUSTMENTS`).
+`cloned_gemm_concats` is registered in `fusion.FUSION_RULES`, `sibling_gather_spans`
+is read by `heap.cloned_concat_operand_spans` (`SPAN_ADJUSTMENTS`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import align
-from jaxmem.xla.gpu_model_ops import FusionContext, dot_kind, elements, float_bytes
-from jaxmem.xla.gpu_splitk import pads_contraction
+from jaxmem.xla.gpu.model.ops import FusionContext, dot_kind, elements, float_bytes
+from jaxmem.xla.gpu.model.splitk import pads_contraction
 
 # triton_tiling_propagation.cc, GetPropagatedDimOrders: kMinConcatFragmentSize, the tile size
 # each concatenated operand's extent along the concatenated dimension must be a multiple of.
@@ -86,7 +86,7 @@ def concat_supported_by_gemm(g: Program, concat: Any, dot: Any, device: str | No
     every piece's extent along it is a multiple of `MIN_CONCAT_FRAGMENT` ("At least one operand
     of concatenation can not be perfectly tiled"). On `device`, a GEMM whose contraction the
     split-K rewriter pads (xla/service/gpu/transforms/split_k_gemm_rewriter.cc,
-    PadDotOperandsIfNeededForSplitK; `gpu_splitk.pads_contraction`) reads a stored, padded
+    PadDotOperandsIfNeededForSplitK; `splitk.pads_contraction`) reads a stored, padded
     copy of the concatenation instead (a `loop_pad_fusion` of the `input_concatenate_fusion`;
     `tests/gpu/fusion_programs.py:concat_read_by_padded_split_gemm`)."""
     v = concat.outputs[0]

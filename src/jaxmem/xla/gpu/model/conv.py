@@ -38,9 +38,9 @@ from jaxmem.compiler.fusion import expanded_inputs
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_ELEMENTWISE, GPU_HLO_REDUCE, rule
 from jaxmem.compiler.stages import align
-from jaxmem.xla.gpu_cost import device_numbers
-from jaxmem.xla.gpu_model_fusion_cost import capped_reductions
-from jaxmem.xla.gpu_model_ops import elements
+from jaxmem.xla.gpu.model.performance import device_numbers
+from jaxmem.xla.gpu.model.fusion_cost import capped_reductions
+from jaxmem.xla.gpu.model.ops import elements
 
 HOPPER_SM = 90       # layout_assignment.cc: NHWC for every 2-D convolution from Hopper on
 VOLTA_SM = 70        # ...and for 16-bit ones from Volta on
@@ -426,7 +426,7 @@ def early_copies(g: Program, calls: dict[int, int], fused: Any, reads: Any,
     BENCHMARKS.md). Where the values' other readers are reduction fusions (a group norm's
     gradient sums, with its elementwise gradient as an extra output) or cuDNN calls, no
     sibling takes it: it is a kernel that defines its bytes and frees nothing, which the list
-    scheduler runs once every other ready kernel defines more (`gpu_model_heap.early_copy_spans`):
+    scheduler runs once every other ready kernel defines more (`heap.early_copy_spans`):
     in unet's A100 order it is made in the forward pass and held to the backward call.
     `calls`: `conv_calls`, where a convolution whose adds are fused into its call runs."""
     plan = conv_plan(g, device, calls)

@@ -2,7 +2,7 @@
 XLA:GPU keeps it stored rather than computing it inside each of its readers.
 
 Each rule is `(context, fused, op, v) -> bool` (True: `v` stays stored), registered in order in
-`gpu_model_fusion.PRODUCER_RULES`; the pass (`gpu_model_fusion.fuse_cheap_producers`) fuses a
+`fusion.PRODUCER_RULES`; the pass (`fusion.fuse_cheap_producers`) fuses a
 value no rule keeps stored. The facts they share are computed here too (`tainted`,
 `updates_read_inside`, `input_worth_fusing`).
 """
@@ -14,8 +14,8 @@ from typing import Any
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_STORED_FOR_GEMM, GPU_VIEWS, MAX_FUSED_READERS
 from jaxmem.compiler.stages import Roles
-from jaxmem.xla.gpu_model_fusion_cost import duplicated, sum_of_stored_values
-from jaxmem.xla.gpu_model_ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, IO_TOLERANCE_BYTES, FusionContext,
+from jaxmem.xla.gpu.model.fusion_cost import duplicated, sum_of_stored_values
+from jaxmem.xla.gpu.model.ops import (DOTS, ELEMENTWISE, FUSIBLE_PRODUCERS, IO_TOLERANCE_BYTES, FusionContext,
                                       absorbs, elements, read_by_gemm)
 
 
@@ -105,7 +105,7 @@ def too_many_readers(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> 
 def reread_by_its_readers(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
     """A cheap value a reader re-reads many times per element (a broadcast into a reduction)
     is stored where XLA:GPU's performance model finds that faster (priority_fusion.cc with
-    gpu_performance_model.cc; `gpu_model_fusion_cost.reread_stored`). Only with
+    gpu_performance_model.cc; `fusion_cost.reread_stored`). Only with
     `store_reread_producers`: `predict` leaves it off, since with it XLA's memory scheduler
     picks its post-order sequence, which the scheduling pass does not model."""
     return v in ctx.reread
@@ -122,7 +122,7 @@ def new_movement_read_by_gemm(ctx: FusionContext, fused: list[bool], op: Any, v:
 
 
 def reader_does_not_absorb(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
-    """A value is fused only where every reader computes it inside (`gpu_model_ops.absorbs`:
+    """A value is fused only where every reader computes it inside (`ops.absorbs`:
     xla/service/gpu/gpu_fusible.cc IsFusible and the consumer side of priority_fusion.cc;
     gemm_fusion.cc for GEMM operands): a loop, reduction or scatter kernel takes any cheap
     producer, a GEMM layout ops, converts, gathers, slices and elementwise ops, an in-place
@@ -162,7 +162,7 @@ def gemm_prologue_not_worth_fusing(ctx: FusionContext, fused: list[bool], op: An
 def transcendental_not_duplicated(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
     """A fused chain holding a transcendental, read by several kernels, is stored unless the
     device's performance model finds computing it in each faster (priority_fusion.cc:
-    CalculateProducerPriority; `gpu_model_fusion_cost.duplicated`). Without a device
+    CalculateProducerPriority; `fusion_cost.duplicated`). Without a device
     (jaxmem's own plan) it is stored, which is valid."""
     if not (ctx.costly[v] and len(ctx.g.users[v]) > 1):
         return False
@@ -194,7 +194,7 @@ def narrowing_cast_shared(ctx: FusionContext, fused: list[bool], op: Any, v: int
 def read_by_slow_reduction(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
     """A cheap elementwise value that a column reduction on few blocks reads is stored where the
     device's performance model finds that faster than computing it in the reduction
-    (`gpu_model_fusion_cost.slow_reduction_stored`: priority_fusion.cc prices the reduction's
+    (`fusion_cost.slow_reduction_stored`: priority_fusion.cc prices the reduction's
     bandwidth by its blocks). Only with a device (the prediction)."""
     return v in ctx.slow_stored
 
@@ -202,7 +202,7 @@ def read_by_slow_reduction(ctx: FusionContext, fused: list[bool], op: Any, v: in
 def stored_sum_read_by_several(ctx: FusionContext, fused: list[bool], op: Any, v: int) -> bool:
     """A sum of stored values is stored where XLA:GPU's performance model, pricing it against
     the ops that read it, finds that faster than computing it in each (priority_fusion.cc,
-    CalculateProducerPriority; `gpu_model_fusion_cost.sum_of_stored_values`): a pre-LayerNorm
+    CalculateProducerPriority; `fusion_cost.sum_of_stored_values`): a pre-LayerNorm
     residual stream's sums, not a ResNet's `bn + shortcut` read by a relu and its mask.
     Without a device (jaxmem's own plan) it is computed in its readers."""
     return ctx.dev is not None and sum_of_stored_values(ctx.g, ctx.roles, fused, ctx.tainted, ctx.dev,

@@ -15,7 +15,7 @@ stored. The rules:
 
 A new fusion rule of XLA:GPU is a function added to one of the two lists, with its docstring
 citing the XLA pass it follows and a test in `tests/gpu/test_gpu_fusion_rules.py`. The split-K
-rewrite (`gpu_splitk`), which runs after these on the prediction's path, may store more.
+rewrite (`splitk`), which runs after these on the prediction's path, may store more.
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from jaxmem.compiler.fusion import forced_fusion, gemm_epilogues
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import GPU_EXPENSIVE, GPU_SLICE_PER_OUTPUT
 from jaxmem.compiler.stages import Roles
-from jaxmem.xla.gpu_cost import bf16_arithmetic_native, device_numbers
-from jaxmem.xla.gpu_model_conv import conv_layouts, conv_operands_materialized, conv_side_inputs
-from jaxmem.xla.gpu_model_fusion_concat import cloned_gemm_concats
-from jaxmem.xla.gpu_model_fusion_cost import capped_reductions, reread_stored, slow_reduction_stored
-from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues, output_epilogues, shared_masks_stored
-from jaxmem.xla.gpu_model_fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
+from jaxmem.xla.gpu.model.performance import bf16_arithmetic_native, device_numbers
+from jaxmem.xla.gpu.model.conv import conv_layouts, conv_operands_materialized, conv_side_inputs
+from jaxmem.xla.gpu.model.fusion_concat import cloned_gemm_concats
+from jaxmem.xla.gpu.model.fusion_cost import capped_reductions, reread_stored, slow_reduction_stored
+from jaxmem.xla.gpu.model.fusion_gemm import gemm_output_epilogues, output_epilogues, shared_masks_stored
+from jaxmem.xla.gpu.model.fusion_producers import (gemm_prologue_not_worth_fusing, narrowing_cast_shared,
                                                    new_movement_read_by_gemm, read_by_slow_reduction,
                                                    reader_does_not_absorb, reread_by_its_readers, tainted_values,
                                                    stored_sum_read_by_several, too_many_readers, transcendental_into_gemm,
                                                    transcendental_not_duplicated, updates_read_inside)
-from jaxmem.xla.gpu_model_fusion_softmax import softmax_fusions, widened_softmax_roots_stored
-from jaxmem.xla.gpu_model_ops import (ELEMENTWISE, FUSIBLE_PRODUCERS, REDUCTIONS, FusionContext,
+from jaxmem.xla.gpu.model.fusion_softmax import softmax_fusions, widened_softmax_roots_stored
+from jaxmem.xla.gpu.model.ops import (ELEMENTWISE, FUSIBLE_PRODUCERS, REDUCTIONS, FusionContext,
                                       strength_reduced)
 
 ProducerRule = Callable[[FusionContext, list, Any, int], bool]
@@ -191,7 +191,7 @@ def gpu_plan_output_epilogues(g: Program, roles: Roles, forced: Sequence[bool] |
 
 def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> Program:
     """The program with the bytes XLA:GPU stores for bfloat16 arithmetic results on a device
-    that computes bfloat16 arithmetic in float32 (`gpu_cost.bf16_arithmetic_native`; XLA's
+    that computes bfloat16 arithmetic in float32 (`performance.bf16_arithmetic_native`; XLA's
     float normalization, xla/service/float_normalization.cc with GpuFloatSupport).
 
     There a bfloat16 elementwise chain runs in float32; a value of it that is stored and read
@@ -212,7 +212,7 @@ def stored_in_f32(g: Program, roles: Roles, fused: Sequence[bool], device: str) 
 
 def bf16_gemm_copies(g: Program, roles: Roles, fused: Sequence[bool], device: str) -> dict[int, int]:
     """Per value `widened_values` stores in float32 that a GEMM reads too, the bytes of its
-    bfloat16 copy (`g` before `stored_in_f32`; held by `gpu_model_heap.bf16_copy_intervals`).
+    bfloat16 copy (`g` before `stored_in_f32`; held by `heap.bf16_copy_intervals`).
     float_normalization.cc leaves `convert(f32 -> bf16)` before each GEMM reading the float32
     value (the GEMM reads bfloat16; the simplifier drops only convert pairs): XLA stores the
     float32 value until its last float32 reader and the bfloat16 copy until its last GEMM (an

@@ -13,7 +13,7 @@ warps over 32 * `vector size` kept columns, so `[1, 4096, 256]` f32 runs on 4 bl
 the minor kept size divides the warp size, SmallColumnReductionFusion gives one block per
 major kept row. Few blocks cannot saturate DRAM: the performance model caps a kernel's
 bandwidth at blocks * clock * 32 B (gpu_performance_model_base.cc, AdjustBandwidth;
-`gpu_cost.Device.block_bandwidth`).
+`performance.Device.block_bandwidth`).
 
     >>> column_reduction_blocks((64, 8, 8, 256), (0, 1, 2), (0, 1, 2, 3), 4)
     4
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from jaxmem.xla.gpu_model_ops import elements
+from jaxmem.xla.gpu.model.ops import elements
 
 WARP = 32                   # threads_per_warp of every NVIDIA target
 COLUMN_TILING = 128         # reduction_utils.cc, GetReductionTiling: a column reduction's {1, 128, 1}

@@ -19,7 +19,7 @@ import hashlib
 import re
 from typing import Any, Sequence
 
-from jaxmem.xla import gpu as common
+from jaxmem.xla.gpu import compile as common
 
 CACHE_PREFIX = "tpu-factory-program v1"
 

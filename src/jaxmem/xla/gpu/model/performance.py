@@ -141,7 +141,7 @@ def device_numbers(device: str) -> Device | None:
     """The performance model's numbers for a jaxmem GPU preset, read from XLA's target
     description that the deviceless compile uses (None for an unknown preset)."""
     from jaxmem.errors import PlanError
-    from jaxmem.xla.gpu import spec_for, target_config
+    from jaxmem.xla.gpu.compile import spec_for, target_config
 
     spec = spec_for(device)
     if spec is None:
@@ -208,7 +208,7 @@ class Kernel:
     # operands read more than once a kernel, by key (a value, or a constant operand of an op):
     # (bytes of the operand, bytes read in all); their time is `Device.reread_ns`
     rereads: dict[Any, tuple[int, int]] = field(default_factory=dict)
-    # the launch's blocks where it is not a loop kernel's (a column reduction's: `gpu_reduction`)
+    # the launch's blocks where it is not a loop kernel's (a column reduction's: `reduction`)
     blocks: int | None = None
 
     def cached_ns(self, device: Device, leave_out: Any = None) -> float:

@@ -78,8 +78,8 @@ def loop_programs(row: dict[str, Any], ref: Any) -> list[tuple[Any, dict[int, in
         return []
     from jaxmem.compiler.target import argument_signatures
     from jaxmem.runtime.steps import program_from_reference, shared_state
-    from jaxmem.xla.gpu import load_abstract
-    from jaxmem.xla.tpu import xla_tpu_reference
+    from jaxmem.xla.gpu.compile import load_abstract
+    from jaxmem.xla.tpu.compile import xla_tpu_reference
 
     target = row["program"]
     evaluate = target.rsplit(":", 1)[0] + ":make_eval"

@@ -35,6 +35,7 @@ from importlib import resources
 from typing import Any, Callable, Sequence
 
 from jaxmem.accelerators import ACCELERATORS
+from jaxmem.compiler.plan_types import MemoryAnalysisTotal
 from jaxmem.errors import JaxmemError, PlanError, ShardingError
 
 # jaxmem GPU preset -> XLA's target description (targets/<name>.txtpb), from the one table of
@@ -52,7 +53,7 @@ class GpuUnavailable(JaxmemError):
 
 
 @dataclass
-class XlaGpuReference:
+class XlaGpuReference(MemoryAnalysisTotal):
     """XLA:GPU's figures for one program on one target (what `--json` prints as `xla_gpu`).
 
     `arguments` and `outputs` are per flat leaf, in order: `{"bytes", "donated"}` and
@@ -77,13 +78,9 @@ class XlaGpuReference:
     note: str = ""
     oom: str = ""   # XLA:TPU's out-of-memory message when its compile refused the program
     reserved_bytes: int | None = None   # XLA:TPU: the reservation its runtime holds for the temporaries
-    # XLA:TPU: the programs the factory ran before the step (`xla.tpu_factory`): their count,
+    # XLA:TPU: the programs the factory ran before the step (`xla.tpu.factory`): their count,
     # their code (resident on the chip) and their largest temporaries; None when none ran.
     factory: dict[str, int] | None = None
-
-    @property
-    def total_bytes(self) -> int:
-        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
     def summary(self) -> dict[str, Any]:
         """The JSON `xla_gpu` object: target, the byte figures and compile_seconds."""
@@ -107,7 +104,7 @@ def spec_for(device: str) -> str | None:
 def target_config(spec: str) -> str:
     """The text of a shipped `GpuTargetConfigProto` (`targets/<spec>.txtpb`)."""
     try:
-        return resources.files("jaxmem.xla").joinpath("targets", f"{spec}.txtpb").read_text(encoding="utf-8")
+        return resources.files("jaxmem.xla.gpu").joinpath("targets", f"{spec}.txtpb").read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):
         names = sorted(set(GPU_TARGETS.values()))
         raise PlanError(f"no GPU target description {spec!r}; jaxmem ships {', '.join(names)}") from None
@@ -445,10 +442,7 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
         raise PlanError(f"XLA:GPU gives no memory analysis: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
     seconds = time.perf_counter() - started
     flat = jax.tree.leaves(structs)
-    wanted = set(donate_argnums)
-    donated: list[bool] = []
-    for position, arg in enumerate(structs):
-        donated += [position in wanted] * len(jax.tree.leaves(arg))
+    donated = donated_leaves(structs, donate_argnums)
     kept = _kept_arguments(lowered, len(flat))
     hlo = compiled.as_text() or ""
     aliases = {out: kept[param] for out, param in output_aliases(hlo).items() if param < len(kept)}
@@ -471,6 +465,17 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     if use_cache:
         cache_write(directory, key, data)
     return data
+
+
+def donated_leaves(args: Sequence[Any], donate_argnums: Sequence[int]) -> list[bool]:
+    """Per flat leaf of `args`, whether its top-level argument is donated."""
+    import jax
+
+    wanted = set(donate_argnums)
+    donated: list[bool] = []
+    for position, arg in enumerate(args):
+        donated += [position in wanted] * len(jax.tree.leaves(arg))
+    return donated
 
 
 def lower_on_one_device(fn: Callable[..., Any], args: Sequence[Any], mesh: Any,
@@ -771,7 +776,7 @@ def child_answer(returncode: int, stdout: str, stderr: str, failed: str = "") ->
 def main(argv: list[str] | None = None) -> int:
     """The subprocess side: print TARGET's XLA:GPU figures as one JSON object. Exit 3 when the
     CUDA plugin is unavailable, 2 for any other error a user can cause."""
-    from jaxmem.xla.cpu import _parse_donate
+    from jaxmem.xla.cpu.compile import _parse_donate
     from jaxmem.xla.start import quiet_jax_start
 
     parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.gpu")

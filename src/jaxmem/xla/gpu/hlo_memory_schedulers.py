@@ -5,7 +5,7 @@ DefaultMemoryScheduler) runs a list, a DFS and a post-order scheduler and keeps 
 the least memory. The module XLA dumps after optimization is printed in the order it kept; the
 two it rejected are in no dump. This module rebuilds all three from the dumped instructions, so
 they can be compared buffer by buffer with each other and with the model's
-(`python -m jaxmem.xla.hlo_memory_schedulers DUMP.txt`).
+(`python -m jaxmem.xla.gpu.hlo_memory_schedulers DUMP.txt`).
 
 - `list_schedule` follows ListScheduler: an instruction's priority is the bytes of the operand
   values it reads for the last time less the bytes it defines, then its user count (effective
@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the peak live bytes of the dumped order and of each scheduler's order rebuilt."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m jaxmem.xla.hlo_memory_schedulers MODULE_after_optimizations.txt", file=sys.stderr)
+        print("usage: python -m jaxmem.xla.gpu.hlo_memory_schedulers MODULE_after_optimizations.txt", file=sys.stderr)
         return 2
     try:
         instructions = parse_entry(open(args[0]).read())

@@ -23,7 +23,7 @@ Only a dot with an s32 operand is skipped: s8 x s8 -> s32 and float8 x float8 ->
 too, their partials in XLA's default accumulator type (s32, f32; `accumulator_bits`): int8_fp8's
 dumps hold s32[4,256,1024] and f32[8,256,512] on H100, s32[2,...] and f32[4,...] on A100. The
 rewriter visits every non-fusion computation, so a GEMM in a while or scan body splits as well
-(`gpu_model_scratch.loop_scratch` models bodies with this module).
+(`scratch.loop_scratch` models bodies with this module).
 
 The memory: the partial results f32[s, b, m, n] are the GEMM fusion's output. The reduce is a
 loop fusion, which priority fusion merges into the consumers of the dot's result when they are
@@ -45,8 +45,8 @@ from typing import Any, Sequence
 from jaxmem.compiler.plan_types import Const
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.rules import DOT_LIKE, GPU_HLO_REDUCE, GPU_SPLITK_ABSORBING
-from jaxmem.xla.gpu_cost import device_numbers
-from jaxmem.xla.gpu_model_ops import ELEMENTWISE, TRITON_ROW_FUSION, elements, merged_dots
+from jaxmem.xla.gpu.model.performance import device_numbers
+from jaxmem.xla.gpu.model.ops import ELEMENTWISE, TRITON_ROW_FUSION, elements, merged_dots
 
 # The candidate factors (ChooseSplitK).
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -62,7 +62,7 @@ WEIGHTS: dict[str, tuple[float, float, float, float]] = {
 _BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16, "int8": 8, "uint8": 8,
          "float8_e4m3fn": 8, "float8_e5m2": 8, "int32": 32, "int16": 16}
 # Consumers priority fusion merges the split's reduce (a loop fusion) into: `rules.GPU_SPLITK_ABSORBING`
-# and Triton softmax fusions (`gpu_model_ops.no_inplace` names them TRITON_ROW_FUSION).
+# and Triton softmax fusions (`ops.no_inplace` names them TRITON_ROW_FUSION).
 ABSORBING = GPU_SPLITK_ABSORBING
 
 
@@ -338,7 +338,7 @@ def with_splitk_partials(g: Program, fused: Sequence[bool],
     Merged GEMMs split as one (each member's partials the merged factor times its result).
     The GEMMs of `g` itself (a loop body is modelled as a program of its own); `g` is copied
     only when something splits. The dot merger's own
-    choice reads the unsplit sizes: `gpu_model` groups GEMMs on the program before this.
+    choice reads the unsplit sizes: `predict` groups GEMMs on the program before this.
     Returns the program, the scratch and the fused flags (`_stored_readers`)."""
     outputs = {v for v in g.outvars if not isinstance(v, Const)}
     # the dot merger's groups, in program order (the scheduler's order is not known yet)

@@ -4,15 +4,15 @@ XLA:GPU compiles a program in passes, and the model follows them, each in a modu
 that states XLA's rules on jaxmem's program representation (`compiler.program`, through the one
 front end `compiler.jaxpr_adapter`) and reuses the planner's schedulers and liveness:
 
-- fusion (`gpu_model_fusion`): which values are never stored, a list of named rules
+- fusion (`fusion`): which values are never stored, a list of named rules
   (`FUSION_RULES`, `PRODUCER_RULES`; softmax, GEMM, concatenate and cost-model rules in
-  `gpu_model_fusion_softmax`, `_gemm`, `_concat`, `_cost`, `_producers`); then the split-K rewrite
-  (`gpu_splitk`) and bfloat16 stored as float32 where the device computes it so;
-- scratch (`gpu_model_scratch`): cuBLAS workspaces, loop bodies modelled as programs; the
-  copies cuDNN's convolutions read (`gpu_model_conv`);
-- scheduling (`gpu_model_schedule`): the orders XLA's memory scheduler tries, merged dots;
-- heap (`gpu_model_heap`): liveness to XLA's heap, with named adjustments, placed as XLA's heap
-  simulator places it (`gpu_heap`); the least of the orders is the temp figure.
+  `fusion_softmax`, `_gemm`, `_concat`, `_cost`, `_producers`); then the split-K rewrite
+  (`splitk`) and bfloat16 stored as float32 where the device computes it so;
+- scratch (`scratch`): cuBLAS workspaces, loop bodies modelled as programs; the
+  copies cuDNN's convolutions read (`conv`);
+- scheduling (`schedule`): the orders XLA's memory scheduler tries, merged dots;
+- heap (`heap`): liveness to XLA's heap, with named adjustments, placed as XLA's heap
+  simulator places it (`heap_simulator`); the least of the orders is the temp figure.
 
     >>> import jax, jax.numpy as jnp
     >>> def f(w, idx):   # gathered rows, scaled, exponentiated, summed: one reduction fusion on XLA:GPU
@@ -35,21 +35,21 @@ from jaxmem.accelerators import ACCELERATORS
 from jaxmem.compiler import planner
 from jaxmem.compiler.aliasing import donation_aliases
 from jaxmem.compiler.fusion import forced_fusion, fusion_of
-from jaxmem.compiler.plan_types import Const
+from jaxmem.compiler.plan_types import Const, MemoryAnalysisTotal
 from jaxmem.compiler.program import Program
 from jaxmem.compiler.stages import Analysis, Roles, Span
-from jaxmem.xla.gpu_model_conv import conv_calls, conv_operand_scratch, conv_plan
-from jaxmem.xla.gpu_model_fusion import (FUSION_RULES, PRODUCER_RULES, bf16_gemm_copies, gpu_fusion,
+from jaxmem.xla.gpu.model.conv import conv_calls, conv_operand_scratch, conv_plan
+from jaxmem.xla.gpu.model.fusion import (FUSION_RULES, PRODUCER_RULES, bf16_gemm_copies, gpu_fusion,
                                          gpu_plan_fusion, gpu_plan_output_epilogues, prediction_fusion,
                                          stored_in_f32)
-from jaxmem.xla.gpu_model_fusion_concat import concat_copy_scratch
-from jaxmem.xla.gpu_model_fusion_gemm import gemm_output_epilogues
-from jaxmem.xla.gpu_model_fusion_producers import updates_read_inside
-from jaxmem.xla.gpu_model_fusion_softmax import softmax_outputs, widened_softmax_roots
-from jaxmem.xla.gpu_model_heap import assign_temps, best_heap, heap_after_reuse, place
-from jaxmem.xla.gpu_model_ops import MOVEMENT, dot_kind, merged_dots, no_inplace, read_by_gemm, strength_reduced
-from jaxmem.xla.gpu_model_scratch import float8_fallback_scratch, loop_scratch, op_scratch
-from jaxmem.xla.gpu_splitk import with_splitk_partials
+from jaxmem.xla.gpu.model.fusion_concat import concat_copy_scratch
+from jaxmem.xla.gpu.model.fusion_gemm import gemm_output_epilogues
+from jaxmem.xla.gpu.model.fusion_producers import updates_read_inside
+from jaxmem.xla.gpu.model.fusion_softmax import softmax_outputs, widened_softmax_roots
+from jaxmem.xla.gpu.model.heap import assign_temps, best_heap, heap_after_reuse, place
+from jaxmem.xla.gpu.model.ops import MOVEMENT, dot_kind, merged_dots, no_inplace, read_by_gemm, strength_reduced
+from jaxmem.xla.gpu.model.scratch import float8_fallback_scratch, loop_scratch, op_scratch
+from jaxmem.xla.gpu.model.splitk import with_splitk_partials
 
 __all__ = ["CUBLAS_WORKSPACE", "DEVICE_SM", "FUSION_RULES", "MOVEMENT", "PRODUCER_RULES", "Prediction",
            "assign_temps", "dot_kind", "float8_fallback_scratch", "gemm_output_epilogues", "gpu_fusion",
@@ -66,7 +66,7 @@ DEVICE_SM = {a.name: a.compute_capability for a in ACCELERATORS.values() if a.co
 # -- the prediction ------------------------------------------------------------------------------
 
 @dataclass
-class Prediction:
+class Prediction(MemoryAnalysisTotal):
     """XLA:GPU's figures as the model predicts them (the `memory_analysis()` fields)."""
 
     device: str
@@ -79,10 +79,6 @@ class Prediction:
     fused_values: int = 0
     arguments: list = None    # per flat leaf, as `XlaGpuReference.arguments` (the pool's input)
     outputs: list = None      # per flat output, as `XlaGpuReference.outputs`
-
-    @property
-    def total_bytes(self) -> int:
-        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
     def summary(self) -> dict[str, Any]:
         """The JSON `predicted_xla` object."""
@@ -134,7 +130,7 @@ def predict(closed_jaxpr: Any, *, donated: Sequence[bool] = (), device: str = "h
 
 
 # The temp figures last predicted, by jaxpr identity, output aliases, GEMM workspace, device
-# (priority fusion's cost model is the device's: `gpu_cost`) and the optional rule, so a jaxpr
+# (priority fusion's cost model is the device's: `performance`) and the optional rule, so a jaxpr
 # predicted again for the same device is modelled once. The entry holds the jaxpr, so its id
 # is not reused while kept.
 PREDICTIONS_KEPT = 4
@@ -161,7 +157,7 @@ def _temp_heap(g: Program, aliases: dict[int, int], workspace: int, device: str,
                store_reread_producers: bool = False) -> tuple[list[Span], str, int]:
     """(the heap's spans, the scheduler kept, fused values) of XLA:GPU's passes on `g`: fusion,
     split-K, scratch, scheduling and heap (see the module's text). `roles`: a loop body's
-    (`gpu_model_scratch.loop_scratch`), None for the program itself."""
+    (`scratch.loop_scratch`), None for the program itself."""
     # XLA holds every argument and output in its own allocation: none of them is in the temp
     # block, so the liveness below treats them all as external.
     if roles is None:
@@ -189,7 +185,7 @@ def _scratch(g: Program, workspace: int, device: str, partials: dict[int, int],
              store_reread_producers: bool, calls: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
     """(per-op scratch, per-loop largest body value) of `g`: loop bodies modelled as programs,
     the split GEMMs' partials kept beside their results, each op's own temporaries (a
-    convolution's: `gpu_model_conv`, at the op its call runs at: `calls`)."""
+    convolution's: `conv`, at the op its call runs at: `calls`)."""
     def body_heap(b: Program, roles: Roles) -> list[Span]:
         return _temp_heap(b, {}, workspace, device, roles, store_reread_producers)[0]
 

@@ -97,7 +97,7 @@ def test_prediction_within_5_percent_on_fast_suite_programs(name, donate, device
     assert abs(pred.total_bytes / ref.total_bytes - 1) <= 0.05, (pred.total_bytes, ref.total_bytes)
 
 
-# Measured outside 5% (BENCHMARKS.md, "Planning for the GPU"): the rules these miss are listed there.
+# Measured outside 5% (BENCHMARKS.md, "How close is jaxmem's model of XLA:GPU?"): the rules these miss are listed there.
 OUTSIDE = {"moe_train"}  # on A100 (0.949): XLA's memory scheduler picks post order there
 
 

@@ -13,8 +13,8 @@ of size, which is the host-offload lower bound's figure for this step (`fitting.
 
 A measured witness for the offloaded orders fit and `jaxmem optimize` build themselves
 (`fitting.reorder`, `ordered_function(offload=True)`): on H100 this step is 60.43 MiB, theirs
-60.45, against a half-temp budget of 60.42 (BENCHMARKS.md, "mlp_train_donated offloaded by
-hand"; `benchmarks/bench_offload_by_hand.py`).
+60.45, against a half-temp budget of 60.42 (docs/design/fit.md, "Orders with values held in host
+memory"; `benchmarks/bench_offload_by_hand.py`).
 
     >>> fn, args = make_train_step(depth=1, width=8, in_dim=4, classes=3, batch=2)
     >>> int(fn(*args)[1]["step"])

@@ -36,14 +36,13 @@ def loop_pool(run: Any, device: Any = None) -> Any:
         return None
     refs, shared = [first], [{}]
     programs = [program_from_reference(first)]
-    state = {o.state_of for o in programs[0].outputs if o.state_of is not None}
     mine = argument_signatures(run.fn_args)
     for target in run.args.with_targets:
         ref = run.guarded(lambda: _reference(run, target), "compile")
         _, args = run.guarded(lambda: load_abstract(target, {}), "load")
         refs.append(ref)
         programs.append(program_from_reference(ref))
-        shared.append(shared_state(mine, state, argument_signatures(args)))
+        shared.append(shared_state(mine, programs[0], argument_signatures(args)))
     run.loop = [{"target": t, "total_bytes": r.total_bytes, "temp_bytes": r.temp_bytes,
                  "reserved_bytes": r.reserved_bytes, "generated_code_bytes": r.generated_code_bytes,
                  "shared_arguments": len(s), "oom": r.oom or None}

@@ -196,17 +196,19 @@ def simulate_loop(programs: Sequence[StepProgram], device: Any, steps: int = DEF
     return verdict
 
 
-def shared_state(first: Sequence[tuple[Any, Sequence[Any]]], first_state: set[int],
+def shared_state(first: Sequence[tuple[Any, Sequence[Any]]], program: StepProgram,
                  other: Sequence[tuple[Any, Sequence[Any]]]) -> dict[int, int]:
     """Which flat arguments of a later program in a loop are program 0's state: a positional
     argument (its tree structure and its leaves' shapes and dtypes, as `(tree, [leaf keys])`)
-    equal to one of program 0's whose every leaf an output of program 0 replaces. A loop passes
-    its current state (the parameters, a TrainState) to the eval step; a batch of the same shape
-    is another array, and is not matched, as it is no state.
+    equal to one of program 0's (`first`, `program`) whose every leaf an output of program 0
+    replaces. A loop passes its current state (the parameters, a TrainState) to the eval step;
+    a batch of the same shape is another array, and is not matched, as it is no state.
 
-    >>> shared_state([("T", ["f32[4]", "f32[2]"]), ("B", ["f32[8]"])], {0, 1}, [("T", ["f32[4]", "f32[2]"]), ("B", ["f32[8]"])])
+    >>> train = StepProgram([Leaf(16), Leaf(8), Leaf(32)], [Leaf(16, state_of=0), Leaf(8, state_of=1)], 0)
+    >>> shared_state([("T", ["f32[4]", "f32[2]"]), ("B", ["f32[8]"])], train, [("T", ["f32[4]", "f32[2]"]), ("B", ["f32[8]"])])
     {0: 0, 1: 1}
     """
+    first_state = {o.state_of for o in program.outputs if o.state_of is not None}
     starts, offset = [], 0
     for _, leaves in first:
         starts.append(offset)

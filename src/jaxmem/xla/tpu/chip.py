@@ -84,6 +84,6 @@ def loop_programs(row: dict[str, Any], ref: Any) -> list[tuple[Any, dict[int, in
     target = row["program"]
     evaluate = target.rsplit(":", 1)[0] + ":make_eval"
     eval_ref = xla_tpu_reference(evaluate, "tpu-v5e-16gb", top=0)
-    state = {o.state_of for o in program_from_reference(ref).outputs if o.state_of is not None}
     first = argument_signatures(load_abstract(target, {})[1])
-    return [(eval_ref, shared_state(first, state, argument_signatures(load_abstract(evaluate, {})[1])))]
+    other = argument_signatures(load_abstract(evaluate, {})[1])
+    return [(eval_ref, shared_state(first, program_from_reference(ref), other))]

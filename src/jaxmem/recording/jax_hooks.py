@@ -1,0 +1,206 @@
+"""Where the recorder meets JAX: the one module that reaches into JAX while the user's program runs.
+
+Each hook is JAX's public one where JAX has one, and says so where it is not:
+
+- backends: `jax._src.xla_bridge.register_backend_initialization_hook` (called with each backend
+  the user's JAX starts, when it starts it: the recorder never starts a backend itself, so
+  `jax.distributed.initialize()` and platform settings keep working);
+- compiles: `jax.monitoring`'s duration events ("/jax/core/compile/backend_compile_duration",
+  public), then the backend's `live_executables()` for the new programs' `memory_analysis` figures;
+- calls: JAX has no hook per call of a compiled program, so `jax.jit` is wrapped while recording:
+  the wrapper counts calls by function and hands one output of each call to the recorder, which
+  waits for it in its own thread (dispatch is never blocked);
+- errors: JAX raises RESOURCE_EXHAUSTED as `jax.errors.JaxRuntimeError`; its `__init__` is wrapped
+  so that a post-mortem is taken when the error is made, whether the program then catches it or
+  not;
+- donation: JAX's "Some donated buffers were not usable" is a Python warning; `warnings.showwarning`
+  is wrapped to see it (a warning the program filters out is not seen).
+
+Every wrapper calls what it wraps with the same arguments and returns or raises what it did, and
+`uninstall()` puts everything back.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import warnings
+from typing import Any, Callable
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class CallCounter:
+    """Calls of jitted functions by name; what the recorder is told of each call."""
+
+    def __init__(self, on_call: Callable[[str, int, Any], None]) -> None:
+        self.on_call = on_call
+        self.calls: dict[str, int] = {}
+        self.local = threading.local()
+        self.lock = threading.Lock()
+
+    def current(self) -> str | None:
+        """The jitted function this thread is calling now, if any."""
+        return getattr(self.local, "name", None)
+
+    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        outer = getattr(self.local, "name", None)
+        self.local.name = name if outer is None else outer
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            self.local.name = outer
+        if outer is None:
+            with self.lock:
+                n = self.calls[name] = self.calls.get(name, 0) + 1
+            self.on_call(name, n, out)
+        return out
+
+
+class CountedJit:
+    """A jitted function that tells a `CallCounter` of each call, and is otherwise the function
+    `jax.jit` returned: attributes (`lower`, `trace`, `eval_shape`, ...) are its own."""
+
+    __slots__ = ("_jitted", "_name", "_counter", "__weakref__")
+
+    def __init__(self, jitted: Any, name: str, counter: CallCounter) -> None:
+        object.__setattr__(self, "_jitted", jitted)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_counter", counter)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._counter.call(self._name, self._jitted, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jitted, name)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        # A jitted function stored on a class is a method, as jax.jit's own object is.
+        return self if instance is None else functools.partial(self, instance)
+
+    def __repr__(self) -> str:
+        return repr(self._jitted)
+
+
+def function_name(fun: Any) -> str:
+    """The name XLA gives a jitted function's program, less the "jit_" prefix."""
+    inner = getattr(fun, "func", fun)  # functools.partial
+    return str(getattr(inner, "__name__", None) or type(inner).__name__)
+
+
+class Hooks:
+    """The recorder's hooks into the user's JAX, installed together and removed together."""
+
+    def __init__(self) -> None:
+        self.undo: list[Callable[[], None]] = []
+
+    def uninstall(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+    def backends(self, on_backend: Callable[[Any], None]) -> None:
+        """Call `on_backend(client)` for each backend the user's JAX has started or will start."""
+        from jax._src import xla_bridge  # no public hook for backend start
+
+        xla_bridge.register_backend_initialization_hook(on_backend)
+
+        def remove() -> None:
+            try:
+                xla_bridge._backend_initialization_hooks.remove(on_backend)
+            except (AttributeError, ValueError):
+                pass
+        self.undo.append(remove)
+
+    def compiles(self, on_compile: Callable[[str], None]) -> None:
+        """Call `on_compile(name)` after each XLA compile (JAX's public monitoring events)."""
+        import jax.monitoring as monitoring
+
+        def listener(event: str, duration: float, **kwargs: Any) -> None:
+            if event == COMPILE_EVENT:
+                on_compile(str(kwargs.get("fun_name", "")))
+        monitoring.register_event_duration_secs_listener(listener)
+        unregister = getattr(monitoring, "unregister_event_duration_listener", None)
+        if unregister is None:
+            from jax._src import monitoring as private_monitoring
+            unregister = private_monitoring.unregister_event_duration_listener
+        self.undo.append(lambda: _quietly(unregister, listener))
+
+    def jit(self, counter: CallCounter) -> None:
+        """Wrap `jax.jit` so that every function jitted from now on is counted."""
+        import jax
+
+        original = jax.jit
+
+        @functools.wraps(original)
+        def counted_jit(fun: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if fun is None:  # jax.jit(static_argnums=...) as a decorator factory
+                return functools.partial(counted_jit, *args, **kwargs)
+            return CountedJit(original(fun, *args, **kwargs), function_name(fun), counter)
+        jax.jit = counted_jit
+        self.undo.append(lambda: setattr(jax, "jit", original))
+
+    def errors(self, on_error: Callable[[str], None]) -> None:
+        """Call `on_error(message)` whenever JAX makes a RESOURCE_EXHAUSTED error."""
+        import jax
+
+        cls = jax.errors.JaxRuntimeError
+        original = cls.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            message = str(args[0]) if args else ""
+            if "RESOURCE_EXHAUSTED" in message[:200] or "Ran out of memory" in message[:400]:
+                on_error(message)
+        cls.__init__ = init
+        self.undo.append(lambda: setattr(cls, "__init__", original))
+
+    def warnings(self, on_warning: Callable[[str], None]) -> None:
+        """Call `on_warning(text)` for each warning shown, then show it as before."""
+        original = warnings.showwarning
+
+        def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            try:
+                on_warning(str(message))
+            finally:
+                original(message, category, filename, lineno, file, line)
+        warnings.showwarning = show
+        self.undo.append(lambda: setattr(warnings, "showwarning", original))
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except (KeyError, ValueError, AttributeError):
+        pass
+
+
+def live_executables(client: Any) -> list[Any]:
+    """The executables a backend has loaded (jaxlib's `Client.live_executables`)."""
+    try:
+        return list(client.live_executables())
+    except Exception:  # a backend without the method (some plugins)
+        return []
+
+
+def executable_figures(exe: Any) -> dict[str, Any] | None:
+    """A loaded executable's name and `memory_analysis()` figures, in bytes."""
+    try:
+        name = exe.hlo_modules()[0].name
+        stats = exe.get_compiled_memory_stats()
+    except Exception:
+        return None
+    keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+            "generated_code_size_in_bytes")
+    return {"name": name, **{k: int(getattr(stats, k, 0) or 0) for k in keys}}
+
+
+def executable_key(exe: Any) -> int:
+    try:
+        return int(exe.unsafe_executable_pointer())
+    except Exception:
+        return id(exe)
+
+
+def is_jax_imported() -> bool:
+    return "jax" in sys.modules

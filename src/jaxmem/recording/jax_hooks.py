@@ -149,11 +149,31 @@ class Hooks:
 
         def init(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
-            message = str(args[0]) if args else ""
-            if "RESOURCE_EXHAUSTED" in message[:200] or "Ran out of memory" in message[:400]:
-                on_error(message)
+            if is_out_of_memory(self):
+                on_error(str(self))
         cls.__init__ = init
         self.undo.append(lambda: setattr(cls, "__init__", original))
+        self._excepthooks(on_error)
+
+    def _excepthooks(self, on_error: Callable[[str], None]) -> None:
+        # Some allocation failures reach Python as a ValueError (jax.device_put, an eager op on
+        # a TPU v5e), which no class hook sees: those are seen when nothing catches them.
+        original, original_thread = sys.excepthook, threading.excepthook
+
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            if is_out_of_memory(value):
+                on_error(str(value))
+            original(kind, value, tb)
+
+        def thread_hook(args: Any) -> None:
+            if is_out_of_memory(args.exc_value):
+                on_error(str(args.exc_value))
+            original_thread(args)
+        sys.excepthook, threading.excepthook = hook, thread_hook
+
+        def restore() -> None:
+            sys.excepthook, threading.excepthook = original, original_thread
+        self.undo.append(restore)
 
     def warnings(self, on_warning: Callable[[str], None]) -> None:
         """Call `on_warning(text)` for each warning shown, then show it as before."""
@@ -166,6 +186,12 @@ class Hooks:
                 original(message, category, filename, lineno, file, line)
         warnings.showwarning = show
         self.undo.append(lambda: setattr(warnings, "showwarning", original))
+
+
+def is_out_of_memory(error: Any) -> bool:
+    """Whether an exception is an out-of-memory from XLA or its runtime."""
+    message = str(error)[:400] if isinstance(error, BaseException) else ""
+    return "RESOURCE_EXHAUSTED" in message or "Ran out of memory" in message
 
 
 def _quietly(fn: Callable[..., Any], *args: Any) -> None:

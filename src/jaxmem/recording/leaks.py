@@ -28,55 +28,59 @@ def step_program(calls: dict[str, int]) -> str | None:
 
 def points(profiles: list[dict[str, Any]], step: str) -> list[tuple[int, dict[str, Any]]]:
     """(step count, profile) for each step count a profile was taken at, the latest profile for
-    each, skipping those of an out-of-memory (taken mid-step)."""
+    each. Only profiles taken after a call completed (or at `Recorder.step()`) are; those at a
+    peak, periodic ones, the first, the last (a program's exit frees its loop's arrays) and those
+    at an out-of-memory (mid-step) are taken at no step of the loop."""
     by_step: dict[int, dict[str, Any]] = {}
     for p in profiles:
         n = int((p.get("calls") or {}).get(step, 0))
-        if n >= 1 and p.get("why") != "oom":
+        if n >= 1 and p.get("why") in ("call", "step"):
             by_step[n] = p
     return sorted(by_step.items())
 
 
-def growing(series: list[tuple[int, int, int]]) -> tuple[float, float] | None:
-    """(bytes per step, arrays per step) when the bytes rise at every point of `series`
-    ((step, bytes, count) rows); None otherwise.
+def growing(series: list[tuple[int, int]]) -> float | None:
+    """Arrays per step when the count of one line's arrays of one size rises at every point of
+    `series` ((step, count) rows), rounded to whole arrays (a profile may be taken just before or
+    just after a step's array is made); None when it does not rise at every point.
 
-    >>> growing([(2, 8, 2), (4, 16, 4), (8, 32, 8)])
-    (4.0, 1.0)
-    >>> growing([(2, 8, 2), (4, 16, 4), (8, 16, 4)]) is None
+    >>> growing([(2, 2), (4, 4), (9, 8)])
+    1.0
+    >>> growing([(2, 2), (4, 4), (8, 4)]) is None
     True
     """
     if len(series) < MIN_POINTS:
         return None
-    if any(b1 <= b0 for (_, b0, _), (_, b1, _) in zip(series, series[1:])):
+    if any(c1 <= c0 for (_, c0), (_, c1) in zip(series, series[1:])):
         return None
-    (s0, b0, c0), (s1, b1, c1) = series[0], series[-1]
-    arrays = (c1 - c0) / (s1 - s0)
-    whole = round(arrays)
-    if c1 > c0 and whole >= 1 and abs(arrays - whole) <= 0.15 * whole:
-        # Whole arrays per step: a profile may be taken just before or after a step's array is
-        # made, so the count of arrays per step is rounded, and each array's size is exact.
-        return whole * (b1 - b0) / (c1 - c0), float(whole)
-    return (b1 - b0) / (s1 - s0), arrays
+    (s0, c0), (s1, c1) = series[0], series[-1]
+    per_step = (c1 - c0) / (s1 - s0)
+    whole = round(per_step)
+    return float(whole) if whole >= 1 and abs(per_step - whole) <= 0.25 * whole else round(per_step, 3)
 
 
 def array_leaks(profiles: list[dict[str, Any]], step: str) -> list[dict[str, Any]]:
-    """Lines whose live bytes grow at every step count from the second profile on."""
+    """Lines whose arrays of one size grow in number at every step count from the second
+    profile on, with the bytes they keep per step."""
     pts = points(profiles, step)
     if len(pts) > MIN_POINTS:
         pts = pts[1:]  # the first step's arrays are made once (state, caches)
     if len(pts) < MIN_POINTS:
         return []
-    out = []
-    lines = set().union(*(p["by_line"] for _, p in pts))
-    for line in lines:
-        series = [(n, *(p["by_line"].get(line) or (0, 0))) for n, p in pts]
-        slope = growing(series)
-        if slope:
-            out.append({"line": line, "bytes_per_step": round(slope[0]), "arrays_per_step": round(slope[1], 3),
-                        "bytes_at_end": series[-1][1], "steps": [n for n, _ in pts], "bytes": [b for _, b, _ in series],
-                        "step_program": step})
-    return sorted(out, key=lambda r: -r["bytes_per_step"])
+    tables = [(n, {(line, size): count for line, size, count in p.get("by_line_size", [])}) for n, p in pts]
+    by_line: dict[str, dict[str, Any]] = {}
+    for key in set().union(*(t for _, t in tables)):
+        per_step = growing([(n, t.get(key, 0)) for n, t in tables])
+        if per_step is None:
+            continue
+        line, size = key
+        row = by_line.setdefault(line, {"line": line, "bytes_per_step": 0, "arrays_per_step": 0.0, "bytes_at_end": 0,
+                                        "steps": [n for n, _ in tables], "sizes": [], "step_program": step})
+        row["bytes_per_step"] += round(per_step * size)
+        row["arrays_per_step"] += per_step
+        row["bytes_at_end"] += size * tables[-1][1].get(key, 0)
+        row["sizes"].append(size)
+    return sorted(by_line.values(), key=lambda r: -r["bytes_per_step"])
 
 
 def recompiles(programs: list[dict[str, Any]], step: str | None) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from jaxmem.recording import jax_hooks
 from jaxmem.recording.oom_text import parse_oom
+from jaxmem.units import format_size
 
 _MiB = 1 << 20
 
@@ -77,11 +78,30 @@ def _held(record: dict[str, Any] | None, stats: dict[str, int] | None) -> dict[s
     if not record:
         return {"by_line": [], "array_bytes": None, "left_over_bytes": None}
     lines = [{"line": line, "bytes": b, "arrays": c} for line, (b, c) in record["by_line"].items()]
-    arrays, code = record["buffer_bytes"], record["executable_bytes"]
+    arrays = record["buffer_bytes"]
     in_use = (stats or {}).get("bytes_in_use")
+    left = None if in_use is None else in_use - arrays
     return {"by_line": lines, "array_bytes": arrays, "arrays": record["buffers"],
-            "executable_bytes_in_profile": code, "executables_in_profile": record["executables"],
-            "bytes_in_use": in_use, "left_over_bytes": None if in_use is None else in_use - arrays - code}
+            "executable_bytes_in_profile": record["executable_bytes"], "executables_in_profile": record["executables"],
+            "bytes_in_use": in_use, "left_over_bytes": left, "left_over": left_over_note(left)}
+
+
+def left_over_note(left: int | None) -> str:
+    """What `bytes_in_use` holds besides the live arrays, said in words.
+
+    >>> left_over_note(26_624)
+    "the TPU runtime's own buffer (26,624 B, there from the start)"
+    """
+    from jaxmem.runtime.tpu_pool import RUNTIME_BYTES
+
+    if left is None:
+        return "no memory_stats() on this device"
+    if left == RUNTIME_BYTES:
+        return f"the TPU runtime's own buffer ({RUNTIME_BYTES:,} B, there from the start)"
+    if left > RUNTIME_BYTES:
+        return (f"{left:,} B: the runtime's own buffer ({RUNTIME_BYTES:,} B on a TPU) and the loaded programs' "
+                "code, which a device memory profile does not count in bytes_in_use")
+    return f"{left:,} B"
 
 
 def suggestions(kind: str, program: str | None, figures: dict[str, Any] | None, held: list[dict[str, Any]],
@@ -91,9 +111,10 @@ def suggestions(kind: str, program: str | None, figures: dict[str, Any] | None, 
     device = preset or "<preset>"
     if held:
         top = held[0]
-        out.append(f"free what {top['line']} holds ({top['bytes'] / _MiB:,.1f} MiB in {top['arrays']} arrays) "
+        out.append(f"free what {top['line']} holds ({format_size(top['bytes'])} in {top['arrays']} arrays) "
                    "before the step: drop the reference (`del x`) or call `x.delete()`")
-    if figures and figures.get("alias_size_in_bytes", 0) == 0 and figures.get("output_size_in_bytes", 0) > 0:
+    if figures and figures.get("alias_size_in_bytes", 0) == 0 and figures.get("argument_size_in_bytes", 0) >= 64 * _MiB \
+            and figures.get("output_size_in_bytes", 0) >= 64 * _MiB:
         out.append(f"donate the state to {program or 'the step'}: jax.jit(step, donate_argnums=(0,)) lets its "
                    "outputs reuse the state's buffers")
     out.append(f"jaxmem maxbatch FILE.py:make --arg batch --device {device}   # the largest batch that fits")

@@ -206,3 +206,14 @@ def group_by_line(samples: list[Sample], kind: str = "buffer") -> dict[str, Line
         total.bytes += s.bytes
         total.count += s.count
     return dict(sorted(totals.items(), key=lambda kv: -kv[1].bytes))
+
+
+def group_by_line_and_size(samples: list[Sample], kind: str = "buffer") -> dict[tuple[str, int], int]:
+    """Buffers of one kind by (the user's line that made them, their size in bytes): the count of
+    each. A leak is one such group whose count grows; its size makes its bytes per step exact."""
+    counts: dict[tuple[str, int], int] = {}
+    for s in samples:
+        if s.kind == kind and s.count:
+            key = (user_line(s.frames), s.bytes // s.count)
+            counts[key] = counts.get(key, 0) + s.count
+    return counts

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxmem.recording import jax_hooks
-from jaxmem.recording.profile_read import group_by_line, read_profile
+from jaxmem.recording.profile_read import group_by_line, group_by_line_and_size, read_profile
 from jaxmem.recording.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_PROFILES, RecordingStore
 
 STAT_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_reserved", "peak_bytes_reserved", "bytes_limit",
@@ -65,9 +65,15 @@ def read_stats(device: Any) -> dict[str, int] | None:
 
 
 def smallest_array(tree: Any) -> Any:
-    """The smallest `jax.Array` among a call's outputs: when it is ready, the call is done."""
+    """An output of a call to wait for: when it is ready, the call is done. The smallest array of
+    the last output where the call returns a tuple (a loss, seldom donated to the next call, as
+    the state is), else the smallest of all."""
     import jax
 
+    if isinstance(tree, tuple) and len(tree) > 1:
+        last = smallest_array(tree[-1])
+        if last is not None:
+            return last
     best = None
     for leaf in jax.tree_util.tree_leaves(tree):
         if isinstance(leaf, jax.Array) and (best is None or leaf.nbytes < best.nbytes):
@@ -103,6 +109,7 @@ class Recorder:
         self.lock = threading.RLock()
         self.stopped = False
         self.started_profile = False
+        self.errors_seen: list[str] = []
 
     # -- starting and stopping ------------------------------------------------------------
     def start(self) -> "Recorder":
@@ -186,6 +193,9 @@ class Recorder:
     def _on_error(self, message: str) -> None:
         from jaxmem.recording.postmortem import take_postmortem
 
+        if message in self.errors_seen:  # the same error, seen made and then uncaught
+            return
+        self.errors_seen.append(message)
         try:
             path = take_postmortem(self, message)
         except Exception as err:  # a post-mortem must never replace the user's error
@@ -206,13 +216,23 @@ class Recorder:
             item = self.calls_done.get()
             if item is None:
                 return
-            name, n, leaf = item
-            done = self._wait(leaf)
-            devices = list(leaf.devices()) if leaf is not None and done else None
-            del leaf
-            self.sample_all("call", program=name, call=n, devices=devices, confirmed=done)
-            if _power_of_two(n):
-                self.take_profile("call", program=name, call=n)
+            try:
+                self._completed(*item)
+            except Exception as err:  # the recorder's thread must outlive any one reading
+                self.store.append("errors.jsonl", {"t": self.now(), "call_reading_failed": repr(err)[:500]})
+
+    def _completed(self, name: str, n: int, leaf: Any) -> None:
+        devices = None
+        if leaf is not None:
+            try:
+                devices = list(leaf.devices())
+            except Exception:  # donated to the next call already
+                leaf = None
+        done = self._wait(leaf)
+        del leaf
+        self.sample_all("call", program=name, call=n, devices=devices, confirmed=done)
+        if _power_of_two(n):
+            self.take_profile("call", program=name, call=n)
 
     @staticmethod
     def _wait(leaf: Any) -> bool:
@@ -304,7 +324,9 @@ class Recorder:
                   "buffers": sum(v.count for v in by_line.values()),
                   "executables": sum(v.count for v in code.values()),
                   "executable_bytes": sum(v.bytes for v in code.values()),
-                  "by_line": {k: [v.bytes, v.count] for k, v in list(by_line.items())[:LINES_KEPT]}}
+                  "by_line": {k: [v.bytes, v.count] for k, v in list(by_line.items())[:LINES_KEPT]},
+                  "by_line_size": sorted(([line, size, count] for (line, size), count in group_by_line_and_size(samples).items()),
+                                         key=lambda r: -r[1] * r[2])[:2 * LINES_KEPT]}
         self.store.append("profiles.jsonl", record)
         return record
 

@@ -74,7 +74,8 @@ def leak_lines(leaks: dict[str, Any]) -> list[str]:
     step = leaks.get("step_program")
     for leak in leaks.get("arrays", []):
         out.append(f"leak: {plain(leak['line'])} keeps {_size(leak['bytes_per_step'])} per step of {plain(step)} "
-                   f"({leak['arrays_per_step']:g} arrays per step; {_size(leak['bytes_at_end'])} at the end)")
+                   f"({leak['arrays_per_step']:g} array{'' if leak['arrays_per_step'] == 1 else 's'} per step; "
+                   f"{_size(leak['bytes_at_end'])} at the end)")
     for r in leaks.get("recompiles", []):
         out.append(f"recompiles: {plain(r['program'])} compiled {r['during_loop']} times during the loop "
                    f"({r['compiles']} in all, {_size(r['code_bytes'])} of code)")

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "share": "share",
     "maxbatch": "maxbatch",
     "optimize": "optimize",
+    "explain": "explain",
 }
 # Commands that start JAX: it is started first with the CUDA plugin's start-up lines filtered
 # (see jaxmem.xla.start), so that errors stay one line on stderr.

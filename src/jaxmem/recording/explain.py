@@ -114,6 +114,9 @@ def _runtime_verdict(oom: OomText) -> tuple[str, str]:
         return "unknown", ("XLA:GPU's pool could not give the program this allocation at run time. The text "
                            "does not say what was free; the BFC allocator's lines beside it would tell "
                            "exhaustion from fragmentation.")
+    if free is not None:
+        return "unknown", (f"{free.describe()} was free (the limit less what was in use), but the text does not "
+                           f"say how much was asked for, so it cannot tell exhaustion from fragmentation.")
     return "unknown", "The text gives too few figures to tell exhaustion from fragmentation."
 
 
@@ -138,8 +141,8 @@ def _compile_verdict(oom: OomText) -> tuple[str, str]:
     has = limit.describe() if limit else "the chip's memory"
     temps = oom.breakdown.get("program.HLO temp")
     extra = f" Of it, XLA's temporaries are {temps.describe()}." if temps else ""
-    return "compile", (f"The program needs {need}, more than the {has} XLA can use, before anything runs: "
-                       f"the arrays you hold are not to blame; the program's own temporaries, arguments and "
+    return "compile", (f"The program needs {need}; XLA can use {has}. It was refused before it ran, so the "
+                       f"arrays you hold are not to blame: the program's own temporaries, arguments and "
                        f"outputs are.{extra} Recompute values in the backward pass, use a smaller batch, or "
                        f"shard the program over more chips.")
 
@@ -166,8 +169,9 @@ def guess_preset(oom: OomText) -> str | None:
 
 
 def next_steps(oom: OomText, kind_of_verdict: str, preset: str | None) -> tuple[Step, ...]:
-    """The commands to run next, most useful first."""
-    device = preset or ("tpu-v5e-16gb" if oom.kind.startswith("tpu") else "h100-80gb")
+    """The commands to run next, most useful first; `--device PRESET` where the text's limit
+    matches no preset (a preset name: `jaxmem analyze --help` lists them)."""
+    device = preset or "PRESET"   # the text names no device jaxmem knows: the user's own
     record = Step("see which arrays hold the memory when it fails, and which line made each",
                   "jaxmem record -- python train.py")
     donate = Step("let the step write its results into its inputs' memory (parameters, optimizer state)",
@@ -251,7 +255,7 @@ def render_text(e: Explanation) -> str:
             where = row["where"] or row["op"]
             note = f"  [{row['note']}]" if row["note"] else ""
             lines.append(f"  {plain(row['size']):>10}  {plain(row['shape'][:60]):<40} {plain(where[:160])}{note}")
-    lines += ["", "Next:"]
+    lines += ["", "Next:" + ("" if e.preset else " (PRESET: your device's preset, e.g. tpu-v5e-16gb or h100-80gb)")]
     lines += [f"  - {s.why}:\n      {plain(s.command)}" for s in e.steps]
     if e.others:
         lines += ["", f"The text holds {len(e.others)} more out-of-memory report(s): {', '.join(e.others)}."]
@@ -283,7 +287,8 @@ def render_html(e: Explanation) -> str:
             ["size", "shape", "where", "op", "note"],
             [[r["size"], r["shape"], r["where"], r["op"], r["note"]] for r in e.blame]))
     steps = "".join(f"<li>{_h(s.why)}<br><code>{_h(s.command)}</code></li>" for s in e.steps)
-    parts.append(f"<h2>Next</h2><ol>{steps}</ol>")
+    note = "" if e.preset else "<p>PRESET: your device's preset, e.g. tpu-v5e-16gb or h100-80gb.</p>"
+    parts.append(f"<h2>Next</h2>{note}<ol>{steps}</ol>")
     if e.others:
         parts.append(f"<p>The text holds {len(e.others)} more out-of-memory report(s): {_h(', '.join(e.others))}.</p>")
     parts.append("</body></html>")

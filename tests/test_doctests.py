@@ -22,7 +22,7 @@ import pytest
 
 ROOTS = ["jaxmem.compiler", "jaxmem.runtime", "jaxmem.traces", "jaxmem.reports", "jaxmem.share",
          "jaxmem.units", "jaxmem.errors", "jaxmem.trace_schema", "jaxmem.execution", "jaxmem.xla",
-         "jaxmem.cli", "jaxmem.fitting.fit"]
+         "jaxmem.cli", "jaxmem.fitting.fit", "jaxmem.recording"]
 EXCLUDED = ("jaxmem.examples",)
 SLOW: set[str] = set()   # modules whose examples take seconds; none at present
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

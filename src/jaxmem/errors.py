@@ -63,6 +63,10 @@ class JournalUnusable(LedgerError):
     """A ledger's journal gives nothing to rebuild from; only `share repair --reset` can go on."""
 
 
+class OomTextError(JaxmemError):
+    """An error text or log that cannot be read, or that holds no out-of-memory error jaxmem knows."""
+
+
 class ReportError(JaxmemError):
     """A report that cannot be written: an unwritable path, a step outside the program."""
 

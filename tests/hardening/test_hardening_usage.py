@@ -16,6 +16,7 @@ BAD = {
     "share": ["no-such-action"],
     "maxbatch": ["jaxmem.examples.suite:mlp_train"],
     "optimize": ["--json"],
+    "explain": ["--no-such-flag"],
 }
 
 

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "maxbatch": "maxbatch",
     "optimize": "optimize",
     "record": "record",
+    "explain": "explain",
 }
 # Commands that start JAX: it is started first with the CUDA plugin's start-up lines filtered
 # (see jaxmem.xla.start), so that errors stay one line on stderr.

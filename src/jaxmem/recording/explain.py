@@ -38,6 +38,7 @@ _WHAT = {
     "tpu_compile_hbm": "XLA:TPU refused to compile the program: it needs more memory than the chip has.",
     "gpu_xla_oom": "XLA:GPU could not allocate a program's memory when it ran.",
     "gpu_bfc": "The GPU's BFC allocator could not allocate a buffer.",
+    "cpu_alloc": "JAX's CPU backend could not allocate a buffer in the host's memory.",
 }
 _FIGURES = (("requested", "asked for"), ("free", "free"), ("reserved", "reserved"),
             ("reservable", "reservable"), ("largest_free_block", "largest free block"),

@@ -16,6 +16,7 @@ The forms read (`OomText.kind`):
   requirement", "Largest program allocations in hbm:") and the early abort ("Requires 3.47E").
 - `gpu_xla_oom`: XLA:GPU's "Out of memory while trying to allocate N bytes" with its buffer
   assignment's statistics and peak buffers.
+- `cpu_alloc`: JAX's CPU backend refusing an allocation ("Out of memory allocating N bytes").
 - `gpu_bfc`: the BFC allocator's log: "Allocator (GPU_0_bfc) ran out of memory trying to allocate
   1.50GiB (rounded to 1610612736)", its bins, "Sum Total of in-use chunks" and `Stats:` block.
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import BinaryIO, Iterable, Iterator
 
-KINDS = ("tpu_buffer", "tpu_program_load", "tpu_compile_hbm", "gpu_xla_oom", "gpu_bfc")
+KINDS = ("tpu_buffer", "tpu_program_load", "tpu_compile_hbm", "gpu_xla_oom", "gpu_bfc", "cpu_alloc")
 LINE_CAP = 64 * 1024          # characters kept of one line
 KEPT_CAP = 16 * 1024 * 1024   # characters kept of a whole log
 WINDOW = 400                  # lines kept after an error marker
@@ -177,14 +178,14 @@ class OomText:
 
 _MARKER = re.compile(
     r"RESOURCE_EXHAUSTED|E010[01]: |Attempting to (?:allocate|reserve)|[Rr]an out of memory"
-    r"|Out of memory while trying|Failed to allocate request|BufferAssignment|Peak buffers"
+    r"|Out of memory while trying|Out of memory allocating|Failed to allocate request|BufferAssignment|Peak buffers"
     r"|Largest program allocations|Aborting compilation early|Bin \(\d|Stats:|Sum Total of in-use")
 # A BFC log lists every chunk between its bins and its statistics: thousands of lines kept by no one.
 _NOISE = re.compile(r"(?:InUse|Free) +at [0-9a-fx]+ of size|Chunks of size \d|Next region of size")
 
 
 # Cheap substring checks first: a chunk of a log holding none of these is skipped whole.
-_KEYWORDS = ("RESOURCE_EXHAUSTED", "E010", "Attempting to", "an out of memory", "Out of memory while",
+_KEYWORDS = ("RESOURCE_EXHAUSTED", "E010", "Attempting to", "an out of memory", "Out of memory while", "Out of memory allocating",
              "Failed to allocate request", "BufferAssignment", "Peak buffers", "Largest program", "Aborting compilation",
              "Bin (", "Stats:", "Sum Total")
 
@@ -273,6 +274,9 @@ def _size(text: str | None) -> Size | None:
     return parse_size_text(text) if text else None
 
 
+_CPU_ALLOC = re.compile(r"Out of memory allocating ([0-9]+) bytes")
+
+
 def _hard_header(line: str) -> tuple[str, dict] | None:
     """The error a line states with its figures, if it states one: (kind, fields)."""
     if m := _TPU_BUFFER.search(line):
@@ -287,6 +291,8 @@ def _hard_header(line: str) -> tuple[str, dict] | None:
         return "tpu_compile_hbm", {"device": m[1], "requested": _size(m[2]), "limit": _size(m[3]), "breakdown": extra}
     if m := _TPU_EARLY.search(line):
         return "tpu_compile_hbm", {"requested": _size(m[1]), "limit": _size(m[2])}
+    if m := _CPU_ALLOC.search(line):
+        return "cpu_alloc", {"requested": _exact(m[1], f"{m[1]} bytes")}
     if m := _GPU_XLA.search(line):
         return "gpu_xla_oom", {"requested": _exact(m[1], f"{m[1]} bytes")}
     if m := _GPU_REQUEST.search(line):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxmem.recording import jax_hooks
+from jaxmem.recording.explain import explain_oom
 from jaxmem.recording.oom_text import parse_oom
 from jaxmem.units import format_size
 
@@ -51,14 +52,6 @@ def _executables(recorder: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _program_name(parsed: Any, recorder: Any) -> str | None:
-    name = getattr(parsed, "program", None) if parsed else None
-    if name:
-        return name
-    current = recorder.counter.current()
-    return f"jit_{current}" if current else None
-
-
 def verdict(requested: int | None, free: int | None, largest_free: int | None) -> str:
     """"fragmentation" when the free total would have held the request but no one free block
     does; "exhaustion" when the free total is short; "unknown" without the figures.
@@ -83,14 +76,17 @@ def _held(record: dict[str, Any] | None, stats: dict[str, int] | None) -> dict[s
     left = None if in_use is None else in_use - arrays
     return {"by_line": lines, "array_bytes": arrays, "arrays": record["buffers"],
             "executable_bytes_in_profile": record["executable_bytes"], "executables_in_profile": record["executables"],
-            "bytes_in_use": in_use, "left_over_bytes": left, "left_over": left_over_note(left)}
+            "bytes_in_use": in_use, "left_over_bytes": left}
 
 
-def left_over_note(left: int | None) -> str:
-    """What `bytes_in_use` holds besides the live arrays, said in words.
+def left_over_note(left: int | None, executables: list[dict[str, Any]] | None = None) -> str:
+    """What `bytes_in_use` holds besides the live arrays, said in words: the TPU runtime's own
+    buffer, and the code of the programs whose sizes make up the rest, where some do exactly.
 
     >>> left_over_note(26_624)
     "the TPU runtime's own buffer (26,624 B, there from the start)"
+    >>> left_over_note(71_680, [{"name": "jit_f", "generated_code_size_in_bytes": 45_056}])
+    "the TPU runtime's own buffer (26,624 B) and the code of jit_f (45,056 B)"
     """
     from jaxmem.runtime.tpu_pool import RUNTIME_BYTES
 
@@ -98,10 +94,23 @@ def left_over_note(left: int | None) -> str:
         return "no memory_stats() on this device"
     if left == RUNTIME_BYTES:
         return f"the TPU runtime's own buffer ({RUNTIME_BYTES:,} B, there from the start)"
-    if left > RUNTIME_BYTES:
-        return (f"{left:,} B: the runtime's own buffer ({RUNTIME_BYTES:,} B on a TPU) and the loaded programs' "
-                "code, which a device memory profile does not count in bytes_in_use")
-    return f"{left:,} B"
+    names = code_making(left - RUNTIME_BYTES, executables or [])
+    if names:
+        return f"the TPU runtime's own buffer ({RUNTIME_BYTES:,} B) and the code of {', '.join(names)} " \
+               f"({left - RUNTIME_BYTES:,} B)"
+    return f"{left:,} B not in any live array: the runtime's own buffers and loaded programs' code"
+
+
+def code_making(total: int, executables: list[dict[str, Any]], most: int = 3) -> list[str]:
+    """Names of at most `most` executables whose code sizes add up to `total` exactly, if any."""
+    from itertools import combinations
+
+    sized = [(e.get("name", "?"), int(e.get("generated_code_size_in_bytes", 0))) for e in executables[:40]]
+    for k in range(1, most + 1):
+        for group in combinations(sized, k):
+            if sum(size for _, size in group) == total:
+                return [name for name, _ in group]
+    return []
 
 
 def suggestions(kind: str, program: str | None, figures: dict[str, Any] | None, held: list[dict[str, Any]],
@@ -125,37 +134,56 @@ def suggestions(kind: str, program: str | None, figures: dict[str, Any] | None, 
     return out
 
 
+def text_figures(message: str, largest_free: int | None = None) -> dict[str, Any]:
+    """What the error's text says, read by `oom_text` and explained by `explain`: the kind, the
+    figures in bytes, the verdict and what it means. `largest_free` (from `memory_stats()`)
+    tells fragmentation where the text alone cannot."""
+    parsed = parse_oom(message)
+    if parsed is None:
+        return {"kind": "unknown", "verdict": "unknown", "meaning": None, "program_in_text": None,
+                **{k: None for k in ("requested", "free", "reserved", "reservable", "limit")}}
+    explained = explain_oom(parsed)
+    figures = {k: _bytes(parsed, k) for k in ("requested", "free", "reserved", "reservable", "limit")}
+    mine = verdict(figures["requested"], figures["free"], largest_free)
+    return {"kind": parsed.kind, **figures, "program_in_text": parsed.program,
+            "verdict": "fragmentation" if mine == "fragmentation" else explained.verdict,
+            "meaning": explained.meaning}
+
+
 def take_postmortem(recorder: Any, message: str) -> str | None:
     """Write `postmortem-N.json` for an out-of-memory whose error text is `message`; its path."""
-    parsed = parse_oom(message)
-    kind = parsed.kind if parsed else "unknown"
+    from jaxmem.recording.recorder import read_stats
+
     devices = {name: stats for name, stats in recorder.last.items()}
     for device in recorder.devices():
-        from jaxmem.recording.recorder import read_stats
-
         stats = read_stats(device)
         if stats is not None:
             devices[f"{device.platform}:{device.id}"] = stats
     record = recorder.take_profile("oom")
-    first = next(iter(devices.values()), None) if devices else None
-    program = _program_name(parsed, recorder)
+    first = next((s for s in devices.values() if "bytes_in_use" in s), None)
+    largest = (first or {}).get("largest_free_block_bytes")
+    text = text_figures(message, largest)
+    current = recorder.counter.current()
+    program = text["program_in_text"] or (f"jit_{current}" if current else None)
     figures = next((p for p in reversed(recorder.programs) if p.get("name") == program), None)
     held = _held(record, first)
-    requested = getattr(parsed, "requested", None)
-    free = getattr(parsed, "free", None)
-    largest = (first or {}).get("largest_free_block_bytes")
+    executables = _executables(recorder)[:50]
+    held["left_over"] = left_over_note(held["left_over_bytes"], executables)
     kind_name = _device_kind(recorder)
     preset = preset_for(kind_name, (first or {}).get("bytes_limit"))
-    data = {"t": recorder.now(), "kind": kind, "message": message[:4000], "program": program,
-            "requested": requested, "free": free, "reserved": getattr(parsed, "reserved", None),
-            "reservable": getattr(parsed, "reservable", None), "largest_free_block": largest,
-            "verdict": verdict(requested, free, largest), "device_kind": kind_name, "preset": preset,
+    data = {"t": recorder.now(), "message": message[:4000], **text, "program": program,
+            "largest_free_block": largest, "device_kind": kind_name, "preset": preset,
             "stats": devices, "held": held, "profile": record.get("file") if record else None,
-            "executables": _executables(recorder)[:50], "program_figures": figures,
+            "executables": executables, "program_figures": figures,
             "calls": dict(recorder.counter.calls),
-            "suggestions": suggestions(kind, program, figures, held["by_line"], preset)}
+            "suggestions": suggestions(text["kind"], program, figures, held["by_line"], preset)}
     n = len(recorder.postmortems) + 1
     return str(recorder.store.write_json(f"postmortem-{n}.json", data))
+
+
+def _bytes(parsed: Any, name: str) -> int | None:
+    size = getattr(parsed, name, None) if parsed else None
+    return None if size is None else int(size.bytes)
 
 
 def _device_kind(recorder: Any) -> str:

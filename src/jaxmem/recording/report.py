@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmem.errors import TraceError
+from jaxmem.recording.postmortem import left_over_note, text_figures
 from jaxmem.recording.store import read_jsonl
 from jaxmem.recording.summary import summarize_files
 from jaxmem.reports.escape import plain
@@ -45,9 +46,16 @@ def load_recording(folder: str | Path) -> dict[str, Any]:
     posts = []
     for name in summary.get("postmortems", []):
         try:
-            posts.append(json.loads((folder / name).read_text(encoding="utf-8")))
+            post = json.loads((folder / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        # The text is the record; its figures are read again by this jaxmem's parser.
+        post.update(text_figures(str(post.get("message", "")), post.get("largest_free_block")))
+        held = post.get("held") or {}
+        if held.get("bytes_in_use") is not None and held.get("array_bytes") is not None:
+            held["left_over_bytes"] = held["bytes_in_use"] - held["array_bytes"]
+            held["left_over"] = left_over_note(held["left_over_bytes"], post.get("executables"))
+        posts.append(post)
     return {"folder": str(folder), "summary": summary, "rebuilt": rebuilt, "postmortems": posts,
             "samples": read_jsonl(folder / "samples.jsonl"), "profiles": read_jsonl(folder / "profiles.jsonl")}
 
@@ -86,11 +94,20 @@ def leak_lines(leaks: dict[str, Any]) -> list[str]:
 
 def postmortem_lines(post: dict[str, Any]) -> list[str]:
     what = {"tpu_buffer": "a buffer could not be allocated", "tpu_program_load": "a program could not be loaded",
-            "tpu_compile_hbm": "the compile needs more memory than the chip has", "cpu": "an allocation failed"}
+            "tpu_compile_hbm": "the compile needs more memory than the chip has",
+            "cpu_alloc": "the host could not allocate a buffer", "gpu_xla_oom": "XLA:GPU could not allocate",
+            "gpu_bfc": "the BFC allocator could not allocate"}
     out = [f"out of memory ({plain(post.get('kind'))}): {what.get(post.get('kind'), 'RESOURCE_EXHAUSTED')}"
            f"{' in ' + plain(post['program']) if post.get('program') else ''}: asked {_size(post.get('requested'))}, "
-           f"free {_size(post.get('free'))}, largest free block {_size(post.get('largest_free_block'))} "
-           f"({post.get('verdict')})"]
+           + (f"limit {_size(post.get('limit'))}" if post.get("limit") else
+              f"free {_size(post.get('free'))}, largest free block {_size(post.get('largest_free_block'))}")
+           + f" ({post.get('verdict')})"]
+    if post.get("meaning"):
+        out.append(f"  {plain(post['meaning'])}")
+    held = post.get("held", {})
+    if held.get("bytes_in_use") is not None:
+        out.append(f"  bytes_in_use {held['bytes_in_use']:,} B = live arrays {held['array_bytes']:,} B + "
+                   f"{held['left_over_bytes']:,} B: {plain(held.get('left_over', ''))}")
     for row in post.get("held", {}).get("by_line", [])[:5]:
         out.append(f"  held: {plain(row['line'])}: {_size(row['bytes'])} in {row['arrays']} arrays")
     for tip in post.get("suggestions", [])[:4]:

@@ -876,7 +876,10 @@ def sharded_cache_key(lowered_text: str, target_text: str, mesh: dict[str, int],
 
     from jaxmem.xla.gpu.compile import cache_key
 
-    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} sharded v{SHARDED_CACHE_VERSION}"
+    from jaxmem.xla import compilers
+
+    versions = (f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} sharded v{SHARDED_CACHE_VERSION} "
+                f"{compilers.versions('gpu')} {compilers.versions('tpu')}")
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split()
                      if not t.startswith(("--xla_dump", "--xla_force_host_platform_device_count=")))
     target = f"{target_text}\nmesh {sorted(mesh.items())} top {int(top)}"
@@ -938,6 +941,10 @@ def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None
 
         for name, value in DEVICELESS_ENV.items():
             env.setdefault(name, value)
+    if xla in ("gpu", "tpu"):
+        from jaxmem.xla import compilers
+
+        return compilers.child_env(env)
     return env
 
 

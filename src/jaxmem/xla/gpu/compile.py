@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -125,19 +124,12 @@ def with_memory(text: str, capacity: int) -> str:
 
 
 def unavailable_reason() -> str | None:
-    """Why deviceless CUDA compiles cannot run on this machine, or None when they can."""
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"the CUDA plugin is only published for Linux x86-64, not {sys.platform} {platform.machine()}"
-    import importlib.util
+    """Why deviceless CUDA compiles cannot run on this machine, or None when they can: the CUDA
+    plugin and ptxas are looked for in jaxmem's folder of compilers, then in this Python
+    (`xla.compilers`)."""
+    from jaxmem.xla import compilers
 
-    for module, package in (("jax_plugins.xla_cuda12", "jax-cuda12-plugin"), ("nvidia.cuda_nvcc", "nvidia-cuda-nvcc-cu12")):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return f"{package} is not installed (pip install -c constraints.txt -e .)"
-    return None
+    return compilers.missing_reason("gpu")
 
 
 # -- the cache -------------------------------------------------------------------------------
@@ -152,7 +144,8 @@ def cache_dir() -> str:
 
 
 def cache_key(lowered_text: str, spec_text: str, versions: str, flags: str) -> str:
-    """sha256 over the lowered StableHLO, the target description, JAX versions and XLA flags.
+    """sha256 over the lowered StableHLO, the target description, JAX's and the compiler's
+    versions and XLA flags.
 
     >>> len(cache_key("module", "gpu_device_info {}", "0.10.2", ""))
     64
@@ -209,8 +202,9 @@ def dump_dir_from_flags(flags: str | None = None) -> str | None:
 # -- the parent side -------------------------------------------------------------------------
 
 def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: CPU as JAX's only platform (the CUDA device is compile-only) and
-    XLA's buffer-assignment dumps written to `dump_dir`.
+    """The child's environment: CPU as JAX's only platform (the CUDA device is compile-only),
+    XLA's buffer-assignment dumps written to `dump_dir`, and jaxmem's folder of compilers on
+    its path (`xla.compilers.child_env`).
 
     >>> env = child_env("/tmp/d", {"XLA_FLAGS": "--xla_foo=1"})
     >>> env["JAX_PLATFORMS"], env["XLA_FLAGS"]
@@ -221,7 +215,9 @@ def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, st
     flags = [t for t in env.get("XLA_FLAGS", "").split() if not t.startswith("--xla_dump_to=")]
     flags.append(f"--xla_dump_to={dump_dir}")
     env["XLA_FLAGS"] = " ".join(flags)
-    return env
+    from jaxmem.xla import compilers
+
+    return compilers.child_env(env)
 
 
 def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums: Sequence[int] = (),
@@ -412,7 +408,9 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     structs, lowered, stablehlo = lower_on_one_device(fn, args, mesh, donate_argnums)
     import jaxlib
 
-    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')}"
+    from jaxmem.xla import compilers
+
+    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} {compilers.versions('gpu')}"
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split() if not t.startswith("--xla_dump"))
     key = cache_key(stablehlo, text, versions, flags)
     directory = cache_dir()

@@ -35,6 +35,10 @@ from jaxmem.errors import ConfigError, JaxmemError
 NVCC_VERSION = "12.9.86"
 INSTALL_COMMAND = "jaxmem compilers install"
 KINDS = ("gpu", "tpu")
+# What the compile processes set: the CUDA plugin of JAX 0.8 and 0.9 refuses to start where no
+# CUDA runtime loads (a machine with no GPU) unless told to skip that check; a compile-only
+# device needs none.
+CHILD_SETTINGS = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,18 @@ def required_libtpu(requires: Sequence[str] | None = None) -> str | None:
     return None
 
 
+def version_matches(have: str, wanted: str) -> bool:
+    """Whether version `have` satisfies `==wanted` as pip reads it (`0.0.37.*` takes 0.0.37).
+
+    >>> version_matches("0.0.37", "0.0.37.*"), version_matches("0.0.42.1", "0.0.42.*"), version_matches("0.0.420", "0.0.42.*")
+    (True, True, False)
+    """
+    if not wanted.endswith(".*"):
+        return have == wanted
+    prefix = wanted[:-2]
+    return have == prefix or have.startswith(prefix + ".")
+
+
 def requirements(kind: str, jaxlib: str, libtpu: str | None) -> list[str]:
     """What pip installs for one compiler, every version fixed.
 
@@ -241,6 +257,7 @@ def child_env(env: dict[str, str]) -> dict[str, str]:
     """`env` with the managed folder first on PYTHONPATH (where it exists): for the processes
     that compile for a GPU or TPU, and for no other."""
     managed = _managed()
+    env = {**env, **{k: v for k, v in CHILD_SETTINGS.items() if k not in env}}
     return with_path(env, managed) if managed else env
 
 
@@ -261,6 +278,8 @@ def activate() -> str | None:
     fit --device`); the folder, or None where it does not exist. Before JAX starts its backends,
     JAX finds the plugin there."""
     managed = _managed()
+    for name, value in CHILD_SETTINGS.items():
+        os.environ.setdefault(name, value)
     if managed and managed not in sys.path:
         sys.path.insert(1 if sys.path else 0, managed)
     return managed
@@ -310,8 +329,7 @@ def _up_to_date(kind: str, target: str) -> bool:
     have = dist_version(COMPILERS[kind].package, [target]) or ""
     if kind == "gpu":
         return have == jax_versions()[1]
-    pattern = re.escape(required_libtpu() or have).replace(r"\*", ".*")
-    return bool(re.fullmatch(pattern, have))
+    return version_matches(have, required_libtpu() or have)
 
 
 def _pip_install(wanted: list[str], target: str, pip: list[str], run: Callable[..., Any]) -> None:

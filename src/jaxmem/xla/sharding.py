@@ -598,7 +598,7 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
     if xla == "gpu":
         from jax.experimental import topologies
 
-        from jaxmem.xla.gpu.compile import GpuUnavailable, spec_for, target_config, with_memory
+        from jaxmem.xla.gpu.compile import GpuUnavailable, cuda_topology, spec_for, target_config, with_memory
         from jaxmem.units import PRESETS
 
         if n > MAX_GPU_DEVICES:
@@ -609,7 +609,7 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
             raise ShardingError(f"{device} is not a GPU preset")
         text = with_memory(target_config(spec), PRESETS[device]) if device in PRESETS else target_config(spec)
         try:
-            topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{n}")
+            topo, text = cuda_topology(text, f"1x1x{n}")
         except Exception as err:
             raise GpuUnavailable(f"the CUDA plugin could not make {n} compile-only {device}: "
                                  f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None

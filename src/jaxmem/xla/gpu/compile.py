@@ -123,6 +123,71 @@ def with_memory(text: str, capacity: int) -> str:
     return text.replace("gpu_device_info {", f"gpu_device_info {{\n  device_memory_size: {int(capacity)}", 1)
 
 
+def drop_field(text: str, field: str) -> str:
+    r"""A target description without `field` (a line `field: value` or a block `field { ... }`),
+    for an XLA older than the description: its parser refuses a field it does not know.
+
+    >>> drop_field("a {\n  b: 1\n  c {\n    d: 2\n  }\n  e: 3\n}", "c")
+    'a {\n  b: 1\n  e: 3\n}'
+    """
+    kept: list[str] = []
+    depth = 0
+    for line in text.splitlines():
+        stripped = line.strip()
+        if depth:
+            depth += stripped.count("{") - stripped.count("}")
+            continue
+        if re.match(rf"{re.escape(field)}\s*[:{{]", stripped):
+            depth = stripped.count("{") - stripped.count("}")
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+_UNKNOWN_FIELD_RE = re.compile(r'has no field named "(\w+)"')
+
+
+def cuda_topology(text: str, topology: str = "1x1x1") -> tuple[Any, str]:
+    """(JAX's compile-only CUDA topology for a target description, the description it took).
+    An older XLA (JAX 0.8, 0.9) refuses fields newer than itself, naming each in its log on
+    stderr: those are dropped, one at a time, and the description tried again."""
+    from jax.experimental import topologies
+
+    while True:
+        failure = None
+        with _StderrCapture() as log:
+            try:
+                topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=topology)
+            except Exception as err:
+                failure = err
+        unknown = _UNKNOWN_FIELD_RE.findall(log.text)
+        if failure is None or not unknown or unknown[0] not in text:
+            sys.stderr.write(log.text)
+            if failure is not None:
+                raise failure
+            return topo, text
+        text = drop_field(text, unknown[0])   # shorter each time: the loop ends
+
+
+class _StderrCapture:
+    """What the process writes to file descriptor 2 inside the `with` (XLA's C++ log), in `.text`."""
+
+    def __enter__(self) -> "_StderrCapture":
+        self.text = ""
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._sink = tempfile.TemporaryFile(mode="w+b")
+        os.dup2(self._sink.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._sink.seek(0)
+        self.text = self._sink.read().decode("utf-8", "replace")
+        self._sink.close()
+
+
 def unavailable_reason() -> str | None:
     """Why deviceless CUDA compiles cannot run on this machine, or None when they can: the CUDA
     plugin and ptxas are looked for in jaxmem's folder of compilers, then in this Python
@@ -400,7 +465,7 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     if device in PRESETS:
         text = with_memory(text, PRESETS[device])
     try:
-        topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology="1x1x1")
+        topo, text = cuda_topology(text)
     except Exception as err:  # the plugin did not load or refused the description
         raise GpuUnavailable(f"the CUDA plugin could not make a compile-only {device}: "
                              f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
@@ -422,14 +487,14 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     started = time.perf_counter()
     note = ""
     try:
-        compiled = lowered.compile()
+        compiled = compile_lowered(lowered)
     except Exception as err:
         # Without autotuning, XLA takes its default Triton GEMM tiling, which some shapes on
         # some targets cannot use ("Couldn't find output tile sizes"); on a GPU the autotuner
         # would pick another. Compile again with Triton GEMM fusions off (cuBLAS), and say so.
         first = " ".join(str(err).split())[:200]
         try:
-            compiled = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
+            compiled = compile_lowered(lowered, {"xla_gpu_enable_triton_gemm": False})
         except Exception as again:
             raise PlanError(f"XLA:GPU could not compile the function: {type(again).__name__}: "
                             f"{' '.join(str(again).split())[:300]}") from None
@@ -463,6 +528,28 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     if use_cache:
         cache_write(directory, key, data)
     return data
+
+
+def compile_lowered(lowered: Any, options: dict[str, Any] | None = None) -> Any:
+    """`lowered.compile(...)` for a compile-only CUDA device. JAX 0.8, once XLA has compiled,
+    builds the outputs' shardings from the device's memory kinds, and a compile-only CUDA device
+    lists none ("can address the following memory kinds: ."): there the shardings JAX lowered
+    with are kept instead (`get_out_shardings_from_executable` answering None, as JAX's own
+    fallback does), and nothing else changes."""
+    kwargs = {"compiler_options": options} if options else {}
+    try:
+        return lowered.compile(**kwargs)
+    except ValueError as err:
+        if "can address the following memory kinds: ." not in str(err):
+            raise
+    from jax._src.interpreters import pxla
+
+    real = pxla.get_out_shardings_from_executable
+    pxla.get_out_shardings_from_executable = lambda *args, **kw: None
+    try:
+        return lowered.compile(**kwargs)
+    finally:
+        pxla.get_out_shardings_from_executable = real
 
 
 def donated_leaves(args: Sequence[Any], donate_argnums: Sequence[int]) -> list[bool]:

@@ -73,7 +73,7 @@ def unavailable_reason() -> str | None:
     if missing:
         return missing
     wanted, have = required_libtpu(), compilers.installed_version("tpu")
-    if wanted and have and not re.fullmatch(re.escape(wanted).replace(r"\*", ".*"), have):
+    if wanted and have and not compilers.version_matches(have, wanted):
         return (f"libtpu {have} is installed, and JAX {_jax_version()} needs libtpu=={wanted}: "
                 f"run `{compilers.INSTALL_COMMAND}`")
     return None

@@ -5,7 +5,10 @@ so. CI sets it for its pass over the slow cases, so they run only while its time
 project keeps a whole CI run well under 20 minutes on 2 cores); unset, everything runs.
 
 The tests run in pytest-xdist workers (`-n auto` in pyproject.toml), one per CPU this process
-may use, at most `MAX_WORKERS`; `-n 0` runs them in this process, `-n N` in N workers."""
+may use, at most `MAX_WORKERS`; `-n 0` runs them in this process, `-n N` in N workers.
+
+The deviceless compilers jaxmem installs in its own folder are on this process's path and on
+its children's PYTHONPATH (`xla.compilers`)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,15 @@ import os
 import time
 
 import pytest
+
+from jaxmem.xla import compilers
+
+# The deviceless compilers (`jaxmem compilers install`) for every test: this process compiles
+# with them in itself (fit's judges, the GPU tests' own compiles), and the scripts the tests
+# start read them from PYTHONPATH, as jaxmem's compile processes do. tests/install checks that
+# a process given neither never sees them.
+compilers.activate()
+os.environ.update(compilers.child_env(dict(os.environ)))
 
 # Each worker imports JAX and compiles with XLA (up to about 2 GB at once): a large machine
 # gains little past this, and a container must not start a worker per host CPU.

@@ -75,32 +75,35 @@ def test_gpu_client_flags_on_a_tpu_are_one_line(capsys):
     assert code == 2 and err.count("\n") == 1 and "JAX's TPU runtime does not read" in err
 
 
-def test_missing_libtpu_is_one_line_and_xla_cpu_judges(capsys, monkeypatch):
+def test_missing_libtpu_is_one_line_and_xla_cpu_judges(capsys, monkeypatch, tmp_path):
     import importlib.util
 
+    from jaxmem.xla.compilers import jax_versions
+
+    monkeypatch.setenv("JAXMEM_HOME", str(tmp_path))   # no compilers folder
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
     code, out, err = _run(["analyze", f"{PROGRAMS}:rows_step", "--device", "tpu-v5e-16gb", "--json"], capsys)
     assert code == 0
     lines = [line for line in err.splitlines() if line.strip()]
-    assert lines == ["jaxmem analyze: XLA:TPU is not available here (libtpu is not installed "
-                     "(pip install -c constraints.txt -e .)); comparing with XLA:CPU"]
+    assert lines == [f"jaxmem analyze: XLA:TPU is not available here (the XLA:TPU compiler for JAX "
+                     f"{jax_versions()[0]} is not installed: run `jaxmem compilers install`); comparing with XLA:CPU"]
     data = json.loads(out)
     assert data["xla_tpu"] is None and data["pool"]["judged_on"] == "xla_cpu" and data["pool"]["rules"] == "tpu_runtime"
     code, out, err = _run(["maxbatch", f"{PROGRAMS}:rows_step", "--arg", "rows", "--device", "tpu-v5e-16gb"], capsys)
     assert code == 2 and err.count("\n") == 1 and "maxbatch needs XLA:TPU" in err
     code, out, err = _run(["analyze", f"{PROGRAMS}:rows_step", "--device", "tpu-v5e-16gb", "--xla", "tpu"], capsys)
-    assert code == 2 and err.count("\n") == 1 and "--xla tpu: XLA:TPU is not available here: libtpu is not" in err
+    assert code == 2 and err.count("\n") == 1 and "--xla tpu: XLA:TPU is not available here: the XLA:TPU compiler" in err
 
 
+@pytest.mark.usefixtures("needs_libtpu")
 def test_libtpu_of_another_version_is_one_line(capsys, monkeypatch):
-    import importlib.metadata
-
-    real = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.50" if name == "libtpu" else real(name))
+    from jaxmem.xla import compilers
     from jaxmem.xla.tpu.compile import unavailable_reason
 
-    assert unavailable_reason() == "libtpu 0.0.50 is installed, and JAX 0.10.2 needs libtpu==0.0.42.*"
+    monkeypatch.setattr(compilers, "installed_version", lambda kind: "0.0.50")
+    assert unavailable_reason() == (f"libtpu 0.0.50 is installed, and JAX {compilers.jax_versions()[0]} needs "
+                                    f"libtpu=={compilers.required_libtpu()}: run `jaxmem compilers install`")
     code, out, err = _run(["maxbatch", f"{PROGRAMS}:rows_step", "--arg", "rows", "--device", "tpu-v5e-16gb"], capsys)
     assert code == 2 and err.count("\n") == 1 and "libtpu 0.0.50 is installed" in err
 

@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "optimize": "optimize",
     "record": "record",
     "explain": "explain",
+    "compilers": "compilers",
 }
 # Commands that start JAX: it is started first with the CUDA plugin's start-up lines filtered
 # (see jaxmem.xla.start), so that errors stay one line on stderr.
@@ -80,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             # XLA:GPU and XLA:TPU judge deviceless: the CUDA plugin and libtpu give compile-only
             # devices when CPU is JAX's only platform, which must be set before JAX starts, as
             # must libtpu's settings for a machine without a TPU.
+            # They compile in this process, so it reads jaxmem's folder of compilers.
             os.environ.setdefault("JAX_PLATFORMS", "cpu")
+            from jaxmem.xla import compilers
             from jaxmem.xla.tpu.compile import DEVICELESS_ENV
+
+            compilers.activate()
 
             for key, value in DEVICELESS_ENV.items():
                 os.environ.setdefault(key, value)

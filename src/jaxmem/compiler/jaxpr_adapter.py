@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
-from jax.extend import core as jcore
+from jax.extend import core as _extend_core
 
 from jaxmem.compiler.plan_types import Const, SourceLine
 from jaxmem.compiler.program import INPUT, Program
@@ -32,6 +32,22 @@ from jaxmem.compiler.program import INPUT, Program
 # control flow whose bodies are planned on their own: the table's `body` column.
 from jaxmem.compiler.rules import CALL_PRIMITIVES, LOOP_PRIMITIVES
 from jaxmem.errors import PlanError
+
+
+class _Core:
+    """`jax.extend.core`, and where a name is missing from it (JAX 0.8 and 0.9 have no
+    `DropVar`, `new_jaxpr_eqn` there), `jax._src.core`'s: one place absorbs the difference."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(_extend_core, name)
+        except AttributeError:
+            from jax._src import core
+
+            return getattr(core, name)
+
+
+jcore: Any = _Core()
 
 
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))

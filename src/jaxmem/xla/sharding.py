@@ -598,7 +598,7 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
     if xla == "gpu":
         from jax.experimental import topologies
 
-        from jaxmem.xla.gpu.compile import GpuUnavailable, spec_for, target_config, with_memory
+        from jaxmem.xla.gpu.compile import GpuUnavailable, cuda_topology, spec_for, target_config, with_memory
         from jaxmem.units import PRESETS
 
         if n > MAX_GPU_DEVICES:
@@ -609,7 +609,7 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
             raise ShardingError(f"{device} is not a GPU preset")
         text = with_memory(target_config(spec), PRESETS[device]) if device in PRESETS else target_config(spec)
         try:
-            topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{n}")
+            topo, text = cuda_topology(text, f"1x1x{n}")
         except Exception as err:
             raise GpuUnavailable(f"the CUDA plugin could not make {n} compile-only {device}: "
                                  f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
@@ -876,7 +876,10 @@ def sharded_cache_key(lowered_text: str, target_text: str, mesh: dict[str, int],
 
     from jaxmem.xla.gpu.compile import cache_key
 
-    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} sharded v{SHARDED_CACHE_VERSION}"
+    from jaxmem.xla import compilers
+
+    versions = (f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} sharded v{SHARDED_CACHE_VERSION} "
+                f"{compilers.versions('gpu')} {compilers.versions('tpu')}")
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split()
                      if not t.startswith(("--xla_dump", "--xla_force_host_platform_device_count=")))
     target = f"{target_text}\nmesh {sorted(mesh.items())} top {int(top)}"
@@ -938,6 +941,10 @@ def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None
 
         for name, value in DEVICELESS_ENV.items():
             env.setdefault(name, value)
+    if xla in ("gpu", "tpu"):
+        from jaxmem.xla import compilers
+
+        return compilers.child_env(env)
     return env
 
 

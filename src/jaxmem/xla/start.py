@@ -1,7 +1,8 @@
 """Start JAX in jaxmem's own processes without the CUDA plugin's start-up noise.
 
-With `jax-cuda12-plugin` installed (jaxmem installs it on Linux x86-64 for its deviceless
-XLA:GPU compiles), every JAX process on a machine without a GPU prints absl lines such as
+Where `jax-cuda12-plugin` is on the path (jaxmem's compile processes put its folder of
+compilers there, `xla.compilers`; a GPU user may have it installed), every JAX process on a
+machine without a GPU prints absl lines such as
 "cudart_stub.cc:31] Could not find cuda drivers on your machine" while importing JAX, and a
 traceback ("Jax plugin configuration error") when it then looks for a CUDA backend. JAX falls
 back to the CPU either way. jaxmem's commands start JAX through `quiet_jax_start()`, which:

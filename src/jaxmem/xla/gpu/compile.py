@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -124,20 +123,78 @@ def with_memory(text: str, capacity: int) -> str:
     return text.replace("gpu_device_info {", f"gpu_device_info {{\n  device_memory_size: {int(capacity)}", 1)
 
 
-def unavailable_reason() -> str | None:
-    """Why deviceless CUDA compiles cannot run on this machine, or None when they can."""
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"the CUDA plugin is only published for Linux x86-64, not {sys.platform} {platform.machine()}"
-    import importlib.util
+def drop_field(text: str, field: str) -> str:
+    r"""A target description without `field` (a line `field: value` or a block `field { ... }`),
+    for an XLA older than the description: its parser refuses a field it does not know.
 
-    for module, package in (("jax_plugins.xla_cuda12", "jax-cuda12-plugin"), ("nvidia.cuda_nvcc", "nvidia-cuda-nvcc-cu12")):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return f"{package} is not installed (pip install -c constraints.txt -e .)"
-    return None
+    >>> drop_field("a {\n  b: 1\n  c {\n    d: 2\n  }\n  e: 3\n}", "c")
+    'a {\n  b: 1\n  e: 3\n}'
+    """
+    kept: list[str] = []
+    depth = 0
+    for line in text.splitlines():
+        stripped = line.strip()
+        if depth:
+            depth += stripped.count("{") - stripped.count("}")
+            continue
+        if re.match(rf"{re.escape(field)}\s*[:{{]", stripped):
+            depth = stripped.count("{") - stripped.count("}")
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+_UNKNOWN_FIELD_RE = re.compile(r'has no field named "(\w+)"')
+
+
+def cuda_topology(text: str, topology: str = "1x1x1") -> tuple[Any, str]:
+    """(JAX's compile-only CUDA topology for a target description, the description it took).
+    An older XLA (JAX 0.8, 0.9) refuses fields newer than itself, naming each in its log on
+    stderr: those are dropped, one at a time, and the description tried again."""
+    from jax.experimental import topologies
+
+    while True:
+        failure = None
+        with _StderrCapture() as log:
+            try:
+                topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=topology)
+            except Exception as err:
+                failure = err
+        unknown = _UNKNOWN_FIELD_RE.findall(log.text)
+        if failure is None or not unknown or unknown[0] not in text:
+            sys.stderr.write(log.text)
+            if failure is not None:
+                raise failure
+            return topo, text
+        text = drop_field(text, unknown[0])   # shorter each time: the loop ends
+
+
+class _StderrCapture:
+    """What the process writes to file descriptor 2 inside the `with` (XLA's C++ log), in `.text`."""
+
+    def __enter__(self) -> "_StderrCapture":
+        self.text = ""
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._sink = tempfile.TemporaryFile(mode="w+b")
+        os.dup2(self._sink.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._sink.seek(0)
+        self.text = self._sink.read().decode("utf-8", "replace")
+        self._sink.close()
+
+
+def unavailable_reason() -> str | None:
+    """Why deviceless CUDA compiles cannot run on this machine, or None when they can: the CUDA
+    plugin and ptxas are looked for in jaxmem's folder of compilers, then in this Python
+    (`xla.compilers`)."""
+    from jaxmem.xla import compilers
+
+    return compilers.missing_reason("gpu")
 
 
 # -- the cache -------------------------------------------------------------------------------
@@ -152,7 +209,8 @@ def cache_dir() -> str:
 
 
 def cache_key(lowered_text: str, spec_text: str, versions: str, flags: str) -> str:
-    """sha256 over the lowered StableHLO, the target description, JAX versions and XLA flags.
+    """sha256 over the lowered StableHLO, the target description, JAX's and the compiler's
+    versions and XLA flags.
 
     >>> len(cache_key("module", "gpu_device_info {}", "0.10.2", ""))
     64
@@ -209,8 +267,9 @@ def dump_dir_from_flags(flags: str | None = None) -> str | None:
 # -- the parent side -------------------------------------------------------------------------
 
 def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: CPU as JAX's only platform (the CUDA device is compile-only) and
-    XLA's buffer-assignment dumps written to `dump_dir`.
+    """The child's environment: CPU as JAX's only platform (the CUDA device is compile-only),
+    XLA's buffer-assignment dumps written to `dump_dir`, and jaxmem's folder of compilers on
+    its path (`xla.compilers.child_env`).
 
     >>> env = child_env("/tmp/d", {"XLA_FLAGS": "--xla_foo=1"})
     >>> env["JAX_PLATFORMS"], env["XLA_FLAGS"]
@@ -221,7 +280,9 @@ def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, st
     flags = [t for t in env.get("XLA_FLAGS", "").split() if not t.startswith("--xla_dump_to=")]
     flags.append(f"--xla_dump_to={dump_dir}")
     env["XLA_FLAGS"] = " ".join(flags)
-    return env
+    from jaxmem.xla import compilers
+
+    return compilers.child_env(env)
 
 
 def xla_gpu_reference(target: str, *, device: str = "h100-80gb", donate_argnums: Sequence[int] = (),
@@ -404,7 +465,7 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     if device in PRESETS:
         text = with_memory(text, PRESETS[device])
     try:
-        topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology="1x1x1")
+        topo, text = cuda_topology(text)
     except Exception as err:  # the plugin did not load or refused the description
         raise GpuUnavailable(f"the CUDA plugin could not make a compile-only {device}: "
                              f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
@@ -412,7 +473,9 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     structs, lowered, stablehlo = lower_on_one_device(fn, args, mesh, donate_argnums)
     import jaxlib
 
-    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')}"
+    from jaxmem.xla import compilers
+
+    versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} {compilers.versions('gpu')}"
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split() if not t.startswith("--xla_dump"))
     key = cache_key(stablehlo, text, versions, flags)
     directory = cache_dir()
@@ -424,14 +487,14 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     started = time.perf_counter()
     note = ""
     try:
-        compiled = lowered.compile()
+        compiled = compile_lowered(lowered)
     except Exception as err:
         # Without autotuning, XLA takes its default Triton GEMM tiling, which some shapes on
         # some targets cannot use ("Couldn't find output tile sizes"); on a GPU the autotuner
         # would pick another. Compile again with Triton GEMM fusions off (cuBLAS), and say so.
         first = " ".join(str(err).split())[:200]
         try:
-            compiled = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
+            compiled = compile_lowered(lowered, {"xla_gpu_enable_triton_gemm": False})
         except Exception as again:
             raise PlanError(f"XLA:GPU could not compile the function: {type(again).__name__}: "
                             f"{' '.join(str(again).split())[:300]}") from None
@@ -465,6 +528,28 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     if use_cache:
         cache_write(directory, key, data)
     return data
+
+
+def compile_lowered(lowered: Any, options: dict[str, Any] | None = None) -> Any:
+    """`lowered.compile(...)` for a compile-only CUDA device. JAX 0.8, once XLA has compiled,
+    builds the outputs' shardings from the device's memory kinds, and a compile-only CUDA device
+    lists none ("can address the following memory kinds: ."): there the shardings JAX lowered
+    with are kept instead (`get_out_shardings_from_executable` answering None, as JAX's own
+    fallback does), and nothing else changes."""
+    kwargs = {"compiler_options": options} if options else {}
+    try:
+        return lowered.compile(**kwargs)
+    except ValueError as err:
+        if "can address the following memory kinds: ." not in str(err):
+            raise
+    from jax._src.interpreters import pxla
+
+    real = pxla.get_out_shardings_from_executable
+    pxla.get_out_shardings_from_executable = lambda *args, **kw: None
+    try:
+        return lowered.compile(**kwargs)
+    finally:
+        pxla.get_out_shardings_from_executable = real
 
 
 def donated_leaves(args: Sequence[Any], donate_argnums: Sequence[int]) -> list[bool]:

@@ -21,7 +21,6 @@ Run as a module, it prints one JSON object (the subprocess side):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -60,35 +59,23 @@ class TpuUnavailable(JaxmemError):
 
 def required_libtpu() -> str | None:
     """The libtpu version JAX's `tpu` extra pins (`0.0.42.*` for JAX 0.10.2), from JAX's metadata."""
-    from importlib.metadata import PackageNotFoundError, requires
+    from jaxmem.xla import compilers
 
-    try:
-        for line in requires("jax") or []:
-            m = re.match(r"\s*libtpu\s*==\s*([0-9.*]+)", line)
-            if m:
-                return m.group(1)
-    except PackageNotFoundError:
-        pass
-    return None
+    return compilers.required_libtpu()
 
 
 def unavailable_reason() -> str | None:
-    """Why deviceless TPU compiles cannot run here, or None when they can."""
-    from importlib.metadata import PackageNotFoundError, version
+    """Why deviceless TPU compiles cannot run here, or None when they can: libtpu is looked for
+    in jaxmem's folder of compilers, then in this Python (`xla.compilers`)."""
+    from jaxmem.xla import compilers
 
-    try:
-        found = importlib.util.find_spec("libtpu") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        return "libtpu is not installed (pip install -c constraints.txt -e .)"
-    wanted = required_libtpu()
-    try:
-        have = version("libtpu")
-    except PackageNotFoundError:
-        have = ""
-    if wanted and have and not re.fullmatch(re.escape(wanted).replace(r"\*", ".*"), have):
-        return f"libtpu {have} is installed, and JAX {_jax_version()} needs libtpu=={wanted}"
+    missing = compilers.missing_reason("tpu")
+    if missing:
+        return missing
+    wanted, have = required_libtpu(), compilers.installed_version("tpu")
+    if wanted and have and not compilers.version_matches(have, wanted):
+        return (f"libtpu {have} is installed, and JAX {_jax_version()} needs libtpu=={wanted}: "
+                f"run `{compilers.INSTALL_COMMAND}`")
     return None
 
 
@@ -103,7 +90,8 @@ def _jax_version() -> str:
 
 def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: CPU as JAX's only platform (the TPU devices are compile-only),
-    libtpu's deviceless settings, and where XLA:TPU writes its dumps.
+    libtpu's deviceless settings, where XLA:TPU writes its dumps, and jaxmem's folder of
+    compilers on its path (`xla.compilers.child_env`).
 
     >>> env = child_env("/tmp/d", {})
     >>> env["JAX_PLATFORMS"], env["JAXMEM_TPU_DUMP"], env["ALLOW_MULTIPLE_LIBTPU_LOAD"]
@@ -114,7 +102,9 @@ def child_env(dump_dir: str, base: dict[str, str] | None = None) -> dict[str, st
     for name, value in DEVICELESS_ENV.items():
         env.setdefault(name, value)
     env["JAXMEM_TPU_DUMP"] = dump_dir
-    return env
+    from jaxmem.xla import compilers
+
+    return compilers.child_env(env)
 
 
 def parse_topology(text: str) -> tuple[str, tuple[int, ...]]:

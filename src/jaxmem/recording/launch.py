@@ -136,12 +136,16 @@ def run_recorded(command: list[str], settings: dict[str, Any]) -> int:
     folder = boot_folder()
     Path(settings["out"]).mkdir(parents=True, exist_ok=True)
     env = child_environment(folder, {**settings, "argv": command})
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ConfigError(f"cannot run {command[0]!r}: {err.strerror}") from None
+    # Ctrl-C is the program's to handle; jaxmem waits for it to end. (Ignored only now: an
+    # ignored SIGINT would be inherited by the program, and Python would not raise
+    # KeyboardInterrupt in it.)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        try:
-            proc = subprocess.Popen(command, env=env)
-        except OSError as err:
-            raise ConfigError(f"cannot run {command[0]!r}: {err.strerror}") from None
         code = proc.wait()
     finally:
         signal.signal(signal.SIGINT, previous)

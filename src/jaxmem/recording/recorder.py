@@ -35,7 +35,10 @@ from jaxmem.recording.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_PROFILES, Reco
 STAT_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_reserved", "peak_bytes_reserved", "bytes_limit",
              "bytes_reservable_limit",
              "largest_free_block_bytes", "num_allocs", "largest_alloc_size")
-LINES_KEPT = 40  # lines of the user's code kept per profile in profiles.jsonl
+LINES_KEPT = 40
+# Calls closer together than this are read only where memory changed (a loop of tiny calls makes
+# thousands a second; each reading is a line on disk).
+CALL_SAMPLE_GAP = 0.05  # lines of the user's code kept per profile in profiles.jsonl
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Recorder:
         self.stopped = False
         self.started_profile = False
         self.errors_seen: list[str] = []
+        self.last_call_sample = 0.0
 
     # -- starting and stopping ------------------------------------------------------------
     def start(self) -> "Recorder":
@@ -230,7 +234,12 @@ class Recorder:
                 leaf = None
         done = self._wait(leaf)
         del leaf
-        self.sample_all("call", program=name, call=n, devices=devices, confirmed=done)
+        now = time.time()
+        if _power_of_two(n) or now - self.last_call_sample >= CALL_SAMPLE_GAP:
+            self.last_call_sample = now
+            self.sample_all("call", program=name, call=n, devices=devices, confirmed=done)
+        else:  # many calls a second: one reading per CALL_SAMPLE_GAP unless memory changed
+            self.sample_all("call", program=name, call=n, devices=devices, confirmed=done, only_changed=True)
         if _power_of_two(n):
             self.take_profile("call", program=name, call=n)
 

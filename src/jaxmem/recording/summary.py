@@ -83,4 +83,7 @@ def summarize(recorder: Any) -> dict[str, Any]:
             "jax": jax.__version__, "how": how, "untimed_calls": recorder.untimed_calls,
             "user_steps": recorder.user_steps, "dropped_lines": recorder.store.dropped_lines,
             "device_kinds": sorted({str(getattr(d, "device_kind", d.platform)) for d in recorder.devices()})}
-    return summarize_files(recorder.store.out, meta)
+    summary = summarize_files(recorder.store.out, meta)
+    for name, count in recorder.counter.calls.items():  # calls read without a sample line too
+        summary["calls"][name] = max(summary["calls"].get(name, 0), count)
+    return summary

@@ -2,7 +2,8 @@
 
 Runtime: `Device` (a simulated or host pool carved by a BFC, growth or platform allocator).
 Compiler: `plan(fn, *args)` plans a traced function's memory. Execution: `jit`, `eager`.
-Rematerialization: `fit`. Sharing one GPU: `reserve`.
+Rematerialization: `fit`. Sharing one GPU: `reserve`. A run's memory as it happens: `record`;
+an out-of-memory text explained: `explain`.
 
 Names are imported lazily so that `import jaxmem` stays cheap and does not import JAX.
 """
@@ -38,6 +39,9 @@ _LAZY = {
     "reserve": "jaxmem.share.ledger",
     "load_trace": "jaxmem.traces.readers",
     "replay": "jaxmem.traces.replay",
+    "record": "jaxmem.recording.recorder",
+    "Recorder": "jaxmem.recording.recorder",
+    "explain": "jaxmem.recording.explain",
 }
 
 __all__ = [

@@ -171,3 +171,17 @@ def test_report_of_a_folder_that_is_no_recording_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jaxmem", "record", "--report", str(tmp_path)], capture_output=True,
                           text=True, env=ENV)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a jaxmem recording" in proc.stderr
+
+
+def test_record_and_run_compose_either_way(tmp_path):
+    """`jaxmem run` (a launcher that never imports JAX) passes the recorder on to its command."""
+    program = tmp_path / "prog.py"
+    program.write_text(textwrap.dedent(LEAK))
+    out = tmp_path / "rec"
+    run = [sys.executable, "-m", "jaxmem", "run", "--memory", "1GiB", "--capacity", "16GiB", "--"]
+    cmd = [sys.executable, "-m", "jaxmem", "record", "--out", str(out), "--", *run, sys.executable, str(program), "40"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "recording.json").read_text())
+    assert summary["calls"] == {"train_step": 40}
+    assert summary["leaks"]["arrays"][0]["bytes_per_step"] == 256 * 256 * 4

@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="DIR", help="show a recording instead of making one")
     p.add_argument("--html", metavar="FILE", help="with --report: write the HTML page")
     p.add_argument("--json", action="store_true", help="with --report: print the summary as JSON")
+    p.add_argument("--predict", metavar="TARGET", help="with --report: jaxmem's pool prediction for this factory's "
+                   "step (FILE.py:make), set beside the device's peak after each call of the recorded step")
+    p.add_argument("--device", metavar="PRESET", help="with --predict: the device preset (e.g. tpu-v5e-16gb)")
+    p.add_argument("--donate", metavar="0,1", help="with --predict: the arguments the step donates")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     return p
 
@@ -68,11 +72,22 @@ def main(argv: list[str]) -> int:
 def report(args: argparse.Namespace) -> int:
     from jaxmem.recording.report import load_recording, render_html, render_text
 
+    from jaxmem.errors import ConfigError
+
     data = load_recording(args.report)
+    if args.predict:
+        if not args.device:
+            raise ConfigError("--predict needs --device PRESET")
+        from jaxmem.recording.predict import beside, pool_peaks
+
+        data["predicted"] = {"target": args.predict, "device": args.device,
+                             "peaks": pool_peaks(args.predict, args.device, args.donate)}
+        data["beside"] = beside(data["summary"], data["predicted"]["peaks"])
     if args.html:
         Path(args.html).write_text(render_html(data), encoding="utf-8")
     if args.json:
-        print(json.dumps({**data["summary"], "postmortems": data["postmortems"]}, indent=1, default=str))
+        print(json.dumps({**data["summary"], "postmortems": data["postmortems"], "predicted": data.get("predicted"),
+                          "beside": data.get("beside")}, indent=1, default=str))
     else:
         print(render_text(data))
     return 0

@@ -5,12 +5,17 @@ holds only `sitecustomize.py` (which Python's `site` imports at start-up) and a 
 jaxmem package, so that nothing else of jaxmem's environment, its JAX least of all, is visible
 to the program. `sitecustomize.py`:
 
-1. takes the recorder's settings from `JAXMEM_RECORD` and removes them and the folder from the
-   environment, so that the program's own subprocesses run as they would have;
-2. runs the program's own `sitecustomize` if it has one;
-3. waits for the program to import JAX (an import hook) and starts the recorder then: JAX's
+1. runs the program's own `sitecustomize` if it has one;
+2. waits for the process to import JAX (an import hook) and starts the recorder then: JAX's
    backends are not started by it, so platform settings and `jax.distributed.initialize()` work
-   as before.
+   as before;
+3. at that moment removes `JAXMEM_RECORD` and the folder from the environment, so that the
+   subprocesses of the process it records run as they would have. A process that never imports
+   JAX (a launcher such as `jaxmem run`, or a shell script's Python) passes them on untouched,
+   so the recorder starts in the first process of the command that imports JAX:
+
+       jaxmem record -- jaxmem run --memory 20GiB -- python train.py   # records train.py
+       jaxmem run --memory 20GiB -- jaxmem record -- python train.py   # the same
 
 The recorder writes its files as it goes and its summary when the process exits (atexit).
 """
@@ -33,13 +38,18 @@ _DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _settings():
-    text = os.environ.pop("JAXMEM_RECORD", None)
+    text = os.environ.get("JAXMEM_RECORD")
+    return json.loads(text) if text else None
+
+
+def _leave_environment():
+    """This process is the one recorded: its subprocesses get the environment without jaxmem."""
+    os.environ.pop("JAXMEM_RECORD", None)
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != _DIR]
     if parts:
         os.environ["PYTHONPATH"] = os.pathsep.join(parts)
     else:
         os.environ.pop("PYTHONPATH", None)
-    return json.loads(text) if text else None
 
 
 def _chain():
@@ -67,6 +77,7 @@ class _AfterJax(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             original(module)
+            _leave_environment()
             from jaxmem.recording.launch import start_from_settings
             start_from_settings(settings)
         loader.exec_module = exec_module

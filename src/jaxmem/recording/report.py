@@ -127,10 +127,26 @@ def render_text(data: dict[str, Any]) -> str:
     lines += [f"  {line}" for line in leak_lines(s.get("leaks", {}))]
     for post in data["postmortems"]:
         lines += [f"  {line}" for line in postmortem_lines(post)]
+    lines += beside_lines(data)
     lines += [f"  how: {plain(h)}" for h in s.get("how", [])]
     if not s.get("devices"):
         lines.append("  no device was read: the program did not start JAX's backends")
     return "\n".join(lines)
+
+
+def beside_lines(data: dict[str, Any], most: int = 8) -> list[str]:
+    """The device's peak after each recorded step beside jaxmem's pool prediction."""
+    rows = data.get("beside") or []
+    if not data.get("predicted"):
+        return []
+    p = data["predicted"]
+    out = [f"  jaxmem's pool prediction for {plain(p['target'])} on {plain(p['device'])}: "
+           + ", ".join(f"{_size(v)} after {k} step{'s' if k > 1 else ''}" for k, v in enumerate(p["peaks"], 1))]
+    shown = rows if len(rows) <= most else rows[:most // 2] + rows[-most // 2:]
+    for r in shown:
+        out.append(f"  step {r['step']}: {r['device']} peak {r['device_peak']:,} B, predicted {r['predicted']:,} B, "
+                   f"device / predicted {r['ratio']}")
+    return out
 
 
 def chart_svg(samples: list[dict[str, Any]], device: str, predicted: int | None = None, width: int = 900,
@@ -181,8 +197,15 @@ def render_html(data: dict[str, Any], predicted: dict[str, int] | None = None) -
     s = data["summary"]
     parts = [f"<h1>jaxmem recording</h1><p>{html.escape(data['folder'])}</p>"]
     parts += [f"<p>{html.escape(line)}</p>" for line in device_lines(s)]
+    if predicted is None and data.get("predicted"):
+        predicted = {d: max(data["predicted"]["peaks"]) for d in s.get("devices", {}) if not d.startswith("cpu")}
     for device in s.get("devices", {}):
         parts.append(chart_svg(data["samples"], device, (predicted or {}).get(device)))
+    if data.get("beside"):
+        parts.append(render_table("The device's peak after each step beside jaxmem's pool prediction",
+                                  ["step", "device", "device peak (in use + reserved)", "predicted", "device / predicted"],
+                                  [[str(r["step"]), r["device"], f"{r['device_peak']:,}", f"{r['predicted']:,}", str(r["ratio"])]
+                                   for r in data["beside"]]))
     peak = _peak_profile(data["profiles"])
     if peak:
         parts.append(render_table(f"Live arrays by line at the largest profile ({peak.get('why')}, t={peak.get('t')} s)",

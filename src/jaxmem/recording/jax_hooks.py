@@ -210,15 +210,41 @@ def live_executables(client: Any) -> list[Any]:
 
 
 def executable_figures(exe: Any) -> dict[str, Any] | None:
-    """A loaded executable's name and `memory_analysis()` figures, in bytes."""
+    """A loaded executable's name, `memory_analysis()` figures in bytes, and the donated
+    parameters no output took (XLA's `buffer_donor` set, left after aliasing)."""
     try:
-        name = exe.hlo_modules()[0].name
+        module = exe.hlo_modules()[0]
+        name = module.name
         stats = exe.get_compiled_memory_stats()
     except Exception:
         return None
     keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
             "generated_code_size_in_bytes")
-    return {"name": name, **{k: int(getattr(stats, k, 0) or 0) for k in keys}}
+    figures: dict[str, Any] = {"name": name, **{k: int(getattr(stats, k, 0) or 0) for k in keys}}
+    try:
+        header = module.to_string().split("\n", 1)[0]
+    except Exception:
+        header = ""
+    figures["donated_unaliased"] = unaliased_donors(header)
+    return figures
+
+
+def unaliased_donors(header: str) -> list[dict[str, Any]]:
+    """The parameters an HLO module's header names as buffer donors (donated, but aliased to no
+    output), with their shapes from its entry layout.
+
+    >>> unaliased_donors("HloModule jit_f, buffer_donor={ (1, {}) }, entry_computation_layout={(f32[64]{0}, s32[64]{0})->f16[64]{0}}")
+    [{'parameter': 1, 'shape': 's32[64]'}]
+    """
+    import re
+
+    donors = re.search(r"buffer_donor=\{([^}]*(?:\{\}[^}]*)*)\}", header)
+    if not donors:
+        return []
+    params = sorted({int(n) for n in re.findall(r"\((\d+),", donors.group(1))})
+    layout = re.search(r"entry_computation_layout=\{\((.*?)\)->", header)
+    shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", layout.group(1)) if layout else []
+    return [{"parameter": p, "shape": shapes[p] if p < len(shapes) else "?"} for p in params]
 
 
 def executable_key(exe: Any) -> int:

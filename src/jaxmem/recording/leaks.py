@@ -105,4 +105,20 @@ def find_leaks(profiles: list[dict[str, Any]], programs: list[dict[str, Any]], d
     return {"step_program": step, "step_calls": calls.get(step, 0) if step else 0,
             "arrays": array_leaks(profiles, step) if step else [],
             "recompiles": recompiles(programs, step),
-            "donations_not_used": [{"program": d.get("program"), "text": d.get("text", "")[:500]} for d in donations]}
+            "donations_not_used": [{"program": d.get("program"), "text": d.get("text", "")[:500]} for d in donations]
+            + unaliased(programs)}
+
+
+def unaliased(programs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Donated arguments of compiled programs that no output took: the caller's array is deleted,
+    and XLA may use its buffer as scratch, but no output reuses it."""
+    out, seen = [], set()
+    for p in programs:
+        for d in p.get("donated_unaliased") or []:
+            key = (p.get("name"), d["parameter"])
+            if key not in seen:
+                seen.add(key)
+                out.append({"program": p.get("name"), "parameter": d["parameter"],
+                            "text": f"argument {d['parameter']} ({d['shape']}) is donated, but no output of "
+                                    f"{p.get('name')} takes its buffer (no output has its shape and type)"})
+    return out

@@ -29,6 +29,9 @@ import warnings
 from typing import Any, Callable
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+STAT_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_reserved", "peak_bytes_reserved", "bytes_limit",
+             "bytes_reservable_limit",
+             "largest_free_block_bytes", "num_allocs", "largest_alloc_size")
 
 
 class CallCounter:
@@ -256,3 +259,14 @@ def executable_key(exe: Any) -> int:
 
 def is_jax_imported() -> bool:
     return "jax" in sys.modules
+
+
+def read_stats(device: Any) -> dict[str, int] | None:
+    """A device's `memory_stats()`, only the keys a recording keeps; None where it has none."""
+    try:
+        stats = device.memory_stats()
+    except Exception:
+        return None
+    if not stats:
+        return None
+    return {k: int(stats[k]) for k in STAT_KEYS if k in stats}

@@ -152,11 +152,9 @@ def text_figures(message: str, largest_free: int | None = None) -> dict[str, Any
 
 def take_postmortem(recorder: Any, message: str) -> str | None:
     """Write `postmortem-N.json` for an out-of-memory whose error text is `message`; its path."""
-    from jaxmem.recording.recorder import read_stats
-
     devices = {name: stats for name, stats in recorder.last.items()}
     for device in recorder.devices():
-        stats = read_stats(device)
+        stats = jax_hooks.read_stats(device)
         if stats is not None:
             devices[f"{device.platform}:{device.id}"] = stats
     record = recorder.take_profile("oom")

@@ -32,9 +32,6 @@ from jaxmem.recording import jax_hooks
 from jaxmem.recording.profile_read import group_by_line, group_by_line_and_size, read_profile
 from jaxmem.recording.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_PROFILES, RecordingStore
 
-STAT_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_reserved", "peak_bytes_reserved", "bytes_limit",
-             "bytes_reservable_limit",
-             "largest_free_block_bytes", "num_allocs", "largest_alloc_size")
 LINES_KEPT = 40
 # Calls closer together than this are read only where memory changed (a loop of tiny calls makes
 # thousands a second; each reading is a line on disk).
@@ -54,17 +51,6 @@ class RecordOptions:
 
 def _device_name(device: Any) -> str:
     return f"{device.platform}:{device.id}"
-
-
-def read_stats(device: Any) -> dict[str, int] | None:
-    """A device's `memory_stats()`, only the keys a recording keeps; None where it has none."""
-    try:
-        stats = device.memory_stats()
-    except Exception:
-        return None
-    if not stats:
-        return None
-    return {k: int(stats[k]) for k in STAT_KEYS if k in stats}
 
 
 def smallest_array(tree: Any) -> Any:
@@ -291,7 +277,7 @@ class Recorder:
         """Read every device's stats (or `devices`') and append one sample line per device."""
         for device in devices if devices is not None else self.devices():
             name = _device_name(device)
-            stats = read_stats(device)
+            stats = jax_hooks.read_stats(device)
             if stats is None:
                 self._sample_live_arrays(device, name, why, only_changed, extra)
                 continue

@@ -17,6 +17,8 @@ BAD = {
     "maxbatch": ["jaxmem.examples.suite:mlp_train"],
     "optimize": ["--json"],
     "explain": ["--no-such-flag"],
+    "record": ["--interval"],
+    "compilers": ["--no-such-flag"],
 }
 
 

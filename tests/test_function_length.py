@@ -1,4 +1,4 @@
-"""No function in src/ runs over 100 lines (issue 35): a long function is a pipeline or a rule
+"""No function in src/ runs over 100 lines: a long function is a pipeline or a rule
 set that wants its named steps."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ RULES = ["elementwise_chain", "broadcast_into_reduction", "gather_into_matvec", 
                     "while the model stores transcendental chains read twice, as mlp_deep_train's dump "
                     "shows for its silu outputs; GEMM fusion's IsInputWorthFusing separates the two (a product "
                     "of two tensors with two readers is stored), but that rule in general failed the suite "
-                    "(BENCHMARKS.md, issue 17)", strict=True)),
+                    "(BENCHMARKS.md)", strict=True)),
          "log_softmax_rows", "outer_product_into_scatter", "max_pool_gradient", "relu_max_pool_gradient", "merged_dots",
          "merged_dots_concatenated",
          "bf16_convert_into_gemm", "bf16_weight_read_twice", "scan_after_large_temporary", "scan_output_into_output"]

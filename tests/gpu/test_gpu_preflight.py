@@ -211,7 +211,7 @@ def test_analyze_falls_back_to_xla_cpu_in_one_line_when_gpu_is_unavailable(capsy
     assert cli_main(["analyze", f"{PROGRAMS}:tanh_matmul", "--json"]) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
-    # XLA:CPU's figure is compared; the pool runs over the predicted XLA:GPU figures (issue 17)
+    # XLA:CPU's figure is compared; the pool runs over the predicted XLA:GPU figures
     assert data["xla_gpu"] is None and data["xla"] is not None and data["pool"]["judged_on"] == "predicted_xla_gpu"
     assert data["pool"]["peak_bytes"] >= data["predicted_xla_bytes"]
     lines = [line for line in captured.err.splitlines() if line.strip()]

@@ -85,7 +85,7 @@ def test_remat_xla_follows_the_model_to_the_end_of_the_search():
 def test_remat_fit_names_a_policy_with_its_figure():
     step, args = _wide_mlp(depth=6, batch=512)
     result = fit(step, *args, budget=int(0.6 * xla_reference(step, args).total_bytes))
-    # The policy search (issue 12) answers with a standard policy around the differentiated
+    # The policy search answers with a standard policy around the differentiated
     # function; without a site, the rewriter's nearest policy.
     assert result.policy in ("dots_saveable", "save_only_these_names", "dots_with_no_batch_dims_saveable",
                              "nothing_saveable", "everything_saveable")

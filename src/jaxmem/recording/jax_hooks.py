@@ -42,12 +42,15 @@ class CallCounter:
         self.calls: dict[str, int] = {}
         self.local = threading.local()
         self.lock = threading.Lock()
+        self.active = True  # functions jitted while recording outlive it: then they only call
 
     def current(self) -> str | None:
         """The jitted function this thread is calling now, if any."""
         return getattr(self.local, "name", None)
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if not self.active:
+            return fn(*args, **kwargs)
         outer = getattr(self.local, "name", None)
         self.local.name = name if outer is None else outer
         try:

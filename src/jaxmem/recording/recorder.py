@@ -132,6 +132,7 @@ class Recorder:
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.time()))
         self.stopping.set()
+        self.counter.active = False
         self.sample_all("end")
         self.take_profile("end")
         self.hooks.uninstall()

@@ -2,7 +2,8 @@
 
 Runtime: `Device` (a simulated or host pool carved by a BFC, growth or platform allocator).
 Compiler: `plan(fn, *args)` plans a traced function's memory. Execution: `jit`, `eager`.
-Rematerialization: `fit`. Sharing one GPU: `reserve`.
+Rematerialization: `fit`. Sharing one GPU: `reserve`. On a GPU or TPU, from a notebook:
+`analyze(fn, *args, device=...)` and `maxbatch(make, arg=..., device=...)`.
 
 Names are imported lazily so that `import jaxmem` stays cheap and does not import JAX.
 """
@@ -37,6 +38,10 @@ _LAZY = {
     "FitResult": "jaxmem.fitting.fit",
     "reserve": "jaxmem.share.ledger",
     "load_trace": "jaxmem.traces.readers",
+    "analyze": "jaxmem.api.analyze",
+    "Analysis": "jaxmem.api.result",
+    "maxbatch": "jaxmem.api.maxbatch",
+    "MaxbatchResult": "jaxmem.api.maxbatch",
     "replay": "jaxmem.traces.replay",
 }
 

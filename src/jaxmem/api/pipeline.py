@@ -271,7 +271,7 @@ def run_plan(program: Program, xla: bool) -> Any:
     from jaxmem.xla.cpu.compile import reference_from_lowered
 
     if program.traced is None:
-        return Planless(reference_from_lowered(program.lowered) if xla and _lowered_for_cpu(program) else None)
+        return Planless(_cpu_figures_of_lowered(program.lowered) if xla else None)
     box: dict[str, Any] = {}
 
     def compile_reference() -> None:
@@ -294,10 +294,15 @@ def run_plan(program: Program, xla: bool) -> Any:
     return dataclasses.replace(result, xla=box.get("ref"))
 
 
-def _lowered_for_cpu(program: Program) -> bool:
-    """Whether a given `Lowered` was lowered for this process's CPU (XLA:CPU can compile it)."""
-    platforms = getattr(getattr(program.lowered, "_lowering", None), "compile_args", {}).get("platforms")
-    return platforms is None or "cpu" in tuple(platforms)
+def _cpu_figures_of_lowered(lowered: Any) -> Any:
+    """XLA:CPU's figures of a `Lowered` the user made, where XLA:CPU compiles it (one lowered
+    for another platform may hold that platform's calls); else None."""
+    from jaxmem.xla.cpu.compile import reference_from_lowered
+
+    try:
+        return reference_from_lowered(lowered)
+    except PlanError:
+        return None
 
 
 @dataclass

@@ -75,9 +75,27 @@ class Program:
         if self.traced is None:
             return self.lowered
         try:
-            return self.traced.lower(lowering_platforms=(platform,))
+            lowered = self.traced.lower(lowering_platforms=(platform,))
         except Exception as err:  # JAX's own errors are many types; the user needs one line
             raise PlanError(f"JAX could not lower {self.name} for {platform}: {_one_line(err)}") from None
+        _check_platform(lowered, platform, self.name)
+        return lowered
+
+
+def _check_platform(lowered: Any, platform: str, name: str) -> None:
+    """A program whose arguments are placed on another platform's devices (a `Traced` of arrays
+    on this host's CPU) is not the program the device would run: one line saying so."""
+    try:   # JAX's own record of the shardings it lowered with (private; nothing to check without it)
+        shardings = list(lowered._lowering.compile_args["in_shardings"])
+    except Exception:
+        return
+    wanted = {"cuda": {"gpu", "cuda"}, "rocm": {"gpu", "rocm"}}.get(platform, {platform})
+    for sharding in shardings:
+        found = {d.platform for d in getattr(sharding, "device_set", ())}
+        if found - wanted:
+            raise PlanError(f"{name}'s arguments are placed on {'/'.join(sorted(found))} devices, and jaxmem "
+                            f"compiles it for {platform}: trace it with jax.ShapeDtypeStruct arguments "
+                            "(or NamedShardings over a jax.sharding.AbstractMesh)")
 
 
 def _one_line(err: BaseException) -> str:
@@ -87,6 +105,12 @@ def _one_line(err: BaseException) -> str:
 
 
 def _name(fn: Any) -> str:
+    """The function's name: a `Lowered`'s from its module (`module @jit_step`)."""
+    import re
+
+    if not hasattr(fn, "fun_name") and hasattr(fn, "as_text"):
+        found = re.search(r"module @(?:jit_)?([\w.]+)", fn.as_text()[:2000])
+        return found.group(1) if found else "lowered"
     return str(getattr(fn, "fun_name", None) or getattr(fn, "__name__", None) or type(fn).__name__)
 
 

@@ -18,8 +18,9 @@ from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
 
 HERE = os.path.dirname(__file__)
 PROGRAMS = [
-    pytest.param("jaxmem.examples.suite:mlp_train", "h100-80gb", (0, 1), id="mlp-h100"),
+    pytest.param(f"{HERE}/api_programs.py:abstract_sgd", "h100-80gb", (0,), id="sgd-h100"),
     pytest.param(f"{HERE}/api_programs.py:abstract_sgd", "tpu-v5e-16gb", (0,), id="sgd-v5e"),
+    pytest.param("jaxmem.examples.suite:mlp_train", "h100-80gb", (0, 1), id="mlp-h100", marks=pytest.mark.slow),
     pytest.param("jaxmem.examples.suite:cnn_train", "a100-40gb", (0, 1), id="cnn-a100", marks=pytest.mark.slow),
     pytest.param("jaxmem.examples.suite:rnn_scan_grad", "h100-80gb", (), id="rnn-h100", marks=pytest.mark.slow),
     pytest.param(f"{HERE}/api_programs.py:abstract_jitted_sgd", "tpu-v5e-16gb", None, id="jitted-v5e",

@@ -75,7 +75,8 @@ class Program:
         if self.traced is None:
             return self.lowered
         try:
-            lowered = self.traced.lower(lowering_platforms=(platform,))
+            # In a thread of its own, as the trace: ops made while lowering get the caller's frames.
+            lowered = _in_own_thread(lambda: self.traced.lower(lowering_platforms=(platform,)))
         except Exception as err:  # JAX's own errors are many types; the user needs one line
             raise PlanError(f"JAX could not lower {self.name} for {platform}: {_one_line(err)}") from None
         _check_platform(lowered, platform, self.name)
@@ -148,12 +149,35 @@ def _trace(trace: Callable[[], Any], name: str) -> tuple[Any, float]:
 
     started = time.perf_counter()
     try:
-        traced = trace()
+        traced = _in_own_thread(trace)
     except (JaxmemError, KeyboardInterrupt):
         raise
     except BaseException as err:  # the user's function failed to trace (SystemExit too): one line
         raise PlanError(f"cannot trace {name!r}: {type(err).__name__}: {first_sentence(str(err), 300)}") from None
     return traced, time.perf_counter() - started
+
+
+def _in_own_thread(work: Callable[[], Any]) -> Any:
+    """`work()` run in a thread of its own: JAX records each equation's Python stack, and the
+    caller's frames (a notebook cell, a test, the command line) would otherwise land in the
+    lowered program's locations, so that the same program, analysed from two places, never
+    hits the compile cache (keyed by the program text)."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = work()
+        except BaseException as err:  # handed back to the caller's thread
+            box["err"] = err
+
+    worker = threading.Thread(target=run, name="jaxmem-trace")
+    worker.start()
+    worker.join()
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 def _from_function(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

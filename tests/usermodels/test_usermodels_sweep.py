@@ -162,13 +162,14 @@ def test_a_jitted_targets_own_donation_is_planned_and_compiled():
 
 def test_maxbatch_reads_a_jitted_targets_own_donation():
     """maxbatch compiles the TARGET at many sizes; without `--donate` it planned and compiled a
-    step the user jitted with `donate_argnums=1` as if nothing were donated. It now reads the
-    donation from the trace at the first size, as analyze, fit and optimize do."""
-    from jaxmem.cli.maxbatch import target_donation
+    step the user jitted with `donate_argnums=1` as if nothing were donated. Each size's program
+    now carries JAX's own donation (`jaxmem.api.program.prepare`, per leaf), as analyze's does."""
+    from jaxmem.api.maxbatch import program_at
+    from jaxmem.compiler.target import resolve_factory
 
-    assert target_donation(f"{HERE}:jitted_donated_sgd", "batch", 64) == (1,)
-    assert target_donation("jaxmem.examples.gpt:batch_example", "batch_size", 2) == ()
-    assert target_donation(f"{HERE}:no_such_factory", "batch", 64) == ()
+    assert program_at(resolve_factory(f"{HERE}:jitted_donated_sgd"), "batch", 64, None).donated_positions == (1,)
+    assert program_at(resolve_factory("jaxmem.examples.gpt:batch_example"), "batch_size", 2, None).donated == [
+        False] * len(program_at(resolve_factory("jaxmem.examples.gpt:batch_example"), "batch_size", 2, None).donated)
 
 
 def test_a_non_array_leaf_is_named_by_its_path_in_one_line():

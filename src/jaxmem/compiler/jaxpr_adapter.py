@@ -981,3 +981,44 @@ def compile_text_for(device: Any, text: str) -> Any:
         executable = device.client.compile(module, executable_devices=xc.DeviceList((device,)),
                                            compile_options=options)
     return executable.get_compiled_memory_stats()
+
+
+def compile_text_executable(device: Any, text: str, options: dict[str, Any] | None = None) -> Any:
+    """A StableHLO program text compiled for one compile-only device (a GPU's or a TPU chip's),
+    with `options` (XLA's debug options, as `Lowered.compile(compiler_options=...)` takes
+    them): JAX's executable, read through `executable_figures`.
+
+    The options are the ones `jax.jit` compiles one device's program with (SPMD, Shardy, the
+    device), so the figures equal those of `jax.jit(f).lower(...).compile()` for the program
+    the text was lowered from.
+    """
+    from jax._src import compiler
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir
+
+    compile_options = compiler.get_compile_options(
+        num_replicas=1, num_partitions=1, device_assignment=np.array([[device]]), backend=device.client,
+        env_options_overrides=dict(options or {}))
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        return device.client.compile(module, executable_devices=xc.DeviceList((device,)),
+                                     compile_options=compile_options)
+
+
+def executable_figures(executable: Any) -> tuple[Any, str, list[Any], list[Any]]:
+    """(memory stats, optimized HLO text, parameter layouts, output layouts) of an executable
+    `compile_text_executable` made; a layout is a `jax.experimental.layout.Layout` (None where
+    the executable gives none)."""
+    from jax.experimental.layout import Layout
+
+    def layouts(read: Callable[[], Any]) -> list[Any]:
+        try:
+            return [Layout.from_pjrt_layout(p) for p in read()]
+        except Exception:  # no layouts from this compile: JAX's own bytes stand
+            return []
+
+    modules = executable.hlo_modules()
+    hlo = modules[0].to_string() if modules else ""
+    return (executable.get_compiled_memory_stats(), hlo, layouts(executable.get_parameter_layouts),
+            layouts(executable.get_output_layouts))

@@ -160,11 +160,13 @@ def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any]) -> list[dict[str, An
 def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str, int], top: int,
               gpu: Any = None, pool: Any = None, fraction: float = PREALLOCATE_FRACTION,
               note: str | None = None, predicted: Any = None, tpu: Any = None,
-              accelerator: Any = None, cpu_totals: dict[str, int] | None = None) -> dict[str, Any]:
+              accelerator: Any = None, cpu_totals: dict[str, int] | None = None,
+              cpu_xla: Any = None) -> dict[str, Any]:
     """The analysis as one plain dict: what `--json` prints and what the tables render.
 
     Args:
-        plan: a `jaxmem.compiler.plan_types.Plan`.
+        plan: a `jaxmem.compiler.plan_types.Plan`; None for a program with no jaxpr (a
+            `jax.stages.Lowered`): XLA's figures alone, `plan_note` saying so.
         args: the positional arguments the plan was made for (to name argument buffers).
         target: the TARGET string shown in the report.
         device: (name, capacity bytes) for the fit check.
@@ -175,9 +177,11 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         predicted: jaxmem's prediction of XLA:GPU's figures (a GPU preset).
         accelerator: the device's preset row, None for a bare size.
         cpu_totals: XLA:CPU's total under each scheduler compiled (`--cpu-scheduler`).
+        cpu_xla: XLA:CPU's figures where there is no plan to carry them.
     """
-    from jaxmem.xla.tpu.compile import summary as tpu_summary
-
+    if plan is None:
+        return summarize_without_plan(args, target=target, device=device, gpu=gpu, pool=pool, fraction=fraction,
+                                      note=note, tpu=tpu, accelerator=accelerator, cpu_xla=cpu_xla)
     name, capacity = device
     on_tpu = accelerator is not None and accelerator.is_tpu
     # JAX's TPU runtime preallocates nothing: a program may use the whole chip.
@@ -194,13 +198,27 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "argument_bytes": plan.argument_bytes,
         "output_bytes": plan.output_bytes,
         "xla_total_bytes": xla_total,
-        "xla": None if xla is None else {
+        "xla": _cpu_summary(xla),
+        "ratio_to_xla": (plan.peak_bytes / xla_total) if xla_total else None,
+        **_rest(plan, peak_step, rows, usable, fraction, name, capacity, on_tpu, accelerator, tpu, pool),
+        **_device_part(plan, args, gpu, tpu, pool, predicted, note, cpu_totals),
+    }
+
+
+def _cpu_summary(xla: Any) -> dict[str, Any] | None:
+    """XLA:CPU's figures as the JSON's `xla` object."""
+    return None if xla is None else {
             "argument_bytes": xla.argument_bytes, "output_bytes": xla.output_bytes, "temp_bytes": xla.temp_bytes,
             "alias_bytes": xla.alias_bytes, "generated_code_bytes": xla.generated_code_bytes,
-            "scheduler": xla.scheduler, "total_bytes": xla_total, "library_fusions": xla.library_fusions,
+            "scheduler": xla.scheduler, "total_bytes": xla.total_bytes, "library_fusions": xla.library_fusions,
             "library_hidden_bytes": xla.library_hidden_bytes,
-        },
-        "ratio_to_xla": (plan.peak_bytes / xla_total) if xla_total else None,
+        }
+
+
+def _rest(plan: Any, peak_step: int, rows: list[dict[str, Any]], usable: int, fraction: float, name: str,
+          capacity: int, on_tpu: bool, accelerator: Any, tpu: Any, pool: Any) -> dict[str, Any]:
+    """The plan's own figures, and the device's fit."""
+    return {
         "gap_to_lower_bound": (plan.peak_bytes / plan.lower_bound_bytes - 1.0) if plan.lower_bound_bytes else 0.0,
         "num_eqns": plan.num_eqns,
         "num_steps": len(plan.schedule),
@@ -221,6 +239,15 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
                    "platform": accelerator.platform if accelerator is not None else None,
                    "pool_rules": accelerator.pool_rules if accelerator is not None else "gpu_client"},
         "fits": plan.peak_bytes <= usable if pool is None else bool(pool.fits),
+    }
+
+
+def _device_part(plan: Any, args: Sequence[Any], gpu: Any, tpu: Any, pool: Any, predicted: Any, note: str | None,
+                 cpu_totals: dict[str, int] | None) -> dict[str, Any]:
+    """XLA:GPU's or XLA:TPU's figures and peak buffers, the pool verdict, the prediction."""
+    from jaxmem.xla.tpu.compile import summary as tpu_summary
+
+    return {
         "xla_gpu": None if gpu is None else gpu.summary(),
         "xla_gpu_peak_buffers": [] if gpu is None else gpu_peak_rows(gpu, plan, args),
         "xla_gpu_peak_live_bytes": None if gpu is None else gpu.peak_live_bytes,
@@ -234,6 +261,38 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "predicted_xla_bytes": None if predicted is None else predicted.total_bytes,
         "predicted_xla": None if predicted is None else predicted.summary(),
         "xla_cpu_schedulers": cpu_totals,
+        "plan_note": None,
+    }
+
+
+# What a program with no jaxpr (a `jax.stages.Lowered`) says in place of jaxmem's plan.
+NO_PLAN_NOTE = ("no jaxpr (a jax.stages.Lowered): jaxmem made no plan; the figures are XLA's, and the "
+                "source lines of its peak buffers are XLA's metadata")
+
+
+def summarize_without_plan(args: Sequence[Any], *, target: str, device: tuple[str, int], gpu: Any, pool: Any,
+                           fraction: float, note: str | None, tpu: Any, accelerator: Any,
+                           cpu_xla: Any) -> dict[str, Any]:
+    """`summarize` of a program with no jaxpr: every key of the plan's None (or empty), XLA's
+    figures and the pool verdict as they are, `plan_note` saying why."""
+    name, capacity = device
+    on_tpu = accelerator is not None and accelerator.is_tpu
+    usable = capacity if on_tpu else int(capacity * fraction)
+    empty = dict.fromkeys(("peak_bytes", "arena_bytes", "lower_bound_bytes", "program_order_lower_bound_bytes",
+                           "argument_bytes", "output_bytes", "ratio_to_xla", "gap_to_lower_bound", "num_eqns",
+                           "num_steps", "num_buffers", "plan_seconds", "trace_seconds", "valid", "scheduler",
+                           "placement", "peak_step"))
+    return {
+        "target": target, **empty,
+        "xla_total_bytes": None if cpu_xla is None else cpu_xla.total_bytes, "xla": _cpu_summary(cpu_xla),
+        "donated": [], "unknown_primitives": [], "top_buffers": [],
+        "device": {"name": name, "capacity_bytes": capacity, "preallocated_fraction": None if on_tpu else fraction,
+                   "usable_bytes": usable, "fits": None,
+                   "platform": accelerator.platform if accelerator is not None else None,
+                   "pool_rules": accelerator.pool_rules if accelerator is not None else "gpu_client"},
+        "fits": None if pool is None else bool(pool.fits),
+        **_device_part(None, args, gpu, tpu, pool, None, note, None),
+        "plan_note": NO_PLAN_NOTE,
     }
 
 

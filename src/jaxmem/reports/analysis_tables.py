@@ -36,10 +36,13 @@ def _trace_note(data: dict[str, Any]) -> str:
 
 
 def render(data: dict[str, Any], console: Any) -> None:
-    """The analysis as rich tables on `console`."""
+    """The analysis as rich tables on `console` (a program with no plan: its note, and XLA's)."""
+    if data.get("plan_note"):
+        console.print(f"[yellow]{markup(data['plan_note'])}[/]")
     console.print(summary_table(data))
-    console.print()
-    console.print(top_buffers_table(data, console.width))
+    if data["peak_bytes"] is not None:
+        console.print()
+        console.print(top_buffers_table(data, console.width))
     if data.get("xla_gpu_peak_buffers"):
         render_gpu_peak(data, console)
     if data.get("xla_tpu_peak_buffers"):
@@ -57,8 +60,10 @@ def summary_table(data: dict[str, Any]) -> Any:
     summary.add_column(style="bold")
     summary.add_column(justify="right")
     summary.add_column(style="dim")
-    summary.add_row("jaxmem peak", Text(_size(data["peak_bytes"]), style="bold green"),
-                    f"arguments {_size(data['argument_bytes'])} + arena {_size(data['arena_bytes'])}")
+    planned = data["peak_bytes"] is not None
+    if planned:
+        summary.add_row("jaxmem peak", Text(_size(data["peak_bytes"]), style="bold green"),
+                        f"arguments {_size(data['argument_bytes'])} + arena {_size(data['arena_bytes'])}")
     if data["xla_total_bytes"] is not None:
         add_xla_cpu_rows(data, summary)
     if data.get("xla_gpu"):
@@ -73,7 +78,8 @@ def summary_table(data: dict[str, Any]) -> Any:
         summary.add_row("loop", f"{len(data['loop'])} programs",
                         "; ".join(f"{markup(p['target'])} {_size(p['total_bytes'])}" for p in data["loop"])
                         + ": the pool runs them in turn in one process")
-    add_plan_rows(data, summary)
+    if planned:
+        add_plan_rows(data, summary)
     return summary
 
 
@@ -85,6 +91,7 @@ def add_xla_cpu_rows(data: dict[str, Any], summary: Any) -> None:
     style = "green" if ratio is not None and ratio <= 1.0 else "red"
     summary.add_row("XLA total here", _size(data["xla_total_bytes"]),
                     Text(f"{ratio:.3f}x of XLA ({data['xla']['scheduler']} scheduler)" if ratio is not None
+                         else f"({data['xla']['scheduler']} scheduler)" if data["peak_bytes"] is None
                          else f"XLA holds nothing ({data['xla']['scheduler']} scheduler)", style=style))
     totals = data.get("xla_cpu_schedulers")
     if totals and len(totals) > 1:
@@ -98,20 +105,24 @@ def add_xla_cpu_rows(data: dict[str, Any], summary: Any) -> None:
                         "of dot/conv results that its figure leaves out")
 
 
-def add_gpu_rows(gpu: dict[str, Any], peak: int, summary: Any) -> None:
+def _ratio(peak: int | None, total: int) -> str:
+    """`jaxmem 0.987x of it; ` (nothing without a plan)."""
+    return "" if peak is None else f"jaxmem {peak / total if total else 0.0:.3f}x of it; "
+
+
+def add_gpu_rows(gpu: dict[str, Any], peak: int | None, summary: Any) -> None:
     """XLA:GPU's figures from its deviceless compile, and its note."""
     from rich.text import Text
 
-    ratio = peak / gpu["total_bytes"] if gpu["total_bytes"] else 0.0
     summary.add_row(f"XLA:GPU {gpu['target']}", Text(_size(gpu["total_bytes"]), style="bold"),
                     f"arguments {_size(gpu['argument_bytes'])} + outputs {_size(gpu['output_bytes'])} + temp "
-                    f"{_size(gpu['temp_bytes'])} - aliased {_size(gpu['alias_bytes'])}; jaxmem {ratio:.3f}x of it; "
+                    f"{_size(gpu['temp_bytes'])} - aliased {_size(gpu['alias_bytes'])}; {_ratio(peak, gpu['total_bytes'])}"
                     + ("cached" if gpu.get("cached") else f"compiled deviceless in {gpu['compile_seconds']:.1f} s"))
     if gpu.get("note"):
         summary.add_row("", "", Text(gpu["note"][:160], style="yellow"))
 
 
-def render_tpu_row(tpu: dict[str, Any], peak: int, summary: Any) -> None:
+def render_tpu_row(tpu: dict[str, Any], peak: int | None, summary: Any) -> None:
     """XLA:TPU's figures (or its refusal) as one row of the summary table."""
     from rich.text import Text
 
@@ -120,11 +131,10 @@ def render_tpu_row(tpu: dict[str, Any], peak: int, summary: Any) -> None:
         summary.add_row(f"XLA:TPU {tpu['target']}", Text("does not fit", style="bold red"),
                         markup(f"{tpu['oom'][:200]} ({how})"))
         return
-    ratio = peak / tpu["total_bytes"] if tpu["total_bytes"] else 0.0
     summary.add_row(f"XLA:TPU {tpu['target']}", Text(_size(tpu["total_bytes"]), style="bold"),
                     f"arguments {_size(tpu['argument_bytes'])} + outputs {_size(tpu['output_bytes'])} + temp "
                     f"{_size(tpu['temp_bytes'])} - aliased {_size(tpu['alias_bytes'])}; code "
-                    f"{_size(tpu['generated_code_bytes'])} beside it; jaxmem {ratio:.3f}x of it; {how}")
+                    f"{_size(tpu['generated_code_bytes'])} beside it; {_ratio(peak, tpu['total_bytes'])}{how}")
 
 
 def add_predicted_row(predicted: dict[str, Any], gpu: dict[str, Any] | None, summary: Any) -> None:

@@ -76,7 +76,19 @@ def xla_reference(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums
     import jax
 
     try:
-        compiled = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*args, **(kwargs or {})).compile()
+        lowered = jax.jit(fn, donate_argnums=tuple(donate_argnums)).lower(*args, **(kwargs or {}))
+    except Exception as err:  # JAX's own errors are many types; the user needs one line
+        raise PlanError(f"XLA could not compile the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+    return reference_from_lowered(lowered)
+
+
+def reference_from_lowered(lowered: Any) -> XlaReference:
+    """XLA:CPU's memory analysis of a program JAX lowered for this process's CPU (`xla_reference`
+    of a `jax.stages.Lowered`)."""
+    import jax
+
+    try:
+        compiled = lowered.compile()
         stats = compiled.memory_analysis()
     except Exception as err:  # JAX's own errors are many types; the user needs one line
         raise PlanError(f"XLA could not compile the function: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None

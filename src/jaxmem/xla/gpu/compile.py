@@ -374,15 +374,26 @@ def load_abstract(target: str, kwargs: dict[str, int]) -> tuple[Callable[..., An
     under `jax.eval_shape` so that a batch of tens of GB is never allocated on the host. A
     factory that cannot run abstractly (it reads array values, or `fn` closes over the arrays it
     makes) is called for real instead."""
-    import jax
-
-    from jaxmem.compiler.target import check_fn_args, resolve_factory
+    from jaxmem.compiler.target import resolve_factory
 
     factory = resolve_factory(target)
+    return abstract_fn_args(lambda: factory(**kwargs), f"TARGET {target!r}",
+                            lambda: load_with_kwargs(target, kwargs))
+
+
+def abstract_fn_args(make: Callable[[], Any], what: str,
+                     concrete: Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
+                     ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`make()`'s `(fn, args)` with every argument a `jax.ShapeDtypeStruct` (`make` run under
+    `jax.eval_shape`), or `concrete()` where `make` cannot run abstractly."""
+    import jax
+
+    from jaxmem.compiler.target import check_fn_args
+
     box: dict[str, Any] = {}
 
     def arguments() -> Any:
-        fn, args = check_fn_args(factory(**kwargs), f"TARGET {target!r}")
+        fn, args = check_fn_args(make(), what)
         box["fn"] = fn
         return args
 
@@ -393,7 +404,7 @@ def load_abstract(target: str, kwargs: dict[str, int]) -> tuple[Callable[..., An
     except (JaxmemError, KeyboardInterrupt):
         raise
     except BaseException:  # the factory needs concrete values: run it for real (which says
-        return load_with_kwargs(target, kwargs)   # in one line what it raises, if it still does)
+        return concrete()      # in one line what it raises, if it still does)
     return fn, tuple(args)
 
 
@@ -456,7 +467,16 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
                     use_cache: bool = True) -> dict[str, Any]:
     """Compile `fn(*args)` for the GPU `spec` in this process (JAX_PLATFORMS=cpu must have been
     set before JAX started) and return the figures as the child prints them."""
-    import jax
+    text, mesh = gpu_target(spec, device)
+    structs, lowered, stablehlo = lower_on_one_device(fn, args, mesh, donate_argnums)
+    return compile_lowered_for_gpu(lowered, structs, donated_leaves(structs, donate_argnums), stablehlo,
+                                   spec=spec, device=device, target_text=text, top=top, dump_dir=dump_dir,
+                                   use_cache=use_cache)
+
+
+def gpu_target(spec: str, device: str) -> tuple[str, Any]:
+    """(XLA's target description with the preset's memory, a 1-device mesh of one compile-only
+    GPU of it)."""
     from jax.experimental import topologies
 
     from jaxmem.units import PRESETS
@@ -469,15 +489,23 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
     except Exception as err:  # the plugin did not load or refused the description
         raise GpuUnavailable(f"the CUDA plugin could not make a compile-only {device}: "
                              f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
-    mesh = topologies.make_mesh(topo, (1,), ("x",))
-    structs, lowered, stablehlo = lower_on_one_device(fn, args, mesh, donate_argnums)
+    return text, topologies.make_mesh(topo, (1,), ("x",))
+
+
+def compile_lowered_for_gpu(lowered: Any, structs: Sequence[Any], donated: Sequence[bool], stablehlo: str, *,
+                            spec: str, device: str, target_text: str, top: int = TOP_BUFFERS,
+                            dump_dir: str | None = None, use_cache: bool = True) -> dict[str, Any]:
+    """XLA:GPU's figures of a program lowered for one GPU (`lowered`: JAX's, or a program text's
+    `xla.lowered.TextLowered`), its flat arguments `structs` donated per leaf as `donated`; cached
+    by `stablehlo`, the target and the versions."""
+    import jax
     import jaxlib
 
     from jaxmem.xla import compilers
 
     versions = f"jax {jax.__version__} jaxlib {getattr(jaxlib, '__version__', '')} {compilers.versions('gpu')}"
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split() if not t.startswith("--xla_dump"))
-    key = cache_key(stablehlo, text, versions, flags)
+    key = cache_key(stablehlo, target_text, versions, flags)
     directory = cache_dir()
     if use_cache:
         hit = cache_read(directory, key)
@@ -485,27 +513,13 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
             hit["cached"] = True
             return hit
     started = time.perf_counter()
-    note = ""
-    try:
-        compiled = compile_lowered(lowered)
-    except Exception as err:
-        # Without autotuning, XLA takes its default Triton GEMM tiling, which some shapes on
-        # some targets cannot use ("Couldn't find output tile sizes"); on a GPU the autotuner
-        # would pick another. Compile again with Triton GEMM fusions off (cuBLAS), and say so.
-        first = " ".join(str(err).split())[:200]
-        try:
-            compiled = compile_lowered(lowered, {"xla_gpu_enable_triton_gemm": False})
-        except Exception as again:
-            raise PlanError(f"XLA:GPU could not compile the function: {type(again).__name__}: "
-                            f"{' '.join(str(again).split())[:300]}") from None
-        note = f"compiled with Triton GEMM fusions off: the default compile failed ({type(err).__name__}: {first})"
+    compiled, note = _compile_gpu(lowered)
     try:
         stats = compiled.memory_analysis()
     except Exception as err:
         raise PlanError(f"XLA:GPU gives no memory analysis: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
     seconds = time.perf_counter() - started
     flat = jax.tree.leaves(structs)
-    donated = donated_leaves(structs, donate_argnums)
     kept = _kept_arguments(lowered, len(flat))
     hlo = compiled.as_text() or ""
     aliases = {out: kept[param] for out, param in output_aliases(hlo).items() if param < len(kept)}
@@ -519,7 +533,7 @@ def compile_for_gpu(fn: Callable[..., Any], args: Sequence[Any], *, spec: str, d
         "argument_bytes": int(stats.argument_size_in_bytes), "output_bytes": int(stats.output_size_in_bytes),
         "temp_bytes": int(stats.temp_size_in_bytes), "alias_bytes": int(stats.alias_size_in_bytes),
         "generated_code_bytes": int(stats.generated_code_size_in_bytes), "compile_seconds": seconds,
-        "arguments": [{"bytes": _nbytes(leaf), "donated": donated[i] if i < len(donated) else False,
+        "arguments": [{"bytes": _nbytes(leaf), "donated": bool(donated[i]) if i < len(donated) else False,
                        "shape": _shape_key(leaf)} for i, leaf in enumerate(flat)],
         "outputs": [{"bytes": _nbytes(leaf), "aliases": aliases.get(i), "shape": _shape_key(leaf)}
                     for i, leaf in enumerate(outs)],
@@ -550,6 +564,24 @@ def compile_lowered(lowered: Any, options: dict[str, Any] | None = None) -> Any:
         return lowered.compile(**kwargs)
     finally:
         pxla.get_out_shardings_from_executable = real
+
+
+def _compile_gpu(lowered: Any) -> tuple[Any, str]:
+    """XLA:GPU's compile of `lowered`, and a note when it took a second try.
+
+    Without autotuning, XLA takes its default Triton GEMM tiling, which some shapes on some
+    targets cannot use ("Couldn't find output tile sizes"); on a GPU the autotuner would pick
+    another. Compile again with Triton GEMM fusions off (cuBLAS), and say so."""
+    try:
+        return compile_lowered(lowered), ""
+    except Exception as err:
+        first = " ".join(str(err).split())[:200]
+        try:
+            compiled = compile_lowered(lowered, {"xla_gpu_enable_triton_gemm": False})
+        except Exception as again:
+            raise PlanError(f"XLA:GPU could not compile the function: {type(again).__name__}: "
+                            f"{' '.join(str(again).split())[:300]}") from None
+        return compiled, f"compiled with Triton GEMM fusions off: the default compile failed ({type(err).__name__}: {first})"
 
 
 def donated_leaves(args: Sequence[Any], donate_argnums: Sequence[int]) -> list[bool]:
@@ -583,6 +615,9 @@ def lower_on_one_device(fn: Callable[..., Any], args: Sequence[Any], mesh: Any,
 def _kept_arguments(lowered: Any, count: int) -> list[int]:
     """HLO parameter number -> flat argument index: `jax.jit` drops unused arguments from the
     module. Read from JAX's lowering (private; identity when absent)."""
+    own = getattr(lowered, "kept_var_idx", None)   # a program text's (`xla.lowered.TextLowered`)
+    if own is not None:
+        return list(own)
     try:
         kept = lowered._lowering.compile_args["kept_var_idx"]
         return sorted(int(i) for i in kept)

@@ -259,6 +259,17 @@ def compile_for_tpu(fn: Callable[..., Any], args: Sequence[Any], *, accelerator:
     devices = topology_devices(accelerator.topology or "")
     structs, lowered, stablehlo = common.lower_on_one_device(fn, args, Mesh(np.array(devices[:1]), ("x",)),
                                                              donate_argnums)
+    return compile_lowered_for_tpu(lowered, structs, common.donated_leaves(structs, donate_argnums), stablehlo,
+                                   accelerator=accelerator, top=top, dump_dir=dump_dir, use_cache=use_cache)
+
+
+def compile_lowered_for_tpu(lowered: Any, structs: Sequence[Any], donated: Sequence[bool], stablehlo: str, *,
+                            accelerator: Accelerator, top: int = TOP_BUFFERS, dump_dir: str | None = None,
+                            use_cache: bool = True) -> dict[str, Any]:
+    """XLA:TPU's figures of a program lowered for one chip of `accelerator` (JAX's `Lowered`, or
+    a program text's `xla.lowered.TextLowered`), cached by `stablehlo`, the topology and the
+    versions; `oom` set to XLA:TPU's message where the program is over the chip's memory."""
+    import jax
     from importlib.metadata import version
 
     versions = f"jax {jax.__version__} libtpu {version('libtpu')}"
@@ -276,15 +287,18 @@ def compile_for_tpu(fn: Callable[..., Any], args: Sequence[Any], *, accelerator:
     dump_dir = dump_dir or own_dump
     options: dict[str, Any] = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
-        return _compile_and_read(lowered, structs, options, dump_dir, key, accelerator, donate_argnums, top, use_cache)
+        return _compile_and_read(lowered, structs, options, dump_dir, key, accelerator, donated, top, use_cache)
     finally:
         if own_dump:
             shutil.rmtree(own_dump, ignore_errors=True)
 
 
 def _compile_and_read(lowered: Any, structs: Sequence[Any], options: dict[str, Any], dump_dir: str, key: str,
-                      accelerator: Accelerator, donate_argnums: Sequence[int], top: int,
+                      accelerator: Accelerator, donated: Sequence[bool], top: int,
                       use_cache: bool) -> dict[str, Any]:
+    """XLA:TPU's figures of a program lowered for one chip (`lowered`: JAX's, or a program
+    text's `xla.lowered.TextLowered`), its flat arguments `structs` donated per leaf as
+    `donated`, as the child prints them; cached under `key`."""
     import jax
 
     directory = common.cache_dir()
@@ -301,9 +315,8 @@ def _compile_and_read(lowered: Any, structs: Sequence[Any], options: dict[str, A
         oom = found.group(0)[:400]
     seconds = time.perf_counter() - started
     flat = jax.tree.leaves(structs)
-    donated = common.donated_leaves(structs, donate_argnums)
     outs = jax.tree.leaves(lowered.out_info)
-    arguments = [{"bytes": common._nbytes(leaf), "donated": donated[i] if i < len(donated) else False,
+    arguments = [{"bytes": common._nbytes(leaf), "donated": bool(donated[i]) if i < len(donated) else False,
                   "shape": common._shape_key(leaf)} for i, leaf in enumerate(flat)]
     data: dict[str, Any] = {"target": accelerator.name, "spec": accelerator.topology, "key": key, "cached": False,
                             "compile_seconds": seconds, "oom": oom, "note": ""}

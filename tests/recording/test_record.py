@@ -132,12 +132,20 @@ def test_ctrl_c_leaves_a_readable_recording(tmp_path):
             w.block_until_ready()
     """))
     out = tmp_path / "rec"
+    # A terminal's Ctrl-C: SIGINT to the whole process group. (Where the test runner ignores
+    # SIGINT, as pytest-xdist's workers do, the default is given back to the command first:
+    # Python starts without KeyboardInterrupt where SIGINT is ignored, and so would the program.)
     proc = subprocess.Popen([sys.executable, "-m", "jaxmem", "record", "--out", str(out), "--", sys.executable, str(program)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
-    assert proc.stdout.readline() == "started\n"
-    time.sleep(2.0)
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches the whole group
-    _, err = proc.communicate(timeout=120)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline() == "started\n"
+        time.sleep(2.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130  # Python ends on an uncaught KeyboardInterrupt by SIGINT: 128 + 2
     data = load_recording(out)
     assert data["summary"]["calls"]["<lambda>"] > 10

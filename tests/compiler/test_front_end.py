@@ -14,8 +14,9 @@ INTERNAL_PREFIXES = ("jax._src", "jax.interpreters", "jax.core", "jax.extend")
 INTERNAL_SUBMODULES = frozenset({"_src", "interpreters", "core", "extend"})
 
 # The documented exceptions (docs/architecture.md, compiler/): the front end traces, walks and
-# reads JAX's jaxpr classes; fitting's hooks module reaches the JAX functions fit hooks.
-MAY_IMPORT_INTERNALS = {"compiler/jaxpr_adapter.py", "fitting/jax_hooks.py"}
+# reads JAX's jaxpr classes; fitting's hooks module reaches the JAX functions fit hooks; the
+# recorder's hooks module reaches JAX's backend start-up hook in the user's running program.
+MAY_IMPORT_INTERNALS = {"compiler/jaxpr_adapter.py", "fitting/jax_hooks.py", "recording/jax_hooks.py"}
 MAY_TRACE = {"compiler/jaxpr_adapter.py"}
 MAY_WALK = {"compiler/jaxpr_adapter.py"}
 

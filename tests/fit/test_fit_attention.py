@@ -77,6 +77,7 @@ def test_sites_are_the_long_plain_calls_by_line():
     assert attention_sites(masked, (q, k, v)) == []      # its own mask: not rewritten
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_the_rewrite_is_the_step_written_by_hand_and_xla_cpu_holds_less():
     step, args = _lm()
     (site,) = attention_sites(step, args)

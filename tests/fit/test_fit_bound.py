@@ -6,6 +6,8 @@ arguments + outputs - aliases. On moe_train it proves the issue's half-temp budg
 
 from __future__ import annotations
 
+import pytest
+
 CHILD = r"""
 import json, sys
 sys.path.insert(0, "{tests}")
@@ -45,6 +47,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_the_bound_never_exceeds_xla_gpu_totals_and_proves_moe_train_infeasible(run_gpu_script):
     got = run_gpu_script(CHILD)
     verdict = got.pop("fit")

@@ -28,6 +28,7 @@ def _check(got: dict) -> None:
     assert got["verdict"] is not None and "host offload included" in got["verdict"], got["verdict"]
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_the_loop_term_never_exceeds_xla_gpu_totals_and_proves_a_scanned_step_infeasible(run_gpu_script):
     """Three XLA:GPU compiles of a 4-layer scanned transformer: the body as written, its input
     offloaded, the dots saved."""

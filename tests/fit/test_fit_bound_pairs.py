@@ -46,6 +46,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_the_tighter_bound_never_exceeds_xla_gpu_totals_of_the_original_and_nothing_saveable(run_gpu_script):
     """Each step as written and with `nothing_saveable` on its layers (six XLA:GPU compiles)."""
     _check(run_gpu_script(CHILD.replace("{full!r}", "False")))

@@ -142,6 +142,7 @@ def test_remat_costs_match_hand_counts():
     assert jaxpr_flops(red) == 21
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_remat_cli_json(tmp_path):
     target = tmp_path / "model.py"
     target.write_text(

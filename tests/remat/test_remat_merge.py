@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import sys
 from pathlib import Path
 
@@ -41,6 +43,7 @@ def test_remat_merge_keeps_values_and_the_peak_and_saves_flops():
     assert saved_any
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_remat_merge_fit_at_50_percent_under_20_percent_flops():
     step, args = _residual_step(layers=12, batch=512, width=64)
     before = xla_reference(step, args).total_bytes

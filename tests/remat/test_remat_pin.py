@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import jax
 import numpy as np
 
@@ -43,6 +45,7 @@ def test_remat_pin_groups_hand_back_an_operand_and_keep_values():
         assert_close(ref, jax.jit(as_function(snap.graph))(*args))
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_remat_pin_fit_meets_50_percent_by_xla():
     step, args = _residual_step()
     before = xla_reference(step, args).total_bytes

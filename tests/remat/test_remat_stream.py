@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +54,7 @@ def test_remat_stream_sums_are_held_not_fused():
     assert all(v in unbounded.virtual for v in stream)
 
 
+@pytest.mark.slow  # benchmark-sized: XLA compiles of whole steps; in the slow pass
 def test_remat_stream_fit_meets_30_percent_by_xla():
     step, args = _prenorm_step()
     before = xla_reference(step, args).total_bytes

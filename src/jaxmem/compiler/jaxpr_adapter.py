@@ -1022,3 +1022,18 @@ def executable_figures(executable: Any) -> tuple[Any, str, list[Any], list[Any]]
     hlo = modules[0].to_string() if modules else ""
     return (executable.get_compiled_memory_stats(), hlo, layouts(executable.get_parameter_layouts),
             layouts(executable.get_output_layouts))
+
+
+def compile_keeping_lowered_shardings(lowered: Any, **kwargs: Any) -> Any:
+    """`lowered.compile(**kwargs)` with the outputs' shardings JAX lowered with, not those it
+    would build from the compiled executable's memory kinds (JAX 0.8 builds them from the
+    device's memory kinds, which a compile-only CUDA device does not list; JAX's own fallback
+    when it cannot is the lowered ones)."""
+    from jax._src.interpreters import pxla
+
+    real = pxla.get_out_shardings_from_executable
+    pxla.get_out_shardings_from_executable = lambda *args, **kw: None
+    try:
+        return lowered.compile(**kwargs)
+    finally:
+        pxla.get_out_shardings_from_executable = real

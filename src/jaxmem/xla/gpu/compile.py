@@ -556,14 +556,9 @@ def compile_lowered(lowered: Any, options: dict[str, Any] | None = None) -> Any:
     except ValueError as err:
         if "can address the following memory kinds: ." not in str(err):
             raise
-    from jax._src.interpreters import pxla
+    from jaxmem.compiler.jaxpr_adapter import compile_keeping_lowered_shardings
 
-    real = pxla.get_out_shardings_from_executable
-    pxla.get_out_shardings_from_executable = lambda *args, **kw: None
-    try:
-        return lowered.compile(**kwargs)
-    finally:
-        pxla.get_out_shardings_from_executable = real
+    return compile_keeping_lowered_shardings(lowered, **kwargs)
 
 
 def _compile_gpu(lowered: Any) -> tuple[Any, str]:

@@ -6,6 +6,8 @@ answers."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import hypothesis.strategies as st
@@ -108,6 +110,7 @@ def test_xla_cpu_total_drops_on_the_suite_cnn_and_values_stay():
     assert rewrite_first(step, args, (0, 1), Judge(None), found.xla_total_bytes) == []
 
 
+@pytest.mark.slow  # tens of seconds of XLA compiles; in the slow pass
 def test_fit_starts_from_the_rewritten_pools_and_prints_them_first(capsys):
     step, args = cnn.make_train_step(**SMALL)
     result = fit(step, *args, budget="100GiB", donate_argnums=(0, 1), rewrite=False)

@@ -50,6 +50,7 @@ def test_fit_on_a_tpu_preset_says_xla_tpu_s_floor(capsys):
     assert "XLA:TPU tpu-v5e-16gb" in json.dumps(data)
 
 
+@pytest.mark.slow  # tens of seconds of XLA compiles; in the slow pass
 @pytest.mark.usefixtures("needs_libtpu")
 def test_compare_shardings_on_a_v5e_slice(capsys):
     code = cli_main(["analyze", "jaxmem.examples.suite:transformer_train", "--device", "tpu-v5e-16gb",

@@ -27,6 +27,7 @@ def _check(got: dict) -> None:
     assert "as its kernel runs both are on the device" in got["offload_line"], got["offload_line"]
 
 
+@pytest.mark.slow  # tens of seconds of XLA compiles; in the slow pass
 def test_the_offload_bound_never_exceeds_xla_gpu_totals_of_offload_policies(run_gpu_script):
     """Three XLA:GPU compiles of a 4-layer scanned transformer: the step as written, its layer
     input offloaded, every GEMM result offloaded."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from jaxmem.cli.main import main as cli_main
@@ -30,6 +32,7 @@ def test_fit_infeasible_budget_names_the_bound(capsys):
     assert " ".join((captured.out + captured.err).split()).count("no recomputation can lower") == 1
 
 
+@pytest.mark.slow  # tens of seconds of XLA compiles; in the slow pass
 def test_fit_policy_only_json_lists_the_alternatives(capsys):
     rc = cli_main(["fit", TARGET, "--budget", "half-temp", "--policy-only", "--no-schedulers",
                    "--no-time", "--json"])

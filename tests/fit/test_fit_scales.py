@@ -165,6 +165,7 @@ def test_the_batch_norm_rewrite_is_the_step_written_by_hand(monkeypatch):
     assert text == str(pe.dce_jaxpr(jax.make_jaxpr(by_hand)(*args).jaxpr, [True] * 32)[0])
 
 
+@pytest.mark.slow  # tens of seconds of XLA compiles; in the slow pass
 def test_xla_cpu_total_drops_after_the_pools_at_fewer_flops():
     step, args = zoo.convnet_bn_train(**SMALL_BN)
     before = xla_reference(step, args, donate_argnums=(0, 1)).total_bytes

@@ -85,6 +85,7 @@ def test_a_real_mismatch_is_one_line_naming_the_argument(fitted):
     assert "\n" not in str(err.value) and "args[0]" in str(err.value) and len(str(err.value)) < 300
 
 
+@pytest.mark.slow  # tens of seconds of XLA compiles; in the slow pass
 def test_fit_times_a_step_before_and_after(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     assert cli_main(["fit", f"{HERE}:flax_linen_step", "--budget", "90%", "--rounds", "2", "--json",

@@ -65,8 +65,14 @@ def _size(n: Any) -> str:
 
 
 def device_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per device the program used. JAX starts its CPU backend beside a TPU or GPU one:
+    a CPU device that never held an array is left out there."""
     out = []
-    for name, peak in summary.get("devices", {}).items():
+    devices = summary.get("devices", {})
+    accelerated = any("peak_bytes_in_use" in peak for peak in devices.values())
+    for name, peak in devices.items():
+        if accelerated and "peak_bytes_in_use" not in peak and not peak.get("live_array_bytes"):
+            continue
         if "peak_bytes_in_use" in peak:
             limit = f" of {_size(peak['bytes_limit'])}" if peak.get("bytes_limit") else ""
             out.append(f"{name}: peak in use {_size(peak['peak_bytes_in_use'])} + reserved "

@@ -25,12 +25,11 @@ host devices); `--mesh`/`--layout`/`--compare-shardings` lay out an unsharded tr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Callable, Sequence
 
 from jaxmem.cli import OneLineParser, analyze_loop, report_console, sharded
-from jaxmem.errors import ConfigError, JaxmemError, PlanError
+from jaxmem.errors import ConfigError, PlanError
 from jaxmem.accelerators import find as find_accelerator
 from jaxmem.reports.analysis import AnalysisReport
 from jaxmem.units import PRESETS, parse_size
@@ -240,17 +239,3 @@ def run_execute(fn: Callable[..., Any], args: Sequence[Any], plan: Any, donate: 
     eager = verify.eager_summaries(fn, args, capacity)
     execute = verify.compare_with_jit(fn, args, plan, donate)
     return execute, eager
-
-
-def _guarded(work: Callable[[], Any], what: str) -> Any:
-    """Run `work`; an error from the user's function (a shape error while tracing, say) becomes one
-    line. JAXMEM_TRACEBACK=1 lets it through with its traceback, for debugging jaxmem itself."""
-    try:
-        return work()
-    except (JaxmemError, KeyboardInterrupt):
-        raise
-    except Exception as err:
-        if os.environ.get("JAXMEM_TRACEBACK"):
-            raise
-        message = " ".join(str(err).split())[:400]
-        raise PlanError(f"{what}: {type(err).__name__}: {message} (JAXMEM_TRACEBACK=1 shows where)") from None

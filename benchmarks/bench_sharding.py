@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from jaxmem.cli.sharded import pool_verdict
+from jaxmem.api.sharded import pool_verdict
 from jaxmem.xla.sharding import LAYOUT_NAMES, sharded_reference
 from jaxmem.runtime.steps import make_device
 from jaxmem.units import PRESETS

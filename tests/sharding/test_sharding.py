@@ -174,7 +174,7 @@ def test_compare_shardings_verdicts_are_independent(monkeypatch, capsys):
     # verdicts must not leak into each other through one pool (they once did).
     sizes = {"dp": 40 << 30, "fsdp": 5 << 30}
     monkeypatch.setattr(sharding, "sharded_reference", lambda target, **kw: _fake_reference(kw["layout"], sizes[kw["layout"]]))
-    monkeypatch.setattr("jaxmem.cli.sharded._xla_kind", lambda args, device: ("gpu", None))
+    monkeypatch.setattr("jaxmem.cli.sharded.xla_kind", lambda device, xla, topology: ("gpu", None))
     assert cli_main(["analyze", f"{EXAMPLES}:tiny_step", "--compare-shardings", "--mesh", "8", "--json"]) == 0
     dp, fsdp = json.loads(capsys.readouterr().out)["layouts"]
     assert not dp["pool"]["fits"] and fsdp["pool"]["fits"]

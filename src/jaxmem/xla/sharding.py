@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from jaxmem.errors import JaxmemError, PlanError, ShardingError
@@ -675,42 +676,18 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     the JSON object the child prints (see `sharded_reference`)."""
     import jax
 
-    args, (sizes_t, names_t) = _laid_out_mesh(args, mesh_text, layout)
-    sizes = dict(zip(names_t, sizes_t))
-    check_shardings(args, sizes)
-    cmesh, target_text = _compile_mesh(sizes_t, names_t, xla, device, topology)
-    structs = with_specs(args, [_spec_of(leaf) for leaf in jax.tree.leaves(tuple(args))], cmesh)
-    flat = jax.tree.leaves(structs)
-    donated: list[bool] = []
-    for position, arg in enumerate(structs):
-        donated += [position in set(donate_argnums)] * len(jax.tree.leaves(arg))
+    target: dict[str, str] = {}
 
-    def in_context(step: Callable[[], Any]) -> Any:
-        # A function that names the factory's AbstractMesh (shard_map(mesh=...)) traces with no
-        # context mesh; one that relies on the context (shard_map without a mesh, constraints
-        # with bare PartitionSpecs) needs the compile mesh set.
-        try:
-            return step()
-        except JaxmemError:
-            raise
-        except Exception as first:
-            try:
-                with jax.set_mesh(cmesh):
-                    return step()
-            except Exception:
-                raise _trace_error(first, sizes) from None
+    def compile_mesh(sizes_t: tuple[int, ...], names_t: tuple[str, ...]) -> Any:
+        mesh, target["text"] = _compile_mesh(sizes_t, names_t, xla, device, topology)
+        return mesh
 
-    # jaxmem compiles its flat copy of the program with each equation under a name scope (the
-    # same HLO but for metadata), so XLA's shardings and collectives can be read per equation.
-    from jaxmem.compiler import jaxpr_adapter as ja
-
-    closed = in_context(lambda: ja.make_closed_jaxpr(fn, *structs))
-    flat_closed = ja.inline_calls(closed)
-    program = tagged_program(flat_closed)
+    traced = trace_sharded(fn, args, compile_mesh, donate_argnums=donate_argnums, mesh_text=mesh_text, layout=layout)
+    sizes, target_text = traced.sizes, target["text"]
+    flat = jax.tree.leaves(traced.structs)
     started = time.perf_counter()
-    jitted = jax.jit(program, donate_argnums=tuple(i for i, d in enumerate(donated) if d))
     try:
-        lowered = in_context(lambda: jitted.trace(*flat).lower())
+        lowered = lower_traced(traced)
         key = sharded_cache_key(lowered.as_text(debug_info=True), f"{device} {layout}\n{target_text}", sizes, top)
         if use_cache:
             hit = sharded_cache_read(key)
@@ -724,35 +701,136 @@ def compile_sharded(fn: Callable[..., Any], args: Sequence[Any], *, xla: str, de
     per = _per_device_figures(compiled.memory_analysis(), xla, device, target_text, time.perf_counter() - started)
     out_specs = [tuple(getattr(s, "spec", ()) or ()) for s in jax.tree.leaves(
         compiled.output_shardings, is_leaf=lambda x: hasattr(x, "spec"))]
-    arguments, outputs = _argument_and_output_leaves(lowered, compiled, flat, donated, out_specs, sizes)
-    peak, live = _peak_from_dump(dump_dir, xla, top, flat_closed, getattr(fn, "__name__", "fn"))
-    dumps = partitioning_dumps(dump_dir)
-    plan = None
-    if ja.single_shard_map_body(closed) is None and dumps is not None:
+    from jaxmem.xla.gpu.compile import _kept_arguments, output_aliases
+
+    kept = _kept_arguments(lowered, len(flat))
+    aliases = {o: kept[p] for o, p in output_aliases(compiled.as_text() or "").items() if p < len(kept)}
+    peak, live = peak_from_dump(dump_dir, xla, top)
+    data = finish_sharded(traced, xla=xla, per=per, outs=jax.tree.leaves(lowered.out_info), out_specs=out_specs,
+                          aliases=aliases, peak=peak, live=live, dumps=partitioning_dumps(dump_dir), key=key)
+    if use_cache:
+        from jaxmem.xla.gpu.compile import cache_dir, cache_write
+
+        cache_write(cache_dir(), key, data)
+    return data
+
+
+@dataclass
+class Traced:
+    """A sharded program as jaxmem traced it: the user's function and its arguments as
+    `ShapeDtypeStruct`s with their `NamedSharding`s (`structs`), its ClosedJaxpr and the flat
+    copy whose equations are tagged (`flat_closed`), per flat input whether it is donated, the
+    donated positions, the mesh's axis sizes and the layout it was laid out under."""
+
+    fn: Callable[..., Any]
+    structs: tuple[Any, ...]
+    closed: Any
+    flat_closed: Any
+    donated: list[bool]
+    donate_argnums: tuple[int, ...]
+    sizes: dict[str, int]
+    layout: str | None
+    mesh: Any
+
+
+def in_mesh(mesh: Any, sizes: dict[str, int], step: Callable[[], Any]) -> Any:
+    """`step()` (a trace or a lowering of the user's function); where it fails, again with
+    `mesh` set as JAX's context mesh. A function that names its own `AbstractMesh`
+    (`shard_map(mesh=...)`) traces without one; one that relies on the context (`shard_map`
+    without a mesh, constraints with bare `PartitionSpec`s) needs it."""
+    import jax
+
+    try:
+        return step()
+    except JaxmemError:
+        raise
+    except Exception as first:
         try:
-            plan = plan_from_hlo(flat_closed, [local_shape(leaf.shape, _spec_of(leaf), sizes) for leaf in flat],
-                                 dumps[0], dumps[1], donated)
+            with jax.set_mesh(mesh):
+                return step()
+        except Exception:
+            raise _trace_error(first, sizes) from None
+
+
+def trace_sharded(fn: Callable[..., Any], args: Sequence[Any], mesh_for: Callable[[tuple[int, ...], tuple[str, ...]], Any],
+                  *, donate_argnums: Sequence[int] = (), mesh_text: str | None = None,
+                  layout: str | None = None) -> Traced:
+    """`fn(*args)` traced with each argument on `mesh_for(axis sizes, axis names)` (the compile
+    mesh of a device, or an `AbstractMesh`) under its own `PartitionSpec` (laid out under
+    `layout` on `mesh_text`'s mesh where both are given), and its flat, tagged copy.
+
+    Raises:
+        ShardingError: a sharding names an axis the mesh lacks or does not divide its array.
+        JaxmemError: the function cannot be traced (one line).
+    """
+    import jax
+
+    from jaxmem.compiler import jaxpr_adapter as ja
+
+    args, (sizes_t, names_t) = _laid_out_mesh(args, mesh_text, layout)
+    sizes = dict(zip(names_t, sizes_t))
+    check_shardings(args, sizes)
+    mesh = mesh_for(sizes_t, names_t)
+    structs = with_specs(args, [_spec_of(leaf) for leaf in jax.tree.leaves(tuple(args))], mesh)
+    donated: list[bool] = []
+    for position, arg in enumerate(structs):
+        donated += [position in set(donate_argnums)] * len(jax.tree.leaves(arg))
+    # jaxmem compiles its flat copy of the program with each equation under a name scope (the
+    # same HLO but for metadata), so XLA's shardings and collectives can be read per equation.
+    closed = in_mesh(mesh, sizes, lambda: ja.make_closed_jaxpr(fn, *structs))
+    return Traced(fn, structs, closed, ja.inline_calls(closed), donated, tuple(donate_argnums), sizes, layout, mesh)
+
+
+def lower_traced(traced: Traced, platform: str | None = None) -> Any:
+    """The tagged copy of `traced` lowered by `jax.jit` with its donation, for `platform`
+    ("cuda", "tpu", "cpu"; default: the mesh's devices')."""
+    import jax
+
+    jitted = jax.jit(tagged_program(traced.flat_closed),
+                     donate_argnums=tuple(i for i, d in enumerate(traced.donated) if d))
+    flat = jax.tree.leaves(traced.structs)
+    options = {"lowering_platforms": (platform,)} if platform else {}
+    return in_mesh(traced.mesh, traced.sizes, lambda: jitted.trace(*flat).lower(**options))
+
+
+def finish_sharded(traced: Traced, *, xla: str, per: dict[str, Any], outs: Sequence[Any],
+                   out_specs: Sequence[tuple[Any, ...]], aliases: dict[int, int], peak: list[dict[str, Any]],
+                   live: int, dumps: tuple[str, str] | None, key: str) -> dict[str, Any]:
+    """The sharded reference from XLA's per-device compile of `traced` (its figures `per`, the
+    output leaves and their specs, XLA's output aliases, the buffers at its peak as the dumps
+    name them, its partitioning dumps): per-device argument and output bytes, jaxmem's
+    per-device plan (read off XLA's partitioning, else traced per device, else absent with the
+    reason) and what is replicated. Both the TARGET's child and `jaxmem.analyze` end here."""
+    import jax
+
+    from jaxmem.compiler import jaxpr_adapter as ja
+
+    sizes = traced.sizes
+    flat = jax.tree.leaves(traced.structs)
+    arguments, outputs = _argument_and_output_leaves(flat, traced.donated, outs, out_specs, aliases, sizes)
+    peak = _named_peak(peak, traced.flat_closed, getattr(traced.fn, "__name__", "fn"))
+    plan = None
+    if ja.single_shard_map_body(traced.closed) is None and dumps is not None:
+        try:
+            plan = plan_from_hlo(traced.flat_closed, [local_shape(leaf.shape, _spec_of(leaf), sizes) for leaf in flat],
+                                 dumps[0], dumps[1], traced.donated)
         except PlanError:
             # XLA's propagation left a value whose per-device shape jaxmem cannot read off (on
             # XLA:TPU, a reshape it folded away): the per-device trace below plans it instead.
             plan = None
     if plan is None:
-        plan = _plan_or_note(lambda: plan_per_device(fn, structs, out_specs, sizes, donate_argnums))
-    rows = replicated(structs, sizes)
-    data = {
+        plan = _plan_or_note(lambda: plan_per_device(traced.fn, traced.structs, out_specs, sizes,
+                                                     traced.donate_argnums))
+    rows = replicated(traced.structs, sizes)
+    return {
         "key": key, "cached": False,
-        "devices": math.prod(sizes_t), "mesh": sizes, "layout": layout, "xla_kind": xla,
+        "devices": math.prod(sizes.values()), "mesh": sizes, "layout": traced.layout, "xla_kind": xla,
         "xla": per, "arguments": arguments, "outputs": outputs, "peak_buffers": peak, "peak_live_bytes": live,
         "peak_bytes": plan["peak_bytes"], "plan": plan,
         "replicated_bytes": sum(r["bytes"] for r in {r["path"]: r for r in rows}.values()),
         "replicated": rows,
         "in_specs": [[_entry_text(e) for e in _spec_of(leaf)] for leaf in flat],
     }
-    if use_cache:
-        from jaxmem.xla.gpu.compile import cache_dir, cache_write
-
-        cache_write(cache_dir(), key, data)
-    return data
 
 
 def _plan_or_note(make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -812,18 +890,11 @@ def _per_device_figures(stats: Any, xla: str, device: str, target_text: str, sec
     return per
 
 
-def _argument_and_output_leaves(lowered: Any, compiled: Any, flat: Sequence[Any], donated: Sequence[bool],
-                                out_specs: Sequence[tuple[Any, ...]],
+def _argument_and_output_leaves(flat: Sequence[Any], donated: Sequence[bool], outs: Sequence[Any],
+                                out_specs: Sequence[tuple[Any, ...]], aliases: dict[int, int],
                                 sizes: dict[str, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per-device bytes of each argument and output leaf (the pool's view of a step), outputs
-    with the argument XLA aliases them to."""
-    import jax
-
-    from jaxmem.xla.gpu.compile import _kept_arguments, output_aliases
-
-    outs = jax.tree.leaves(lowered.out_info)
-    kept = _kept_arguments(lowered, len(flat))
-    aliases = {o: kept[p] for o, p in output_aliases(compiled.as_text() or "").items() if p < len(kept)}
+    with the argument XLA aliases them to (`aliases`: output -> flat argument)."""
 
     def leaf_bytes(leaf: Any, spec: Sequence[Any]) -> int:
         return _nbytes(local_shape(leaf.shape, spec, sizes), leaf.dtype)
@@ -839,24 +910,30 @@ def _argument_and_output_leaves(lowered: Any, compiled: Any, flat: Sequence[Any]
     return arguments, outputs
 
 
-def _peak_from_dump(dump_dir: str | None, xla: str, top: int, flat_closed: Any,
-                    fn_name: str) -> tuple[list[dict[str, Any]], int]:
-    """The buffers XLA:GPU or XLA:TPU holds at its peak (from its dumps; none for XLA:CPU) and
-    the bytes live there, each op named by the user's function and name stack in place of
-    jaxmem's per-equation scope."""
-    from jaxmem.compiler import jaxpr_adapter as ja
+def peak_from_dump(dump_dir: str | None, xla: str, top: int) -> tuple[list[dict[str, Any]], int]:
+    """The buffers XLA:GPU or XLA:TPU holds at its peak, from its dumps (none for XLA:CPU), and
+    the bytes live there; op names as XLA wrote them (`_named_peak` names them for the user)."""
     from jaxmem.xla.gpu.compile import peak_buffers_from_dump
 
-    peak, live = (peak_buffers_from_dump(dump_dir, top) if dump_dir and xla == "gpu" else
-                  peak_buffers_from_dump(dump_dir, top, live_range="after_optimizations-live-range.txt")
-                  if dump_dir and xla == "tpu" else ([], 0))
+    if dump_dir and xla == "gpu":
+        return peak_buffers_from_dump(dump_dir, top)
+    if dump_dir and xla == "tpu":
+        return peak_buffers_from_dump(dump_dir, top, live_range="after_optimizations-live-range.txt")
+    return [], 0
+
+
+def _named_peak(peak: list[dict[str, Any]], flat_closed: Any, fn_name: str) -> list[dict[str, Any]]:
+    """The peak buffers with each op named by the user's function and name stack in place of
+    jaxmem's per-equation scope."""
+    from jaxmem.compiler import jaxpr_adapter as ja
+
     names = [f"{ja.eqn_name_stack(e) or ''}" for e in ja.jaxpr_eqns(flat_closed)]
     own = f"jit({fn_name})"
     for row in peak:
         text = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)
                            and names[int(m.group(1))] else "", row.get("op_name", ""))
         row["op_name"] = text.replace("jit(jaxmem_per_device)", own)
-    return peak, live
+    return peak
 
 
 # The per-device plan is cached with XLA's figures: a new model of it is a new version.

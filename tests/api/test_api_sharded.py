@@ -1,9 +1,11 @@
 """`jaxmem.analyze` of sharded arguments: per device, as `jaxmem analyze TARGET` reports it.
 
-The truth is the command's own path (the factory loaded in a compile child that holds the
-compile-only devices, `xla.sharding.compile_sharded`), which is checked against XLA's
-`memory_analysis()` in tests/sharding; from Python the function is traced here over an
-`AbstractMesh` and only its lowered text crosses to the child. Both must print the same JSON.
+From Python (and from the command line, a thin layer over it) the function is traced here over
+an `AbstractMesh` and only its lowered text crosses to the compile child, which partitions it
+over N compile-only devices. The truth is the other way to the same figures: the factory loaded
+in a child that holds the compile-only devices itself, with JAX's own `Lowered.compile()` of
+the partitioned program (`xla.sharding.sharded_reference`, itself checked against XLA's
+`memory_analysis()` in tests/sharding). All three must agree.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 import jaxmem
+from jaxmem.api.pipeline import Options, parse_device
 from jaxmem.api.result import without_timings
+from jaxmem.api.sharded import _pool, summarize
 from jaxmem.compiler.target import load_target
 from jaxmem.xla.gpu.compile import unavailable_reason as gpu_reason
+from jaxmem.xla.sharding import sharded_reference
 from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
 
 HERE = os.path.dirname(__file__)
@@ -51,16 +56,23 @@ def cli_json(target: str, device: str, *flags: str, env: dict | None = None) -> 
 
 
 @pytest.mark.parametrize("target, device", PROGRAMS)
-def test_sharded_to_dict_is_the_commands_json(target, device):
+def test_sharded_analysis_is_the_target_paths_and_the_commands(target, device):
     _skip_without(device)
-    command = cli_json(target, device)
     fn, args = load_target(target)
     result = jaxmem.analyze(fn, *args, device=device, quiet=True)
     data = result.to_dict()
+    kind = "tpu" if device.startswith("tpu") else "gpu"
+    truth = sharded_reference(target, device=device, xla=kind, use_cache=False)
+    capacity = parse_device(device)[1]
+    expected = summarize(truth, _pool(truth, Options(device=device), capacity), target=fn.__name__,
+                         device=(device, capacity))
+    assert without_timings(data) == without_timings(json.loads(json.dumps(expected)))
+    command = cli_json(target, device)
     assert command.pop("target") == target and data.pop("target") == fn.__name__
     assert without_timings(data) == without_timings(command)
     assert result.devices == 8 and result.xla["total_bytes"] > 0 and result.fits is True
     assert result.plan["valid"] and result.peak_buffers
+    assert not any("jaxmem/" in row["source"] for row in data.get(f"xla_{kind}_peak_buffers", []))
 
 
 def _mlp_args(mesh):

@@ -173,7 +173,7 @@ def test_compare_shardings_verdicts_are_independent(monkeypatch, capsys):
     # Data parallel's 40 GiB of state cannot fit twice in 59.74 GiB; FSDP's 5 GiB can. The
     # verdicts must not leak into each other through one pool (they once did).
     sizes = {"dp": 40 << 30, "fsdp": 5 << 30}
-    monkeypatch.setattr(sharding, "sharded_reference", lambda target, **kw: _fake_reference(kw["layout"], sizes[kw["layout"]]))
+    monkeypatch.setattr("jaxmem.cli.sharded.sharded_reference_of", lambda fn, args, **kw: _fake_reference(kw["layout"], sizes[kw["layout"]]))
     monkeypatch.setattr("jaxmem.cli.sharded.xla_kind", lambda device, xla, topology: ("gpu", None))
     assert cli_main(["analyze", f"{EXAMPLES}:tiny_step", "--compare-shardings", "--mesh", "8", "--json"]) == 0
     dp, fsdp = json.loads(capsys.readouterr().out)["layouts"]

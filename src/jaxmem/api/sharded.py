@@ -203,35 +203,21 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
             names an axis the mesh lacks or does not divide its array, the device is unknown,
             or XLA refuses the per-device program.
     """
-    from jax.sharding import AbstractMesh, AxisType
-
     from jaxmem.api.pipeline import parse_device
     from jaxmem.api.program import _in_own_thread, _name, prepare
     from jaxmem.xla.sharded_lowered import sharded_lowered_reference
-    from jaxmem.xla.sharding import trace_sharded
 
     name = _name(fn)
     device = parse_device(options.device)
     kind, note = xla_kind(device[0].strip().lower(), options.xla)
     with busy(f"tracing {name}"):
         call, dynamic = _dynamic_call(fn, tuple(args), dict(kwargs or {}))
-
-        def abstract(sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
-            return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes))
-
-        def trace(donated: tuple[int, ...]) -> Any:
-            def work() -> Any:
-                with _frames_kept():
-                    return trace_sharded(call, dynamic, abstract, donate_argnums=donated)
-
-            return _in_own_thread(work)
-
         try:   # JAX's own reading of the function: its donation and static arguments
             program = prepare(fn, args, kwargs, donate)
         except PlanError:
-            trace(())   # traced on the mesh, a failure names the mesh axis it lacks (ShardingError)
+            trace_on_mesh(call, dynamic)   # on the mesh, a failure names the axis it lacks (ShardingError)
             raise
-        traced = trace(program.donated_positions)
+        traced = trace_on_mesh(call, dynamic, donate_argnums=program.donated_positions)
     on = {"gpu": f"XLA:GPU {device[0]}", "tpu": f"XLA:TPU {device[0]}"}.get(kind, "XLA:CPU")
     started = time.perf_counter()
     with busy(f"compiling per device for {on}"):
@@ -243,6 +229,40 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
     if note:
         data["note"] = note
     return ShardedAnalysis(data)
+
+
+def trace_on_mesh(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Sequence[int] = (),
+                  mesh: str | None = None, layout: str | None = None) -> Any:
+    """`xla.sharding.trace_sharded` over an `AbstractMesh` of the arguments' axes (their own
+    mesh, or `mesh`'s under `layout`), in a thread of its own (`api.program._in_own_thread`)."""
+    from jax.sharding import AbstractMesh, AxisType
+
+    from jaxmem.api.program import _in_own_thread
+    from jaxmem.xla.sharding import trace_sharded
+
+    def abstract(sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
+        return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes))
+
+    def work() -> Any:
+        with _frames_kept():
+            return trace_sharded(fn, args, abstract, donate_argnums=donate_argnums, mesh_text=mesh, layout=layout)
+
+    return _in_own_thread(work)
+
+
+def sharded_reference_of(fn: Callable[..., Any], args: Sequence[Any], *, device: str, xla: str,
+                         donate_argnums: Sequence[int] = (), top: int = 10, mesh: str | None = None,
+                         layout: str | None = None, topology: str | None = None,
+                         use_cache: bool = True) -> dict[str, Any]:
+    """XLA's per-device figures of `fn(*args)` on the arguments' mesh (or `mesh` under
+    `layout`), jaxmem's per-device plan and what is replicated: the reference `jaxmem analyze`
+    reports for a factory's sharded arguments (`xla.sharding.compile_sharded` has its keys)."""
+    from jaxmem.api.program import _in_own_thread
+    from jaxmem.xla.sharded_lowered import sharded_lowered_reference
+
+    traced = trace_on_mesh(fn, args, donate_argnums=donate_argnums, mesh=mesh, layout=layout)
+    return _in_own_thread(lambda: sharded_lowered_reference(traced, xla=xla, device=device, top=top,
+                                                            topology=topology, use_cache=use_cache))
 
 
 @contextlib.contextmanager

@@ -143,8 +143,8 @@ def main(argv: list[str]) -> int:
     fn, fn_args, texts = load(target, record=accelerator is not None and accelerator.is_tpu and not args.no_xla)
     donate = parse_donate(args.donate, len(fn_args))
     if sharded.wanted(args, fn_args):
-        # A mesh: per-device figures from a partitioned compile (jaxmem.xla.sharding).
-        return sharded.run(args, target, device, donate or _jit_donation(fn, fn_args), pool_device)
+        # A mesh: per-device figures from a partitioned compile (jaxmem.api.sharded).
+        return sharded.run(args, target, device, donate or _jit_donation(fn, fn_args), pool_device, fn, fn_args)
     if args.execute and has_abstract_args(fn_args):
         raise PlanError(f"--execute runs the program, and {target} returns jax.ShapeDtypeStruct arguments "
                         "(no values); plan and compile it without --execute")

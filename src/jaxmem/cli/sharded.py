@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any, Sequence
 
-from jaxmem.api.sharded import pool_verdict, summarize, xla_kind
+from jaxmem.api.sharded import pool_verdict, sharded_reference_of, summarize, xla_kind
 from jaxmem.errors import ConfigError, PlanError
 from jaxmem.reports.sharded_tables import render, render_compare
 from jaxmem.units import format_size
@@ -45,12 +45,14 @@ def wanted(args: argparse.Namespace, fn_args: Sequence[Any]) -> bool:
 
 
 def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: tuple[int, ...],
-        pool_device: Any) -> int:
-    """The sharded analysis `analyze` delegates to; prints tables or JSON, returns the exit code."""
+        pool_device: Any, fn: Any, fn_args: Sequence[Any]) -> int:
+    """The sharded analysis `analyze` delegates to (`api.sharded`: the factory's `fn(*fn_args)`
+    traced here over an AbstractMesh, its text compiled per device in a child); prints tables
+    or JSON, returns the exit code."""
     import sys
 
     from jaxmem.reports.terminal import busy
-    from jaxmem.xla.sharding import LAYOUTS, parse_mesh, sharded_reference
+    from jaxmem.xla.sharding import LAYOUTS, parse_mesh
 
     unsupported = [flag for flag, value in (("--html", args.html), ("--pprof", args.pprof), ("--png", args.png),
                                              ("--chrome-trace", args.chrome_trace), ("--execute", args.execute),
@@ -80,8 +82,8 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
         rows = []
         for layout in layouts:
             with busy(f"compiling {layout} on {mesh} for {on}"):
-                ref = sharded_reference(target, device=name, xla=xla, mesh=mesh, layout=layout,
-                                        donate_argnums=donate, top=args.top, topology=args.topology)
+                ref = sharded_reference_of(fn, fn_args, device=name, xla=xla, mesh=mesh, layout=layout,
+                                           donate_argnums=donate, top=args.top, topology=args.topology)
             # A fresh pool per layout: a simulation leaves its buffers in the device it ran in.
             pool = pool_verdict(ref, pool_device(args, device[1]), args.steps) if dev is not None else None
             rows.append(summarize(ref, pool, target=target, device=device))
@@ -90,8 +92,8 @@ def run(args: argparse.Namespace, target: str, device: tuple[str, int], donate: 
         _emit(args, data, render_compare)
         return 0
     with busy(f"compiling per device for {on}"):
-        ref = sharded_reference(target, device=name, xla=xla, mesh=args.mesh, layout=args.layout,
-                                donate_argnums=donate, top=args.top, topology=args.topology)
+        ref = sharded_reference_of(fn, fn_args, device=name, xla=xla, mesh=args.mesh, layout=args.layout,
+                                   donate_argnums=donate, top=args.top, topology=args.topology)
     pool = pool_verdict(ref, dev, args.steps) if dev is not None else None
     data = summarize(ref, pool, target=target, device=device)
     data["total_seconds"] = time.perf_counter() - started

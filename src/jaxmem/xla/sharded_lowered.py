@@ -174,10 +174,13 @@ def compile_text_on(devices: Sequence[Any], program: ShardedText, options: dict[
     build = compile_options.executable_build_options
     build.allow_spmd_sharding_propagation_to_parameters = [False] * max(1, program.inputs)
     build.allow_spmd_sharding_propagation_to_output = [True] * max(1, program.outputs)
+    # Host devices are real: their client compiles and loads (compile-only GPUs and TPU chips
+    # only compile).
+    real = devices[0].platform == "cpu" and hasattr(client, "compile_and_load")
+    compile = client.compile_and_load if real else client.compile
     with mlir.make_ir_context():
         module = ir.Module.parse(program.text)
-        return client.compile(module, executable_devices=xc.DeviceList(tuple(devices)),
-                              compile_options=compile_options)
+        return compile(module, executable_devices=xc.DeviceList(tuple(devices)), compile_options=compile_options)
 
 
 def compile_child(program: ShardedText, *, xla: str, device: str, topology: str | None,

@@ -927,17 +927,25 @@ def _named_peak(peak: list[dict[str, Any]], flat_closed: Any, fn_name: str) -> l
     jaxmem's per-equation scope."""
     from jaxmem.compiler import jaxpr_adapter as ja
 
-    names = [f"{ja.eqn_name_stack(e) or ''}" for e in ja.jaxpr_eqns(flat_closed)]
+    eqns = ja.jaxpr_eqns(flat_closed)
+    names = [f"{ja.eqn_name_stack(e) or ''}" for e in eqns]
     own = f"jit({fn_name})"
     for row in peak:
+        op = row.get("op_name", "")
+        tag = _TAG_RE.search(op)
         text = _TAG_RE.sub(lambda m: (names[int(m.group(1))] + "/") if int(m.group(1)) < len(names)
-                           and names[int(m.group(1))] else "", row.get("op_name", ""))
+                           and names[int(m.group(1))] else "", op)
         row["op_name"] = text.replace("jit(jaxmem_per_device)", own)
+        if tag is not None and int(tag.group(1)) < len(eqns):
+            # XLA's metadata names the frame that bound jaxmem's tagged copy; the user's line is
+            # the equation's own.
+            line = ja.source_line(eqns[int(tag.group(1))])
+            row["source"] = str(line) if line is not None else ""
     return peak
 
 
 # The per-device plan is cached with XLA's figures: a new model of it is a new version.
-SHARDED_CACHE_VERSION = 1
+SHARDED_CACHE_VERSION = 2
 
 
 def sharded_cache_key(lowered_text: str, target_text: str, mesh: dict[str, int], top: int) -> str:

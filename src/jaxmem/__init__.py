@@ -3,8 +3,9 @@
 Runtime: `Device` (a simulated or host pool carved by a BFC, growth or platform allocator).
 Compiler: `plan(fn, *args)` plans a traced function's memory. Execution: `jit`, `eager`.
 Rematerialization: `fit`. Sharing one GPU: `reserve`. On a GPU or TPU, from a notebook:
-`analyze(fn, *args, device=...)` and `maxbatch(make, arg=..., device=...)`. A run's memory as it
-happens: `record`; an out-of-memory text explained: `explain`.
+`analyze(fn, *args, device=...)` (per device for sharded arguments) and
+`maxbatch(make, arg=..., device=...)`. A run's memory as it happens: `record`; an out-of-memory
+text explained: `explain`.
 
 Names are imported lazily so that `import jaxmem` stays cheap and does not import JAX.
 """
@@ -41,6 +42,7 @@ _LAZY = {
     "load_trace": "jaxmem.traces.readers",
     "analyze": "jaxmem.api.analyze",
     "Analysis": "jaxmem.api.result",
+    "ShardedAnalysis": "jaxmem.api.sharded",
     "maxbatch": "jaxmem.api.maxbatch",
     "MaxbatchResult": "jaxmem.api.maxbatch",
     "replay": "jaxmem.traces.replay",

@@ -63,3 +63,25 @@ def test_a_notebook_shows_the_analysis_inline():
     shown = [o["data"]["text/html"] for o in outputs if o.get("output_type") == "execute_result"]
     assert shown and "<table" in shown[0] and "XLA:TPU tpu-v5e-16gb" in shown[0]
     assert not [o for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(BROWSER is None, reason="headless Chromium is not installed (apt-get install chromium)")
+def test_a_sharded_analysis_renders_in_chromium_with_names_escaped(tmp_path):
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+
+    mesh = AbstractMesh((8,), ("data",))
+    w = jax.ShapeDtypeStruct((512, 512), jnp.float32, sharding=NamedSharding(mesh, P()))
+    x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    result = jaxmem.analyze(evil_step, w, x, device="tpu-v5e-16gb", donate=0, quiet=True)
+    fragment = result._repr_html_()
+    assert "<script>document" not in fragment and "&lt;script&gt;" in fragment and "http" not in fragment
+    page = tmp_path / "sharded.html"
+    page.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>sharded</title></head>"
+                    f"<body>{fragment}</body></html>", encoding="utf-8")
+    out = subprocess.run([BROWSER, *FLAGS, page.as_uri()], capture_output=True, text=True, timeout=120)
+    console = [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    assert "<title>sharded</title>" in out.stdout   # the name's script never ran
+    assert "Per device" in out.stdout and "XLA:TPU (tpu-v5e-16gb, v5e:2x4)" in out.stdout
+    assert "on 8 x tpu-v5e-16gb: fits" in out.stdout

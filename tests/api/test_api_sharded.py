@@ -72,7 +72,8 @@ def test_sharded_analysis_is_the_target_paths_and_the_commands(target, device):
     assert without_timings(data) == without_timings(command)
     assert result.devices == 8 and result.xla["total_bytes"] > 0 and result.fits is True
     assert result.plan["valid"] and result.peak_buffers
-    assert not any("jaxmem/" in row["source"] for row in data.get(f"xla_{kind}_peak_buffers", []))
+    # XLA's metadata names the frame that bound jaxmem's tagged copy; the rows name the user's.
+    assert not any("jaxmem/compiler/" in row["source"] for row in data.get(f"xla_{kind}_peak_buffers", []))
 
 
 def _mlp_args(mesh):

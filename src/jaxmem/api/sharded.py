@@ -15,11 +15,10 @@ path's analysis (`xla/sharding.finish_sharded`), then the pool or the TPU runtim
 
 from __future__ import annotations
 
-import contextlib
 import io
 import time
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from jaxmem.errors import PlanError
 from jaxmem.units import format_size
@@ -238,13 +237,14 @@ def trace_on_mesh(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums
     from jax.sharding import AbstractMesh, AxisType
 
     from jaxmem.api.program import _in_own_thread
+    from jaxmem.compiler.jaxpr_adapter import traceback_frames_kept
     from jaxmem.xla.sharding import trace_sharded
 
     def abstract(sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
         return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes))
 
     def work() -> Any:
-        with _frames_kept():
+        with traceback_frames_kept():
             return trace_sharded(fn, args, abstract, donate_argnums=donate_argnums, mesh_text=mesh, layout=layout)
 
     return _in_own_thread(work)
@@ -263,20 +263,6 @@ def sharded_reference_of(fn: Callable[..., Any], args: Sequence[Any], *, device:
     traced = trace_on_mesh(fn, args, donate_argnums=donate_argnums, mesh=mesh, layout=layout)
     return _in_own_thread(lambda: sharded_lowered_reference(traced, xla=xla, device=device, top=top,
                                                             topology=topology, use_cache=use_cache))
-
-
-@contextlib.contextmanager
-def _frames_kept() -> Iterator[None]:
-    """JAX's traceback filtering off for the duration (the thread's setting, given back after):
-    a collective over an axis the mesh lacks raises a bare AssertionError, and the axis's name
-    is read from the frames it passed through (`sharding._unknown_axis`)."""
-    try:
-        from jax._src.config import traceback_filtering
-    except ImportError:   # JAX moved it: the error is then the plainer "cannot trace" line
-        yield
-        return
-    with traceback_filtering("off"):
-        yield
 
 
 def _pool(ref: dict[str, Any], options: Any, capacity: int) -> Any:

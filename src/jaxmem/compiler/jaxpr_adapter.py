@@ -13,6 +13,7 @@ classes between releases, so everything else in jaxmem asks this module instead 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -1004,6 +1005,56 @@ def compile_text_executable(device: Any, text: str, options: dict[str, Any] | No
         module = ir.Module.parse(text)
         return device.client.compile(module, executable_devices=xc.DeviceList((device,)),
                                      compile_options=compile_options)
+
+
+def compile_partitioned_text(devices: Sequence[Any], text: str, options: dict[str, Any] | None,
+                             inputs: int, outputs: int) -> Any:
+    """A StableHLO program text with shardings (`sdy.sharding`, `mhlo.num_partitions`)
+    compiled as `jax.jit` compiles a program partitioned over `devices` (compile-only GPUs or
+    TPU chips, or this host's CPU devices): one replica, N partitions in mesh order, the
+    `inputs` kept arguments' shardings as written, the `outputs`' propagated by XLA."""
+    from jax._src import compiler
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir
+
+    client = devices[0].client
+    compile_options = compiler.get_compile_options(
+        num_replicas=1, num_partitions=len(devices), device_assignment=np.array([list(devices)], dtype=object),
+        env_options_overrides=dict(options or {}), backend=client)
+    build = compile_options.executable_build_options
+    build.allow_spmd_sharding_propagation_to_parameters = [False] * max(1, inputs)
+    build.allow_spmd_sharding_propagation_to_output = [True] * max(1, outputs)
+    # Host devices are real: their client compiles and loads (compile-only GPUs and TPU chips
+    # only compile).
+    real = devices[0].platform == "cpu" and hasattr(client, "compile_and_load")
+    compile = client.compile_and_load if real else client.compile
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        return compile(module, executable_devices=xc.DeviceList(tuple(devices)), compile_options=compile_options)
+
+
+def output_partition_specs(executable: Any, mesh: Any) -> list[tuple[Any, ...]]:
+    """Each output's `PartitionSpec` over `mesh` (as a tuple), as XLA's partitioner left it in
+    a `compile_partitioned_text` executable."""
+    from jax._src.sharding_impls import parse_flatten_op_sharding
+
+    return [tuple(parse_flatten_op_sharding(s, mesh)[0]) for s in (executable.get_output_shardings() or [])]
+
+
+@contextlib.contextmanager
+def traceback_frames_kept() -> Iterator[None]:
+    """JAX's traceback filtering off in this thread for the duration (the setting given back
+    after), so that the frames an error passed through can be read (a collective over a mesh
+    axis that does not exist raises a bare AssertionError; `xla.sharding._unknown_axis` reads
+    the axis from those frames)."""
+    try:
+        from jax._src.config import traceback_filtering
+    except ImportError:   # JAX moved it: the frames are then filtered as the user has them
+        yield
+        return
+    with traceback_filtering("off"):
+        yield
 
 
 def executable_figures(executable: Any) -> tuple[Any, str, list[Any], list[Any]]:

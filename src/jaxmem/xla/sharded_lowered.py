@@ -157,38 +157,11 @@ def _check_available(xla: str) -> None:
 
 # -- the child side ----------------------------------------------------------------------------
 
-def compile_text_on(devices: Sequence[Any], program: ShardedText, options: dict[str, Any] | None) -> Any:
-    """`program`'s text compiled as `jax.jit` compiles a program partitioned over `devices`:
-    one replica, N partitions in mesh order, the inputs' shardings as written, the outputs'
-    propagated by XLA."""
-    import numpy as np
-    from jax._src import compiler
-    from jax._src.interpreters import mlir
-    from jax._src.lib import xla_client as xc
-    from jax._src.lib.mlir import ir
-
-    client = devices[0].client
-    compile_options = compiler.get_compile_options(
-        num_replicas=1, num_partitions=len(devices), device_assignment=np.array([list(devices)], dtype=object),
-        env_options_overrides=dict(options or {}), backend=client)
-    build = compile_options.executable_build_options
-    build.allow_spmd_sharding_propagation_to_parameters = [False] * max(1, program.inputs)
-    build.allow_spmd_sharding_propagation_to_output = [True] * max(1, program.outputs)
-    # Host devices are real: their client compiles and loads (compile-only GPUs and TPU chips
-    # only compile).
-    real = devices[0].platform == "cpu" and hasattr(client, "compile_and_load")
-    compile = client.compile_and_load if real else client.compile
-    with mlir.make_ir_context():
-        module = ir.Module.parse(program.text)
-        return compile(module, executable_devices=xc.DeviceList(tuple(devices)), compile_options=compile_options)
-
-
 def compile_child(program: ShardedText, *, xla: str, device: str, topology: str | None,
                   dump_dir: str | None) -> dict[str, Any]:
     """The child's answer: XLA's per-device figures (`sharding._per_device_figures`), each
     output's `PartitionSpec` as XLA propagated it, and XLA's output -> parameter aliases."""
-    from jax._src.sharding_impls import parse_flatten_op_sharding
-
+    from jaxmem.compiler.jaxpr_adapter import compile_partitioned_text, output_partition_specs
     from jaxmem.xla.gpu.compile import output_aliases
 
     sizes, names = tuple(program.sizes), tuple(program.names)
@@ -198,15 +171,15 @@ def compile_child(program: ShardedText, *, xla: str, device: str, topology: str 
                "xla_dump_hlo_pass_re": sharding.PARTITIONING_PASSES} if xla == "tpu" and dump_dir else None
     started = time.perf_counter()
     try:
-        executable = compile_text_on(list(mesh.devices.flat), program, options)
+        executable = compile_partitioned_text(list(mesh.devices.flat), program.text, options, program.inputs,
+                                              program.outputs)
     except Exception as err:
         raise sharding._compile_error(err, xla, device, dict(zip(names, sizes))) from None
     per = sharding._per_device_figures(executable.get_compiled_memory_stats(), xla, device, target_text,
                                        time.perf_counter() - started)
     modules = executable.hlo_modules()
     hlo = modules[0].to_string() if modules else ""
-    out_specs = [spec_json(tuple(parse_flatten_op_sharding(s, mesh)[0]))
-                 for s in (executable.get_output_shardings() or [])]
+    out_specs = [spec_json(spec) for spec in output_partition_specs(executable, mesh)]
     return {"xla": per, "out_specs": out_specs, "aliases": {str(o): p for o, p in output_aliases(hlo).items()}}
 
 

@@ -50,6 +50,7 @@ RESERVATION_OVERHEAD = 15_872
 GRANULE = 512
 _TEMP_ALLOCATION_RE = re.compile(r"^allocation \d+: size (\d+)(.*)$")
 _REQUIRED_RE = re.compile(r"required for HLO temporaries \(([0-9.]+)([KMGT])\)")
+_EXCEEDED_RE = re.compile(r"Used [0-9.]+[KMGT]? of ([0-9.]+)([KMGT]) hbm\. Exceeded hbm capacity by ([0-9.]+)([KMGT])")
 
 
 class TpuUnavailable(JaxmemError):
@@ -155,14 +156,23 @@ def topology_devices(topology: str) -> list[Any]:
 def required_bytes(message: str) -> int | None:
     """The bytes XLA:TPU's out-of-memory message says the program needs (rounded as printed).
 
+    XLA:TPU words it two ways: the temporaries' total against the HBM, or (E1000,
+    CompileTimeHbmOom, where the arguments and outputs fill the chip) the HBM and how far the
+    program exceeds it.
+
     >>> required_bytes("the total memory required for HLO temporaries (16.54G) exceeds available HBM (15.75G).")
     17759689768
+    >>> required_bytes("Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 7.97G.")
+    25469156065
     """
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     m = _REQUIRED_RE.search(message)
-    if not m:
-        return None
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2)]
-    return int(float(m.group(1)) * scale)
+    if m:
+        return int(float(m.group(1)) * scale[m.group(2)])
+    m = _EXCEEDED_RE.search(message)
+    if m:
+        return int(float(m.group(1)) * scale[m.group(2)] + float(m.group(3)) * scale[m.group(4)])
+    return None
 
 
 def tiled_bytes(shape: Sequence[int], itemsize: int, major_to_minor: Sequence[int] | None,

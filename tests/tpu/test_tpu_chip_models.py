@@ -33,8 +33,8 @@ TUNING = read_recording(os.path.join(RESULTS, "tpu_v5e_tuning.jsonl"))
 EVAL = read_recording(os.path.join(RESULTS, "tpu_v5e_eval.jsonl"))
 MAXBATCH = read_recording(os.path.join(RESULTS, "tpu_v5e_maxbatch_models.jsonl"))
 # Each compiles deviceless in seconds; the rest of the sets with -m slow.
-FAST = {"odd_mlp.py:make", "odd_mlp_donated.py:make", "bf16_int8_bool.py:make", "eqx_mlp_filter.py:make",
-        "jax_namedtuple_rnn_key.py:make", "linen_vae_mlp.py:make", "train_eval_mlp.py:make"}
+FAST = {"odd_mlp.py:make", "bf16_int8_bool.py:make", "eqx_mlp_filter.py:make", "linen_vae_mlp.py:make",
+        "train_eval_mlp.py:make"}
 _LAYOUT_RE = re.compile(r"major_to_minor=\(([0-9, ]*)\), tiling=\((.*)\), sub_byte")
 
 

@@ -161,3 +161,14 @@ def test_a_mesh_of_this_hosts_devices_is_analysed_as_the_command_does():
     command = cli_json(f"{os.path.dirname(HERE)}/sharding/host_mesh.py:make", "h100-80gb")
     data.pop("target"), command.pop("target")
     assert without_timings(data) == without_timings(command) and data["devices"] == 8
+
+
+def test_a_traced_over_an_abstract_mesh_points_to_the_function():
+    _skip_without("tpu-v5e-16gb")
+    mesh = AbstractMesh((8,), ("data",))
+    x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    traced = jax.jit(lambda x: jnp.tanh(x) * 2).trace(x)
+    with pytest.raises(jaxmem.JaxmemError) as err:
+        jaxmem.analyze(traced, device="tpu-v5e-16gb", quiet=True)
+    text = str(err.value)
+    assert "\n" not in text and "AbstractMesh of 8 devices" in text and "jaxmem.analyze(fn, *args" in text

@@ -92,6 +92,12 @@ def _check_platform(lowered: Any, platform: str, name: str) -> None:
         return
     wanted = {"cuda": {"gpu", "cuda"}, "rocm": {"gpu", "rocm"}}.get(platform, {platform})
     for sharding in shardings:
+        mesh = getattr(sharding, "mesh", None)
+        if type(mesh).__name__ == "AbstractMesh":   # no devices to name: a mesh only has a size
+            if getattr(mesh, "size", 1) > 1:
+                raise PlanError(f"{name} was traced over an AbstractMesh of {mesh.size} devices: pass the function "
+                                "and its arguments, jaxmem.analyze(fn, *args, device=...), to analyse it per device")
+            continue
         found = {d.platform for d in getattr(sharding, "device_set", ())}
         if found - wanted:
             raise PlanError(f"{name}'s arguments are placed on {'/'.join(sorted(found))} devices, and jaxmem "

@@ -25,14 +25,13 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from jaxmem.errors import PlanError, ShardingError
+from jaxmem.errors import ShardingError
 from jaxmem.xla import sharding
 
 PLATFORMS = {"gpu": "cuda", "tpu": "tpu", "cpu": "cpu"}
@@ -86,9 +85,9 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
     """
     import jax
 
-    from jaxmem.xla.gpu.compile import _kept_arguments, cache_dir, cache_write, child_answer
+    from jaxmem.xla.gpu.compile import _kept_arguments, cache_dir, cache_write, run_child
 
-    _check_available(xla)
+    sharding.check_available(xla)
     flat = jax.tree.leaves(traced.structs)
     try:
         lowered = sharding.lower_traced(traced, PLATFORMS[xla])
@@ -115,17 +114,8 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
         cmd = [sys.executable, "-m", "jaxmem.xla.sharded_lowered", path, "--xla", xla, "--device", device]
         if topology:
             cmd += ["--topology", topology]
-        proc = subprocess.Popen(cmd, env=sharding.child_env(xla, devices, dump_dir), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        if on_start is not None:
-            on_start(proc)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise PlanError(f"the per-device compile took more than {timeout:.0f} s") from None
-        answer = child_answer(proc.returncode, stdout, stderr, failed="the per-device compile failed: ")
+        answer = run_child(cmd, sharding.child_env(xla, devices, dump_dir), "the per-device compile",
+                           timeout=timeout, on_start=on_start)
         peak, live = sharding.peak_from_dump(dump_dir, xla, top)
         dumps = sharding.partitioning_dumps(dump_dir)
     finally:
@@ -137,22 +127,6 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
     if use_cache:
         cache_write(cache_dir(), key, data)
     return data
-
-
-def _check_available(xla: str) -> None:
-    """The device's compiler, installed where jaxmem's children find it, or one line saying how."""
-    from jaxmem.xla.gpu.compile import GpuUnavailable, unavailable_reason
-
-    if xla == "gpu":
-        reason = unavailable_reason()
-        if reason:
-            raise GpuUnavailable(reason)
-    if xla == "tpu":
-        from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
-
-        reason = tpu_reason()
-        if reason:
-            raise GpuUnavailable(f"XLA:TPU is not available here: {reason}")
 
 
 # -- the child side ----------------------------------------------------------------------------

@@ -1033,6 +1033,23 @@ def child_env(xla: str, devices: int, dump_dir: str, base: dict[str, str] | None
     return env
 
 
+def check_available(xla: str) -> None:
+    """The compiler of `xla` ("gpu", "tpu"; "cpu" always is), installed where jaxmem's
+    children find it, or one line saying how to install it (`GpuUnavailable`)."""
+    from jaxmem.xla.gpu.compile import GpuUnavailable, unavailable_reason
+
+    if xla == "gpu":
+        reason = unavailable_reason()
+        if reason:
+            raise GpuUnavailable(reason)
+    if xla == "tpu":
+        from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
+
+        reason = tpu_reason()
+        if reason:
+            raise GpuUnavailable(f"XLA:TPU is not available here: {reason}")
+
+
 def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu", mesh: str | None = None,
                       layout: str | None = None, donate_argnums: Sequence[int] = (), top: int = 10,
                       timeout: float = 1800.0, use_cache: bool = True, topology: str | None = None) -> dict[str, Any]:
@@ -1057,18 +1074,9 @@ def sharded_reference(target: str, *, device: str = "h100-80gb", xla: str = "gpu
         GpuUnavailable: the CUDA plugin is not available here.
         ShardingError, PlanError: one line from the child.
     """
-    from jaxmem.xla.gpu.compile import GpuUnavailable, child_answer, unavailable_reason
+    from jaxmem.xla.gpu.compile import child_answer
 
-    if xla == "gpu":
-        reason = unavailable_reason()
-        if reason:
-            raise GpuUnavailable(reason)
-    if xla == "tpu":
-        from jaxmem.xla.tpu.compile import unavailable_reason as tpu_reason
-
-        reason = tpu_reason()
-        if reason:
-            raise GpuUnavailable(f"XLA:TPU is not available here: {reason}")
+    check_available(xla)
     devices = max(MAX_GPU_DEVICES, math.prod(parse_mesh(mesh)[0]) if mesh else 0)
     if devices > MAX_CPU_DEVICES:
         raise ShardingError(f"--mesh {mesh}: at most {MAX_CPU_DEVICES} devices")

@@ -337,17 +337,25 @@ def run_compile_child(cmd: list[str], env_for: Callable[[str], dict[str, str]], 
         cmd.append("--no-cache")
     dump_dir = tempfile.mkdtemp(prefix="jaxmem-xla-")
     try:
-        proc = subprocess.Popen(cmd, env=env_for(dump_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if on_start is not None:
-            on_start(proc)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise PlanError(f"{what} took more than {timeout:.0f} s") from None
+        return run_child(cmd, env_for(dump_dir), what, timeout=timeout, on_start=on_start)
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def run_child(cmd: list[str], env: dict[str, str], what: str, *, timeout: float,
+              on_start: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Run a compile child and return its JSON answer (its error raised again as its kind,
+    `child_answer`); killed after `timeout` seconds. `on_start` is handed the process (a
+    caller that may be interrupted kills it)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if on_start is not None:
+        on_start(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise PlanError(f"{what} took more than {timeout:.0f} s") from None
     return child_answer(proc.returncode, stdout, stderr, failed=f"{what} failed: ")
 
 

@@ -9,7 +9,7 @@ Each hook is JAX's public one where JAX has one, and says so where it is not:
   public), then the backend's `live_executables()` for the new programs' `memory_analysis` figures;
 - calls: JAX has no hook per call of a compiled program, so `jax.jit` is wrapped while recording:
   the wrapper counts calls by function and hands one output of each call to the recorder, which
-  waits for it in its own thread (dispatch is never blocked);
+  waits for it in its own thread (dispatch waits only while a profile after a call is read);
 - errors: JAX raises RESOURCE_EXHAUSTED as `jax.errors.JaxRuntimeError`; its `__init__` is wrapped
   so that a post-mortem is taken when the error is made, whether the program then catches it or
   not;
@@ -22,11 +22,12 @@ Every wrapper calls what it wraps with the same arguments and returns or raises 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 STAT_KEYS = ("bytes_in_use", "peak_bytes_in_use", "bytes_reserved", "peak_bytes_reserved", "bytes_limit",
@@ -43,6 +44,11 @@ class CallCounter:
         self.local = threading.local()
         self.lock = threading.Lock()
         self.active = True  # functions jitted while recording outlive it: then they only call
+        # Dispatches in flight, and whether a reading waits for none to be (`still`).
+        self.gate = threading.Condition()
+        self.dispatching = 0
+        self.held = False
+        self.reading = threading.Lock()   # one still reading at a time
 
     def current(self) -> str | None:
         """The jitted function this thread is calling now, if any."""
@@ -52,16 +58,43 @@ class CallCounter:
         if not self.active:
             return fn(*args, **kwargs)
         outer = getattr(self.local, "name", None)
-        self.local.name = name if outer is None else outer
+        if outer is not None:   # a jitted function called while another traces: not a call
+            return fn(*args, **kwargs)
+        self.local.name = name
+        with self.gate:
+            while self.held:
+                self.gate.wait()
+            self.dispatching += 1
         try:
             out = fn(*args, **kwargs)
-        finally:
-            self.local.name = outer
-        if outer is None:
             with self.lock:
                 n = self.calls[name] = self.calls.get(name, 0) + 1
-            self.on_call(name, n, out)
+        finally:
+            self.local.name = None
+            with self.gate:
+                self.dispatching -= 1
+                self.gate.notify_all()
+        self.on_call(name, n, out)
         return out
+
+    @contextlib.contextmanager
+    def still(self) -> Iterator[dict[str, int]]:
+        """No call in flight and none starting for the duration: the calls so far, exactly the
+        arrays the device holds for them (a profile taken here is labelled with its step). Never
+        from inside a call (an out-of-memory's reading is not)."""
+        with self.reading:
+            with self.gate:
+                self.held = True
+                while self.dispatching:
+                    self.gate.wait()
+            try:
+                with self.lock:
+                    calls = dict(self.calls)
+                yield calls
+            finally:
+                with self.gate:
+                    self.held = False
+                    self.gate.notify_all()
 
 
 class CountedJit:

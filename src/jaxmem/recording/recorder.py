@@ -13,13 +13,16 @@ What is read, and when (the module `jax_hooks` says how each hook enters JAX):
 - device memory profiles (`jax.profiler.device_memory_profile()`: every live buffer and executable
   with the Python stack that made it): at the start, after calls 1, 2, 4, 8, ... of each jitted
   function, at each new peak (at most one a second), every `profile_period` seconds, at an
-  out-of-memory and at the end; a ring keeps the latest `max_profiles`.
+  out-of-memory and at the end; a ring keeps the latest `max_profiles`. Those after a call (the
+  points leaks are read from) wait for the calls in flight and hold the next one while the
+  profile is read, so each holds exactly the arrays of the calls it is labelled with.
 - each compiled program's `memory_analysis()` figures, when it is compiled.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import queue
 import sys
@@ -298,23 +301,29 @@ class Recorder:
                                             "live_array_bytes": live})
 
     def take_profile(self, reason: str, **extra: Any) -> dict[str, Any] | None:
-        """Take a device memory profile now; keep it and its summary by line."""
+        """Take a device memory profile now; keep it and its summary by line. One taken at a
+        call or a step (the points leaks are read from) is taken with no call in flight, so the
+        calls it is labelled with made exactly the arrays it holds."""
         if not self.clients:
             return None
         import jax
 
+        still = self.counter.still() if reason in ("call", "step") else contextlib.nullcontext(None)
         try:
-            blob = jax.profiler.device_memory_profile()
+            with still as calls:
+                blob = jax.profiler.device_memory_profile()
         except Exception as err:
             self.store.append("errors.jsonl", {"t": self.now(), "profile_failed": repr(err)[:500]})
             return None
-        return self.keep_profile(blob, reason, **extra)
+        return self.keep_profile(blob, reason, calls=calls, **extra)
 
-    def keep_profile(self, blob: bytes, reason: str, **extra: Any) -> dict[str, Any]:
+    def keep_profile(self, blob: bytes, reason: str, calls: dict[str, int] | None = None,
+                     **extra: Any) -> dict[str, Any]:
         samples = read_profile(blob)
         by_line = group_by_line(samples)
         code = group_by_line(samples, "executable")
-        record = {"t": self.now(), "why": reason, **extra, "calls": dict(self.counter.calls),
+        record = {"t": self.now(), "why": reason, **extra,
+                  "calls": dict(self.counter.calls) if calls is None else calls,
                   "user_steps": self.user_steps, "file": self.store.profile(blob, reason),
                   "buffer_bytes": sum(v.bytes for v in by_line.values()),
                   "buffers": sum(v.count for v in by_line.values()),

@@ -203,8 +203,7 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
             or XLA refuses the per-device program.
     """
     from jaxmem.api.pipeline import parse_device
-    from jaxmem.api.program import _in_own_thread, _name, prepare
-    from jaxmem.xla.sharded_lowered import sharded_lowered_reference
+    from jaxmem.api.program import _name, prepare
 
     name = _name(fn)
     device = parse_device(options.device)
@@ -220,8 +219,7 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
     on = {"gpu": f"XLA:GPU {device[0]}", "tpu": f"XLA:TPU {device[0]}"}.get(kind, "XLA:CPU")
     started = time.perf_counter()
     with busy(f"compiling per device for {on}"):
-        ref = _in_own_thread(lambda: sharded_lowered_reference(traced, xla=kind, device=device[0].strip().lower(),
-                                                               top=options.top))
+        ref = reference_of_traced(traced, xla=kind, device=device[0].strip().lower(), top=options.top)
     pool = _pool(ref, options, device[1])
     data = summarize(ref, pool, target=name, device=device)
     data["total_seconds"] = time.perf_counter() - started
@@ -257,10 +255,17 @@ def sharded_reference_of(fn: Callable[..., Any], args: Sequence[Any], *, device:
     """XLA's per-device figures of `fn(*args)` on the arguments' mesh (or `mesh` under
     `layout`), jaxmem's per-device plan and what is replicated: the reference `jaxmem analyze`
     reports for a factory's sharded arguments (`xla.sharding.compile_sharded` has its keys)."""
+    traced = trace_on_mesh(fn, args, donate_argnums=donate_argnums, mesh=mesh, layout=layout)
+    return reference_of_traced(traced, xla=xla, device=device, top=top, topology=topology, use_cache=use_cache)
+
+
+def reference_of_traced(traced: Any, *, xla: str, device: str, top: int = 10, topology: str | None = None,
+                        use_cache: bool = True) -> dict[str, Any]:
+    """`xla.sharded_lowered.sharded_lowered_reference` of a `trace_on_mesh` result, lowered in a
+    thread of its own (the caller's frames stay out of the program's text and its cache key)."""
     from jaxmem.api.program import _in_own_thread
     from jaxmem.xla.sharded_lowered import sharded_lowered_reference
 
-    traced = trace_on_mesh(fn, args, donate_argnums=donate_argnums, mesh=mesh, layout=layout)
     return _in_own_thread(lambda: sharded_lowered_reference(traced, xla=xla, device=device, top=top,
                                                             topology=topology, use_cache=use_cache))
 

@@ -64,7 +64,7 @@ def test_sharded_analysis_is_the_target_paths_and_the_commands(target, device):
     kind = "tpu" if device.startswith("tpu") else "gpu"
     truth = sharded_reference(target, device=device, xla=kind, use_cache=False)
     capacity = parse_device(device)[1]
-    expected = summarize(truth, _pool(truth, Options(device=device), capacity), target=fn.__name__,
+    expected = summarize(truth, _pool(truth, Options(device=device), capacity)[0], target=fn.__name__,
                          device=(device, capacity))
     assert without_timings(data) == without_timings(json.loads(json.dumps(expected)))
     command = cli_json(target, device)
@@ -172,3 +172,14 @@ def test_a_traced_over_an_abstract_mesh_points_to_the_function():
         jaxmem.analyze(traced, device="tpu-v5e-16gb", quiet=True)
     text = str(err.value)
     assert "\n" not in text and "AbstractMesh of 8 devices" in text and "jaxmem.analyze(fn, *args" in text
+
+
+def test_a_pool_that_cannot_be_set_up_is_said_in_the_note(monkeypatch):
+    _skip_without("h100-80gb")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "1.5")
+    mesh = AbstractMesh((8,), ("data",))
+    x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    result = jaxmem.analyze(lambda x: jnp.tanh(x) * 2, x, device="h100-80gb", quiet=True)
+    assert result.pool is None and result.fits is None
+    assert result.note.startswith("the pool is not simulated:") and "XLA_PYTHON_CLIENT_MEM_FRACTION" in result.note
+    assert result.xla["total_bytes"] > 0

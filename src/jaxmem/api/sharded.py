@@ -220,11 +220,12 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
     started = time.perf_counter()
     with busy(f"compiling per device for {on}"):
         ref = reference_of_traced(traced, xla=kind, device=device[0].strip().lower(), top=options.top)
-    pool = _pool(ref, options, device[1])
+    pool, pool_note = _pool(ref, options, device[1])
     data = summarize(ref, pool, target=name, device=device)
     data["total_seconds"] = time.perf_counter() - started
-    if note:
-        data["note"] = note
+    notes = [n for n in (note, pool_note) if n]
+    if notes:
+        data["note"] = "; ".join(notes)
     return ShardedAnalysis(data)
 
 
@@ -270,18 +271,19 @@ def reference_of_traced(traced: Any, *, xla: str, device: str, top: int = 10, to
                                                             topology=topology, use_cache=use_cache))
 
 
-def _pool(ref: dict[str, Any], options: Any, capacity: int) -> Any:
-    """The pool's verdict per device over `options.steps` (the TPU runtime's, per chip)."""
+def _pool(ref: dict[str, Any], options: Any, capacity: int) -> tuple[Any, str | None]:
+    """The pool's verdict per device over `options.steps` (the TPU runtime's, per chip), or
+    None and why it was not simulated (the environment's pool settings cannot be read)."""
     if ref["xla_kind"] == "tpu":
-        return pool_verdict(ref, None, options.steps)
+        return pool_verdict(ref, None, options.steps), None
     from jaxmem.api.pipeline import pool_device
     from jaxmem.errors import ConfigError
 
     try:
         dev = pool_device(options, capacity)
-    except ConfigError:
-        return None
-    return pool_verdict(ref, dev, options.steps)
+    except ConfigError as err:
+        return None, f"the pool is not simulated: {err}"
+    return pool_verdict(ref, dev, options.steps), None
 
 
 def _dynamic_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -109,6 +109,51 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
 )}
 
 
+# What JAX's `device.device_kind` says for each preset's chip ("TPU v5 lite" is a v5e), and, for a
+# part sold in two sizes, the memory that tells them apart (the larger preset at or above it).
+_KINDS: tuple[tuple[str, str, tuple[tuple[int, str], ...]], ...] = (
+    ("tpu", "tpu v5 lite", ((0, "tpu-v5e-16gb"),)),
+    ("tpu", "tpu v5e", ((0, "tpu-v5e-16gb"),)),
+    ("tpu", "tpu v6 lite", ((0, "tpu-v6e-32gb"),)),
+    ("tpu", "tpu v6e", ((0, "tpu-v6e-32gb"),)),
+    ("tpu", "tpu v5p", ((0, "tpu-v5p-95gb"),)),
+    ("tpu", "tpu v5", ((0, "tpu-v5p-95gb"),)),
+    ("tpu", "tpu v4", ((0, "tpu-v4-32gb"),)),
+    ("gpu", "h200", ((0, "h200-141gb"),)),
+    ("gpu", "h100", ((0, "h100-80gb"), (88 * _GiB, "h100-94gb"))),
+    ("gpu", "a100", ((0, "a100-40gb"), (60 * _GiB, "a100-80gb"))),
+    ("gpu", "v100", ((0, "v100-16gb"), (24 * _GiB, "v100-32gb"))),
+    ("gpu", "a10g", ((0, "a10g-24gb"),)),
+    ("gpu", "l4", ((0, "l4-24gb"),)),
+    ("gpu", "rtx 3090", ((0, "rtx3090-24gb"),)),
+    ("gpu", "rtx 4090", ((0, "rtx4090-24gb"),)),
+    ("gpu", "t4", ((0, "t4-16gb"),)),
+)
+
+
+def for_device(platform: str, device_kind: str, memory_bytes: int | None = None) -> Accelerator | None:
+    """The preset of a device JAX reports (`device.platform`, `device.device_kind` and, for a
+    part made in two sizes, its memory), or None where jaxmem has none.
+
+    >>> for_device("tpu", "TPU v5 lite").name, for_device("gpu", "NVIDIA A100-SXM4-80GB", 85 << 30).name
+    ('tpu-v5e-16gb', 'a100-80gb')
+    >>> for_device("gpu", "NVIDIA B200") is None
+    True
+    """
+    platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+    tokens = device_kind.lower().replace("-", " ").split()
+    for where, name, sizes in _KINDS:
+        want = name.split()
+        if where != platform or not any(tokens[i:i + len(want)] == want for i in range(len(tokens))):
+            continue
+        chosen = sizes[0][1]
+        for floor, preset in sizes:
+            if memory_bytes is not None and memory_bytes >= floor:
+                chosen = preset
+        return ACCELERATORS[chosen]
+    return None
+
+
 def resolve(name: str) -> Accelerator:
     """The preset `name` (any case, surrounding spaces ignored).
 

@@ -20,8 +20,9 @@ from jaxmem.api.result import Analysis
 from jaxmem.errors import PlanError
 
 
-def analyze(fn: Any, *args: Any, device: str = "h100-80gb", donate: int | Sequence[int] | None = None,
-            steps: int = 3, kwargs: dict[str, Any] | None = None, quiet: bool = False) -> Analysis:
+def analyze(fn: Any, *args: Any, device: str | None = None, donate: int | Sequence[int] | None = None,
+            steps: int = 3, kwargs: dict[str, Any] | None = None, quiet: bool = False,
+            costs: bool | str = "auto") -> Analysis:
     """Plan `fn(*args, **kwargs)`'s memory and judge it on `device` with XLA's own figures.
 
     >>> import jax, jax.numpy as jnp, jaxmem
@@ -35,36 +36,65 @@ def analyze(fn: Any, *args: Any, device: str = "h100-80gb", donate: int | Sequen
 
     - `fn`: a function, a `jax.jit`-wrapped one (its `donate_argnums`, `donate_argnames` and
       static arguments are read from it), a `jax.stages.Traced` or a `jax.stages.Lowered`
-      (which has no jaxpr: no plan of jaxmem's, XLA's figures alone).
+      (which has no jaxpr: no plan of jaxmem's, XLA's figures alone); a framework's step,
+      read as the framework compiles it: an `nnx.jit` function or a plain function taking Flax
+      NNX objects, an `eqx.filter_jit` function or a plain one taking Equinox modules, a
+      compiled `keras.Model` (its `fit` train step, on the batch `args`).
     - `args`: its positional arguments: arrays, `jax.ShapeDtypeStruct`s, any pytree `jax.jit`
-      takes (none for a `Traced` or `Lowered`).
-    - `device`: a preset (`h100-80gb`, `a100-40gb`, `tpu-v5e-16gb`, ...) or a size (`24GiB`).
+      takes, modules and optimizers (none for a `Traced` or `Lowered`; `x, y` for Keras).
+    - `device`: a preset (`h100-80gb`, `a100-40gb`, `tpu-v5e-16gb`, ...) or a size (`24GiB`);
+      None: the chip or GPU the arguments live on, else JAX's default device where it is one,
+      else an H100 80GB (the result says which and why).
     - `donate`: positional arguments to donate, as `jax.jit`'s `donate_argnums`; for a jitted
       function, only what it donates itself.
     - `steps`: training steps the runtime's pool runs.
     - `kwargs`: `fn`'s keyword arguments.
     - `quiet`: no progress display (a spinner on stderr, a line in a notebook) and no notes.
+    - `costs`: what the step's framework adds over the same step written pure, and the changes
+      that remove it, each compiled for the device ("auto": for a framework's step, not for
+      plain JAX; True; False).
 
     **Returns:** an `Analysis` (`.fits`, `.xla`, `.pool`, `.peak_buffers`, `.plan`,
-    `.to_dict()`, `str()`, `.html()`).
+    `.framework`, `.device`, `.to_dict()`, `str()`, `.html()`).
 
     **Raises:** `JaxmemError`, one line: `fn` is not callable or fails to trace, the arguments
     do not match, the device is unknown, `donate` contradicts the jitted function's donation.
     """
+    from jaxmem.api.costs import check_costs_mode
     from jaxmem.api.progress import busy_for
 
-    options = Options(device=device, steps=steps, quiet=quiet)
-    check_options(options)
+    options = Options(device=device or "", steps=steps, quiet=quiet, costs=check_costs_mode(costs))
+    if device is not None:
+        check_options(options)
+    elif not isinstance(steps, int) or steps < 1:
+        raise PlanError(f"steps must be an integer of 1 or more, got {steps!r}")
     busy = busy_for(quiet)
+    say = (lambda text: None) if quiet else stderr_say("jaxmem")
     if _sharded(args):
         from jaxmem.api.sharded import analyze_sharded
 
-        return analyze_sharded(fn, args, kwargs, donate, options, busy)
+        from jaxmem.frameworks.step import devices_of
+
+        reason = _choose(options, devices_of((tuple(args), kwargs or {})), say)
+        return analyze_sharded(fn, args, kwargs, donate, options, busy, device_reason=reason)
     with busy(f"tracing {getattr(fn, 'fun_name', None) or getattr(fn, '__name__', type(fn).__name__)}"):
         program = prepare(fn, args, kwargs, donate)
-    run = Run(options, program, program.name, say=(lambda text: None) if quiet else stderr_say("jaxmem"),
-              busy=busy)
+    reason = _choose(options, program.step.devices if program.step is not None else [], say)
+    run = Run(options, program, program.name, say=say, busy=busy, device_reason=reason)
     return Analysis(analyze_run(run))
+
+
+def _choose(options: Options, devices: Sequence[Any], say: Any) -> str | None:
+    """Where `device=` was left out: the device the arguments live on (`api/devices.py`), set in
+    `options`, and why (said on stderr too); None where the caller named one."""
+    if options.device:
+        return None
+    from jaxmem.api.devices import choose_device
+
+    choice = choose_device(devices)
+    options.device = choice.device
+    say(f"judged for {choice.device}: {choice.reason}")
+    return choice.reason
 
 
 def check_options(options: Options) -> None:

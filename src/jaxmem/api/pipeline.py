@@ -46,6 +46,7 @@ class Options:
     allocator: str | None = None
     with_targets: list[str] = field(default_factory=list)
     quiet: bool = False
+    costs: Any = "auto"             # what a framework adds, and the changes that remove it
 
 
 def parse_device(text: str) -> tuple[str, int]:
@@ -97,6 +98,8 @@ class Run:
     pool: Any = None
     fraction: float = PREALLOCATE_FRACTION
     loop: list[dict[str, Any]] | None = None
+    device_reason: str | None = None   # why this device, where the caller named none
+    costs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.device[0]:
@@ -136,6 +139,7 @@ def analyze_run(run: Run, loop: Callable[[Run, Any], Any] | None = None) -> Anal
     plan_for_gpu(run)
     collect_references(run)
     simulate_pool(run, loop)
+    weigh_framework_costs(run)
     return summarize_run(run)
 
 
@@ -451,15 +455,60 @@ def cpu_program(run: Run) -> Any:
     return StepProgram(arguments, match_state(arguments, outputs, keys_in, keys_out), int(run.plan.xla.temp_bytes))
 
 
+def weigh_framework_costs(run: Run) -> None:
+    """What the step's framework adds over the same step written pure, and the changes that
+    remove it, each compiled for the device (`api/costs.py`)."""
+    from jaxmem.api.costs import framework_costs, wanted
+
+    if not run.has_jaxpr or not wanted(run):
+        return
+    with run.spinner("compiling the changes that would cut what the framework adds"):
+        run.costs = framework_costs(run, lambda program: figures_of(run, program))
+
+
+def figures_of(run: Run, program: Program) -> tuple[dict[str, int], dict[str, Any] | None]:
+    """XLA's figures for `program` and the pool's verdict over the run's steps, judged as the run
+    judged its own program: the device's deviceless compile where it ran, else XLA:CPU's."""
+    from jaxmem.xla.cpu.compile import reference_from_lowered
+    from jaxmem.xla.lowered import from_lowered, lowered_reference
+
+    other = Run(run.args, program, run.target, run.device, run.accelerator, factory_texts=run.factory_texts,
+                say=lambda text: None)
+    if run.tpu is not None or run.gpu is not None:
+        platform = "tpu" if run.tpu is not None else "cuda"
+        lowered = other.guarded(lambda: program.lower_for(platform), "lower")
+        texts = run.factory_texts if platform == "tpu" else ()
+        ref = lowered_reference(from_lowered(lowered, platform, texts), run.accelerator, top=0)
+        other.tpu, other.gpu = (ref, None) if platform == "tpu" else (None, ref)
+        other.plan = Planless()
+    else:
+        ref = other.guarded(lambda: reference_from_lowered(program.lower_for("cpu")), "compile")
+        other.plan = Planless(ref)
+    pool = tpu_pool(other) if run.accelerator is not None and run.accelerator.is_tpu else gpu_pool(other)[0]
+    xla = {key: int(getattr(ref, key)) for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
+                                                   "total_bytes")}
+    return xla, None if pool is None else pool.summary()
+
+
 def summarize_run(run: Run) -> AnalysisReport:
     """The report every view reads (`reports/analysis.py`)."""
     data = summarize(run.plan if run.has_jaxpr else None, run.fn_args, target=run.target, device=run.device,
                      top=run.args.top, gpu=run.gpu, pool=run.pool, fraction=run.fraction, note=run.note,
                      predicted=run.predicted, tpu=run.tpu, accelerator=run.accelerator, cpu_totals=run.cpu_totals,
-                     cpu_xla=run.plan.xla)
+                     cpu_xla=run.plan.xla, arg_names=run.program.names)
     data["loop"] = run.loop
+    data["device"]["chosen_because"] = run.device_reason
+    data["framework"] = framework_summary(run)
     data["total_seconds"] = time.perf_counter() - run.started
     return AnalysisReport(data, run.plan if run.has_jaxpr else None)
+
+
+def framework_summary(run: Run) -> dict[str, Any] | None:
+    """Whose program this is and how jaxmem read it; what the framework adds, where weighed."""
+    step = run.program.step
+    if step is None or (step.framework == "jax" and run.costs is None):
+        return None
+    return {"name": step.label, "step": step.name, "how": step.how, **(run.costs or {})}
 
 
 def start_cpu_schedulers(target: str, donate: tuple[int, ...], which: str) -> tuple[list[threading.Thread], dict[str, Any]]:

@@ -2,8 +2,11 @@
 as the reports name them, and which flat inputs are donated.
 
 `fn` may be a plain function, a `jax.jit`-wrapped one, a `jax.stages.Traced` or a
-`jax.stages.Lowered`. Donation and static arguments of a jitted function are JAX's own, read
-from its trace (`args_info`, per leaf); `donate=` may repeat them, never contradict them.
+`jax.stages.Lowered`, or a framework's step (`nnx.jit`, `eqx.filter_jit`, a plain function
+taking NNX or Equinox objects, a compiled `keras.Model` with a batch): the program is the one
+the framework compiles (`jaxmem.frameworks`). Donation and static arguments of a jitted
+function are its own, read from its trace (`args_info`, per leaf); `donate=` may repeat them,
+never contradict them.
 
     program = prepare(jax.jit(step, donate_argnums=(0, 1)), (state, batch))
     program.donated, program.lower_for("tpu")
@@ -11,7 +14,7 @@ from its trace (`args_info`, per leaf); `donate=` may repeat them, never contrad
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -24,9 +27,11 @@ class Program:
     """One program to analyse.
 
     `traced` is JAX's `Traced` (None for a `Lowered`, which has no jaxpr: then `lowered` is
-    set); `args` are its dynamic arguments as the reports name them (`args[0]['w']`, keyword
-    arguments as one last dict); `donated` says per flat input whether it is donated; `fn` and
-    `fn_args` are the user's function and arguments where they can run here (`--execute`).
+    set); `args` are its dynamic arguments (keyword arguments as one last dict), `names` their
+    flat leaves as the reports name them where a framework named them (`model.layers[0].kernel`;
+    else `args[0]['w']` from `args`); `donated` says per flat input whether it is donated; `fn`
+    and `fn_args` are the user's function and arguments where they can run here (`--execute`);
+    `step` is the framework's step it was read from (None for a `Traced` or `Lowered`).
     """
 
     name: str
@@ -37,6 +42,13 @@ class Program:
     fn: Callable[..., Any] | None = None
     fn_args: tuple[Any, ...] = ()
     trace_seconds: float = 0.0
+    names: list[str] | None = None
+    step: Any = None
+
+    @property
+    def framework(self) -> str:
+        """"jax", "flax.nnx", "equinox" or "keras": whose program this is."""
+        return "jax" if self.step is None else self.step.framework
 
     @property
     def closed_jaxpr(self) -> Any:
@@ -74,18 +86,35 @@ class Program:
         as it is (lowered for the platform it was lowered for)."""
         if self.traced is None:
             return self.lowered
+        traced = self.traced
+        if self.step is not None and self.step.for_platform is not None:   # a framework tracing per platform
+            where = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+            traced, _ = _trace(lambda: self.step.for_platform(where), self.name)
         try:
             # In a thread of its own, as the trace: ops made while lowering get the caller's frames.
-            lowered = _in_own_thread(lambda: self.traced.lower(lowering_platforms=(platform,)))
+            lowered = _in_own_thread(lambda: _quietly(lambda: traced.lower(lowering_platforms=(platform,))))
         except Exception as err:  # JAX's own errors are many types; the user needs one line
             raise PlanError(f"JAX could not lower {self.name} for {platform}: {_one_line(err)}") from None
         _check_platform(lowered, platform, self.name)
         return lowered
 
 
+def _quietly(lower: Callable[[], Any]) -> Any:
+    """`lower()` without JAX's warning that donated buffers go unused (a program the user's own
+    run would warn about once is lowered here for several platforms: jaxmem prints nothing of
+    the user's program's own)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        return lower()
+
+
 def _check_platform(lowered: Any, platform: str, name: str) -> None:
-    """A program whose arguments are placed on another platform's devices (a `Traced` of arrays
-    on this host's CPU) is not the program the device would run: one line saying so."""
+    """A program placed on several devices of another platform (a `Traced` over a mesh of this
+    host's CPUs, or over an `AbstractMesh`) is not the one-device program jaxmem compiles for
+    the device: one line saying so. One device anywhere (`in_shardings` on this host's CPU) is
+    the same program on the device: it passes."""
     try:   # JAX's own record of the shardings it lowered with (private; nothing to check without it)
         shardings = list(lowered._lowering.compile_args["in_shardings"])
     except Exception:
@@ -98,11 +127,12 @@ def _check_platform(lowered: Any, platform: str, name: str) -> None:
                 raise PlanError(f"{name} was traced over an AbstractMesh of {mesh.size} devices: pass the function "
                                 "and its arguments, jaxmem.analyze(fn, *args, device=...), to analyse it per device")
             continue
-        found = {d.platform for d in getattr(sharding, "device_set", ())}
-        if found - wanted:
-            raise PlanError(f"{name}'s arguments are placed on {'/'.join(sorted(found))} devices, and jaxmem "
-                            f"compiles it for {platform}: trace it with jax.ShapeDtypeStruct arguments "
-                            "(or NamedShardings over a jax.sharding.AbstractMesh)")
+        devices = list(getattr(sharding, "device_set", ()))
+        found = {d.platform for d in devices}
+        if len(devices) > 1 and found - wanted:
+            raise PlanError(f"{name}'s arguments are placed on {len(devices)} {'/'.join(sorted(found))} devices, and "
+                            f"jaxmem compiles it for one {platform} device: pass the function and its arguments, "
+                            "jaxmem.analyze(fn, *args, device=...), to analyse it per device")
 
 
 def _one_line(err: BaseException) -> str:
@@ -123,13 +153,16 @@ def _name(fn: Any) -> str:
 
 def prepare(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
             donate: int | Sequence[int] | None = None) -> Program:
-    """The `Program` of `fn(*args, **kwargs)`.
+    """The `Program` of `fn(*args, **kwargs)`, as the framework behind `fn` compiles it.
 
     Raises:
         JaxmemError: one line: `fn` is not callable, fails to trace, its arguments do not match,
-            or `donate` contradicts the jitted function's own donation.
+            `donate` contradicts the jitted function's own donation, or the function updates
+            its arguments in place where its framework would drop the update.
     """
     import jax
+
+    from jaxmem.frameworks import as_step
 
     kwargs = dict(kwargs or {})
     if isinstance(fn, (jax.stages.Traced, jax.stages.Lowered)):
@@ -139,13 +172,19 @@ def prepare(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
     if not callable(fn):
         raise PlanError(f"jaxmem.analyze takes a function, a jax.jit-wrapped one, a Traced or a Lowered, "
                         f"not a {type(fn).__name__}")
-    if _is_jitted(fn):
-        return _from_jitted(fn, tuple(args), kwargs, donate)
-    return _from_function(fn, tuple(args), kwargs, donate)
+    step, seconds = _trace(lambda: as_step(fn, tuple(args), kwargs, donate), _name(fn))
+    runnable = step.framework == "jax" and not kwargs
+    program = _program(step.name if step.framework != "jax" else _name(fn), step.traced, None,
+                       fn if runnable else None, tuple(args), seconds)
+    return dataclasses.replace(program, names=step.names, step=step)
 
 
-def _is_jitted(fn: Any) -> bool:
-    return callable(getattr(fn, "trace", None)) and callable(getattr(fn, "lower", None))
+def program_of_step(build: Callable[[], Any]) -> Program:
+    """The `Program` of the step `build()` makes (a framework's changed step), traced in
+    jaxmem's own thread as every program is."""
+    step, seconds = _trace(build, "the changed step")
+    program = _program(step.name, step.traced, None, None, (), seconds)
+    return dataclasses.replace(program, names=step.names, step=step)
 
 
 def _trace(trace: Callable[[], Any], name: str) -> tuple[Any, float]:
@@ -186,52 +225,6 @@ def _in_own_thread(work: Callable[[], Any]) -> Any:
     return box["out"]
 
 
-def _from_function(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                   donate: int | Sequence[int] | None) -> Program:
-    """A plain function: jitted here, with `donate` (positions) as its `donate_argnums`."""
-    import jax
-
-    from jaxmem.compiler.jaxpr_adapter import donate_positions, split_kwargs
-    from jaxmem.xla.gpu.compile import abstract_args
-
-    positions = donate_positions(len(args), donate if donate is not None else ())
-    dynamic, static = split_kwargs(kwargs)
-    target = functools.partial(fn, **static) if static else fn
-    jitted = jax.jit(target, donate_argnums=positions)
-    structs = abstract_args(args)
-    named = abstract_args((dynamic,))[0] if dynamic else {}
-    traced, seconds = _trace(lambda: jitted.trace(*structs, **named), _name(fn))
-    return _program(_name(fn), traced, None, fn, args, seconds, kwargs=dynamic)
-
-
-def _from_jitted(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 donate: int | Sequence[int] | None) -> Program:
-    """A `jax.jit`-wrapped function: its own donation and static arguments; a `donate` where
-    it donates nothing wraps it in one more `jax.jit` that donates those."""
-    import jax
-
-    from jaxmem.xla.gpu.compile import abstract_args
-
-    def trace(f: Any) -> Any:
-        try:   # abstract arguments: no array of the user's is committed to a device
-            return f.trace(*abstract_args(args), **kwargs)
-        except Exception:  # a static argument must stay a value: JAX's trace of the originals
-            return f.trace(*args, **kwargs)
-
-    traced, seconds = _trace(lambda: trace(fn), _name(fn))
-    program = _program(_name(fn), traced, None, fn, args, seconds, kwargs=kwargs)
-    if donate is None:
-        return program
-    if not any(program.donated):
-        from jaxmem.compiler.jaxpr_adapter import donate_positions
-
-        outer = jax.jit(fn, donate_argnums=donate_positions(len(args), donate))
-        traced, seconds = _trace(lambda: trace(outer), _name(fn))
-        return _program(_name(fn), traced, None, fn, args, seconds, kwargs=kwargs)
-    _check_donate(program, donate)
-    return program
-
-
 def _from_stage(stage: Any, donate: int | Sequence[int] | None) -> Program:
     """A `Traced` or `Lowered` the user made: JAX's donation in it."""
     import jax
@@ -239,12 +232,13 @@ def _from_stage(stage: Any, donate: int | Sequence[int] | None) -> Program:
     traced = stage if isinstance(stage, jax.stages.Traced) else None
     program = _program(_name(stage), traced, None if traced is not None else stage, None, (), 0.0)
     if donate is not None:
-        _check_donate(program, donate)
+        from jaxmem.frameworks.plain import check_donate
+
+        check_donate(stage, len(program.args), donate, program.name)
     return program
 
 
-def _program(name: str, traced: Any, lowered: Any, fn: Any, fn_args: tuple[Any, ...], seconds: float,
-             kwargs: dict[str, Any] | None = None) -> Program:
+def _program(name: str, traced: Any, lowered: Any, fn: Any, fn_args: tuple[Any, ...], seconds: float) -> Program:
     """A `Program` from JAX's stage: its arguments and per-leaf donation from `args_info`."""
     import jax
 
@@ -255,21 +249,4 @@ def _program(name: str, traced: Any, lowered: Any, fn: Any, fn_args: tuple[Any, 
     tree = tuple(positional) + ((dict(named),) if named else ())
     donated = [bool(i.donated) for i in jax.tree.leaves(tree, is_leaf=is_info)]
     arguments = jax.tree.map(to_struct, tree, is_leaf=is_info)
-    return Program(name, traced, lowered, arguments, donated, fn if not kwargs else None, fn_args, seconds)
-
-
-def _check_donate(program: Program, donate: int | Sequence[int]) -> None:
-    """`donate` (positions) must say what the jitted function's own donation says."""
-    from jaxmem.compiler.jaxpr_adapter import donate_positions
-
-    wanted = tuple(sorted(set(donate_positions(len(program.args), donate))))
-    import jax
-
-    flags: list[bool] = []
-    for k, arg in enumerate(program.args):
-        flags += [k in wanted] * len(jax.tree.leaves(arg))
-    if flags != program.donated:
-        own = program.donated_positions
-        said = ", ".join(map(str, own)) if own else ("some leaves" if any(program.donated) else "nothing")
-        raise PlanError(f"donate={wanted} contradicts {program.name}'s own jax.jit donation ({said}); "
-                        "leave donate out: it is read from the jitted function")
+    return Program(name, traced, lowered, arguments, donated, fn, fn_args, seconds)

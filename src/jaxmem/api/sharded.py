@@ -193,9 +193,10 @@ def _escape(text: Any) -> str:
 
 
 def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, donate: Any, options: Any,
-                    busy: Callable[[str], Any]) -> ShardedAnalysis:
+                    busy: Callable[[str], Any], device_reason: str | None = None) -> ShardedAnalysis:
     """The per-device analysis of `fn(*args, **kwargs)` on the arguments' mesh, with the
-    options of `jaxmem.analyze` (`api.pipeline.Options`).
+    options of `jaxmem.analyze` (`api.pipeline.Options`); `device_reason` says why the device
+    was chosen, where the caller named none.
 
     Raises:
         JaxmemError: one line: `fn` fails to trace or does not match its arguments, a sharding
@@ -215,6 +216,9 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
         except PlanError:
             trace_on_mesh(call, dynamic)   # on the mesh, a failure names the axis it lacks (ShardingError)
             raise
+        if program.framework != "jax":
+            raise PlanError(f"jaxmem reads {program.step.label} steps on one device; on a mesh, give the pure step "
+                            "(jax.jit of the state, with NamedSharding arguments)")
         traced = trace_on_mesh(call, dynamic, donate_argnums=program.donated_positions)
     on = {"gpu": f"XLA:GPU {device[0]}", "tpu": f"XLA:TPU {device[0]}"}.get(kind, "XLA:CPU")
     started = time.perf_counter()
@@ -222,6 +226,8 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
         ref = reference_of_traced(traced, xla=kind, device=device[0].strip().lower(), top=options.top)
     pool, pool_note = _pool(ref, options, device[1])
     data = summarize(ref, pool, target=name, device=device)
+    if device_reason:
+        data["device_chosen_because"] = device_reason
     data["total_seconds"] = time.perf_counter() - started
     notes = [n for n in (note, pool_note) if n]
     if notes:

@@ -51,9 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"what to analyze (default: the built-in GPT training step, {DEFAULT_TARGET})")
     parser.add_argument("--donate", default="", metavar="0,1",
                         help="positional arguments of fn to donate, as jax.jit's donate_argnums")
-    parser.add_argument("--device", default=DEFAULT_DEVICE, metavar="PRESET",
+    parser.add_argument("--device", default=None, metavar="PRESET",
                         help=f"device to check the fit against: a preset ({', '.join(sorted(PRESETS))}) "
-                             f"or a size such as 24GiB (default {DEFAULT_DEVICE})")
+                             f"or a size such as 24GiB (default: the GPU or TPU the arguments are on, else "
+                             f"JAX's default device where it is one, else {DEFAULT_DEVICE})")
+    parser.add_argument("--costs", choices=("auto", "on", "off"), default="auto",
+                        help="what the step's framework adds over the same step written pure, and the changes "
+                             "that remove it, each compiled for the device: auto (default: for a Flax NNX, "
+                             "Equinox or Keras step), on (plain JAX too: undonated state), off")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--top", type=int, default=TOP_BUFFERS, metavar="N",
                         help=f"how many of the largest buffers live at the peak to list (default {TOP_BUFFERS})")
@@ -137,10 +142,16 @@ def main(argv: list[str]) -> int:
     check_paths(args)   # `--png t.xyz` is refused before the target is loaded
     if args.top < 0:
         raise PlanError(f"--top must be 0 or more, got {args.top}")
-    device = parse_device(args.device)
     target = args.target or DEFAULT_TARGET
-    accelerator = find_accelerator(device[0])
-    fn, fn_args, texts = load(target, record=accelerator is not None and accelerator.is_tpu and not args.no_xla)
+    device = parse_device(args.device) if args.device is not None else None
+    accelerator = find_accelerator(device[0]) if device is not None else None
+    record = not args.no_xla and (device is None or (accelerator is not None and accelerator.is_tpu))
+    fn, fn_args, texts = load(target, record=record)
+    reason = None
+    if device is None:
+        device, reason = choose_for(fn_args)
+        accelerator = find_accelerator(device[0])
+        args.device = device[0]
     donate = parse_donate(args.donate, len(fn_args))
     if sharded.wanted(args, fn_args):
         # A mesh: per-device figures from a partitioned compile (jaxmem.api.sharded).
@@ -149,13 +160,26 @@ def main(argv: list[str]) -> int:
         raise PlanError(f"--execute runs the program, and {target} returns jax.ShapeDtypeStruct arguments "
                         "(no values); plan and compile it without --execute")
     program = _prepare(fn, fn_args, donate, target)
+    if args.execute and program.fn is None:
+        raise PlanError(f"--execute runs plain JAX steps; {target} is a {program.step.label} step, which jaxmem "
+                        "compiles but does not run")
     shown = target if args.target else f"{DEFAULT_TARGET} (built-in)"
     run = Run(args, program, shown, device, accelerator, cpu_target=target, factory_texts=texts,
-              say=stderr_say("jaxmem analyze"), busy=busy)
+              say=stderr_say("jaxmem analyze"), busy=busy, device_reason=reason)
     report = analyze_run(run, loop=analyze_loop.loop_pool)
     if args.execute:
         execute(run, report)
     return output(args, report)
+
+
+def choose_for(fn_args: Sequence[Any]) -> tuple[tuple[str, int], str]:
+    """The device the factory's arguments live on (`api/devices.py`), and why (the report's
+    "judged for" row says it)."""
+    from jaxmem.api.devices import choose_device
+    from jaxmem.frameworks.step import devices_of
+
+    choice = choose_device(devices_of(tuple(fn_args)))
+    return parse_device(choice.device), choice.reason
 
 
 def load(target: str, record: bool) -> tuple[Any, tuple[Any, ...], list[str]]:

@@ -206,6 +206,11 @@ def flat_arg_counts(args: Sequence[Any]) -> list[int]:
     return [len(jax.tree_util.tree_leaves(a)) for a in args]
 
 
+def is_tracer(value: Any) -> bool:
+    """Whether `value` is one of JAX's tracers (a traced value, not an array)."""
+    return isinstance(value, jcore.Tracer)
+
+
 def is_literal(atom: Any) -> bool:
     return isinstance(atom, jcore.Literal)
 
@@ -326,6 +331,35 @@ def jaxpr_outvars(jaxpr: Any) -> list[Any]:
 def jaxpr_in_avals(jaxpr: Any) -> list[Any]:
     """The abstract values of a jaxpr's inputs, closed or open."""
     return [v.aval for v in getattr(jaxpr, "jaxpr", jaxpr).invars]
+
+
+@dataclass
+class OutputOrigin:
+    """Where one output of a program comes from: the input it passes through unchanged
+    (`passed_input`), or the source line of the equation that made it; its bytes."""
+
+    passed_input: int | None
+    source: SourceLine | None
+    nbytes: int
+
+
+def output_origins(closed_jaxpr: Any) -> list[OutputOrigin]:
+    """For each output of a closed jaxpr: the input it returns as it came in, else the user's
+    line that made it (the outer equation's; None for a constant)."""
+    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    inputs = {v: k for k, v in enumerate(jaxpr.invars)}
+    made = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+    origins = []
+    for atom in jaxpr.outvars:
+        nbytes = aval_bytes(atom.aval)
+        if is_literal(atom):
+            origins.append(OutputOrigin(None, None, nbytes))
+        elif atom in inputs:
+            origins.append(OutputOrigin(inputs[atom], None, nbytes))
+        else:
+            eqn = made.get(atom)
+            origins.append(OutputOrigin(None, source_line(eqn) if eqn is not None else None, nbytes))
+    return origins
 
 
 def constant_output(closed_jaxpr: Any, j: int) -> tuple[Any, Any]:

@@ -42,7 +42,7 @@ from jaxmem.compiler.remat import RecomputedValue, recomputed_values, resolve_gu
 from jaxmem.compiler.remat_graph import Graph, as_function, trace
 from jaxmem.compiler.remat_search import Snapshot, economize, program_flops, search
 from jaxmem.compiler.rules import DOT_LIKE
-from jaxmem.errors import ConfigError
+from jaxmem.errors import ConfigError, PlanError
 from jaxmem.fitting.bound import WITHOUT_OFFLOAD, capped_verdict, verdict
 from jaxmem.fitting.judge import Figures, Judge, infeasible_line, resolve_budget
 from jaxmem.fitting.policy import PolicyCandidate, PolicySearch, search_policies
@@ -184,6 +184,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
     started = time.perf_counter()
+    _check_plain(fn, args)
     judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)
     if max_rounds < 1:
@@ -217,6 +218,20 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
                    judged={0: (job.base_total, planned_before)})
     chosen = _choose_step(steps, max_rounds, job.base_total)
     return _result(job, steps, chosen, found, guard, planned_before, rewrite_ran)
+
+
+def _check_plain(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """fit rewrites plain JAX steps: a framework's step (whose program fit's own trace would
+    not be) is one line saying what to write instead; a plain step that updates its arguments
+    in place, or leaks a traced value, is refused as `jaxmem.analyze` refuses it."""
+    from jaxmem.frameworks import PURE_FORM, as_step, framework_of
+    from jaxmem.frameworks.step import FRAMEWORK_NAMES
+
+    kind = framework_of(fn, args)
+    if kind != "jax":
+        raise PlanError(f"jaxmem.fit rewrites plain JAX steps, not yet {FRAMEWORK_NAMES[kind]}'s: fit the same step "
+                        f"written pure ({PURE_FORM[kind]}); jaxmem.analyze reads this one as it is")
+    as_step(fn, args)
 
 
 @dataclass

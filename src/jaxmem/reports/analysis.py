@@ -52,10 +52,13 @@ def live_bytes_by_step(plan: Any) -> list[int]:
     return [int(x) for x in live_profile(spans, len(plan.schedule))]
 
 
-def _argument_names(args: Sequence[Any]) -> list[str]:
-    """Flat leaf names such as `args[0]['blocks'][1]['w_fc']`, in jaxpr invar order."""
+def _argument_names(args: Sequence[Any], names: Sequence[str] | None = None) -> list[str]:
+    """Flat leaf names such as `args[0]['blocks'][1]['w_fc']`, in jaxpr invar order; `names`,
+    where a framework named its inputs (`model.layers[0].kernel`), as they are."""
     import jax
 
+    if names is not None:
+        return list(names)
     names = []
     for i, arg in enumerate(args):
         for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
@@ -73,7 +76,8 @@ def _library_source(source: Any) -> str | None:
     return str(library) if library is not None else None
 
 
-def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[dict[str, Any]]]:
+def peak_buffers(plan: Any, args: Sequence[Any], top: int,
+                 arg_names: Sequence[str] | None = None) -> tuple[int, list[dict[str, Any]]]:
     """The peak step and the `top` largest buffers live there, arguments outside the arena included.
 
     Returns:
@@ -85,7 +89,7 @@ def peak_buffers(plan: Any, args: Sequence[Any], top: int) -> tuple[int, list[di
     live = live_bytes_by_step(plan)
     peak_index = max(range(len(live)), key=live.__getitem__)
     peak_step = peak_index - 1
-    names = _argument_names(args)
+    names = _argument_names(args, arg_names)
     # The reports' categories (residuals, gradients, optimizer state, ...), derived from the
     # program's structure, so the table and the HTML report name a buffer the same way.
     cats = value_categories(plan, arg_paths=names)
@@ -120,11 +124,12 @@ def _file_line(source: str) -> str:
     return source.split(" (", 1)[0] if source else ""
 
 
-def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any]) -> list[dict[str, Any]]:
+def gpu_peak_rows(ref: Any, plan: Any, args: Sequence[Any],
+                  arg_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """XLA:GPU's largest buffers live at its peak, each matched to the jaxpr-level array it
     holds where that can be told: an argument by its position, else a planned buffer with the
     same dtype and shape (and the same source line when both have one)."""
-    names = _argument_names(args)
+    names = _argument_names(args, arg_names)
     by_shape: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
     if plan is not None:
         for b in plan.buffers:
@@ -161,7 +166,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
               gpu: Any = None, pool: Any = None, fraction: float = PREALLOCATE_FRACTION,
               note: str | None = None, predicted: Any = None, tpu: Any = None,
               accelerator: Any = None, cpu_totals: dict[str, int] | None = None,
-              cpu_xla: Any = None) -> dict[str, Any]:
+              cpu_xla: Any = None, arg_names: Sequence[str] | None = None) -> dict[str, Any]:
     """The analysis as one plain dict: what `--json` prints and what the tables render.
 
     Args:
@@ -178,6 +183,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         accelerator: the device's preset row, None for a bare size.
         cpu_totals: XLA:CPU's total under each scheduler compiled (`--cpu-scheduler`).
         cpu_xla: XLA:CPU's figures where there is no plan to carry them.
+        arg_names: the flat inputs' names where a framework gave them (else from `args`' paths).
     """
     if plan is None:
         return summarize_without_plan(args, target=target, device=device, gpu=gpu, pool=pool, fraction=fraction,
@@ -186,7 +192,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
     on_tpu = accelerator is not None and accelerator.is_tpu
     # JAX's TPU runtime preallocates nothing: a program may use the whole chip.
     usable = capacity if on_tpu else int(capacity * fraction)
-    peak_step, rows = peak_buffers(plan, args, top)
+    peak_step, rows = peak_buffers(plan, args, top, arg_names)
     xla = plan.xla
     xla_total = xla.total_bytes if xla is not None else None
     return {
@@ -201,7 +207,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         "xla": _cpu_summary(xla),
         "ratio_to_xla": (plan.peak_bytes / xla_total) if xla_total else None,
         **_rest(plan, peak_step, rows, usable, fraction, name, capacity, on_tpu, accelerator, tpu, pool),
-        **_device_part(plan, args, gpu, tpu, pool, predicted, note, cpu_totals),
+        **_device_part(plan, args, gpu, tpu, pool, predicted, note, cpu_totals, arg_names),
     }
 
 
@@ -243,16 +249,16 @@ def _rest(plan: Any, peak_step: int, rows: list[dict[str, Any]], usable: int, fr
 
 
 def _device_part(plan: Any, args: Sequence[Any], gpu: Any, tpu: Any, pool: Any, predicted: Any, note: str | None,
-                 cpu_totals: dict[str, int] | None) -> dict[str, Any]:
+                 cpu_totals: dict[str, int] | None, arg_names: Sequence[str] | None = None) -> dict[str, Any]:
     """XLA:GPU's or XLA:TPU's figures and peak buffers, the pool verdict, the prediction."""
     from jaxmem.xla.tpu.compile import summary as tpu_summary
 
     return {
         "xla_gpu": None if gpu is None else gpu.summary(),
-        "xla_gpu_peak_buffers": [] if gpu is None else gpu_peak_rows(gpu, plan, args),
+        "xla_gpu_peak_buffers": [] if gpu is None else gpu_peak_rows(gpu, plan, args, arg_names),
         "xla_gpu_peak_live_bytes": None if gpu is None else gpu.peak_live_bytes,
         "xla_tpu": None if tpu is None else tpu_summary(tpu),
-        "xla_tpu_peak_buffers": [] if tpu is None else gpu_peak_rows(tpu, plan, args),
+        "xla_tpu_peak_buffers": [] if tpu is None else gpu_peak_rows(tpu, plan, args, arg_names),
         "xla_tpu_peak_live_bytes": None if tpu is None else tpu.peak_live_bytes,
         "pool": None if pool is None else {**pool.summary(), "judged_on": "xla_gpu" if gpu is not None else
                                            "xla_tpu" if tpu is not None else

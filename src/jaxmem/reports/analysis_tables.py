@@ -40,6 +40,12 @@ def render(data: dict[str, Any], console: Any) -> None:
     if data.get("plan_note"):
         console.print(f"[yellow]{markup(data['plan_note'])}[/]")
     console.print(summary_table(data))
+    if data.get("framework"):
+        from jaxmem.reports.framework_tables import render_framework
+
+        xla = data.get("xla_tpu") or data.get("xla_gpu")
+        where = f"{'XLA:TPU' if data.get('xla_tpu') else 'XLA:GPU'} {data['device']['name']}" if xla else "XLA:CPU"
+        render_framework(data["framework"], where, console)
     if data["peak_bytes"] is not None:
         console.print()
         console.print(top_buffers_table(data, console.width))
@@ -212,6 +218,8 @@ def _add_device_row(data: dict[str, Any], dev: dict[str, Any], summary: Any) -> 
         held = (f"{dev['name']}: {_size(dev['capacity_bytes'])}, JAX preallocates "
                 f"{int(100 * dev['preallocated_fraction'])}% = {_size(dev['usable_bytes'])}")
     summary.add_row("jaxmem's plan" if data.get("pool") else "device", fit, held)
+    if dev.get("chosen_because"):
+        summary.add_row("judged for", dev["name"], markup(dev["chosen_because"]))
 
 
 def top_buffers_table(data: dict[str, Any], width: int) -> Any:

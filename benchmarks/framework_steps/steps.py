@@ -50,3 +50,36 @@ def figures(memory_analysis: Any) -> dict[str, int]:
             "output_bytes": int(memory_analysis.output_size_in_bytes),
             "alias_bytes": int(memory_analysis.alias_size_in_bytes),
             "temp_bytes": int(memory_analysis.temp_size_in_bytes)}
+
+
+def jaxmem_program(name: str) -> Any:
+    """jaxmem's `Program` of the step, from what a user hands `jaxmem.analyze`."""
+    from jaxmem.api.program import prepare
+
+    fn, args, kwargs = user_call(load(name))
+    return prepare(fn, args, kwargs)
+
+
+def tpu_figures_and_pool(name: str, factory_on_chip: bool, device: str = "tpu-v5e-16gb") -> tuple[Any, Any]:
+    """jaxmem's deviceless XLA:TPU figures of the step and the TPU runtime's verdict over 3
+    steps, as `jaxmem analyze TARGET` makes them: where the step's objects were made on the chip
+    (`factory_on_chip`), the programs its factory ran are recorded (a TPU keeps their code)."""
+    from jaxmem.api.pipeline import Options, Planless, Run, collect_references, simulate_pool, start_references
+    from jaxmem.api.program import prepare
+    from jaxmem.compiler.jaxpr_adapter import run_recording_programs
+
+    import jax
+
+    module = load(name)
+    if factory_on_chip:   # as in a fresh process: every program the factory runs is compiled, so recorded
+        jax.clear_caches()
+        (fn, args, kwargs), texts = run_recording_programs(lambda: user_call(module))
+    else:
+        (fn, args, kwargs), texts = user_call(module), []
+    run = Run(Options(device=device), prepare(fn, args, kwargs), name, factory_texts=texts, say=lambda text: None)
+    start_references(run)
+    run.worker.join()
+    run.plan = Planless()
+    collect_references(run)
+    simulate_pool(run)
+    return run.tpu, run.pool

@@ -5,6 +5,7 @@ import optax
 from flax import nnx
 
 FRAMEWORK = "flax.nnx"
+READ_AS = "jax"   # the functional API: a jax.jit of nnx.split state, a pytree jax.jit takes as it is
 MEMBERS, IN, HIDDEN, OUT, BATCH = 8, 256, 1024, 16, 512
 
 

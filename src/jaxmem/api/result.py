@@ -26,7 +26,10 @@ class Analysis:
     XLA figures: XLA:GPU's or XLA:TPU's, else XLA:CPU's here; a dict), `pool` (the verdict over
     N steps, a dict, or None), `peak_buffers` (the largest buffers live at the peak, each with
     the user's source line: jaxmem's plan's, or XLA's where there is no plan), `plan` (jaxmem's
-    `Plan`; None for a `jax.stages.Lowered`), `note` (what the result leaves out, or None).
+    `Plan`; None for a `jax.stages.Lowered`), `note` (what the result leaves out, or None),
+    `device` (the device judged for) and `device_reason` (why, where none was named),
+    `framework` (for a framework's step: whose program it is, how it was read, what the
+    framework adds over the step written pure and the changes that remove it; else None).
     """
 
     def __init__(self, report: AnalysisReport) -> None:
@@ -57,6 +60,18 @@ class Analysis:
         if self.data["top_buffers"]:
             return self.data["top_buffers"]
         return self.data.get("xla_gpu_peak_buffers") or self.data.get("xla_tpu_peak_buffers") or []
+
+    @property
+    def device(self) -> str:
+        return self.data["device"]["name"]
+
+    @property
+    def device_reason(self) -> str | None:
+        return self.data["device"].get("chosen_because")
+
+    @property
+    def framework(self) -> dict[str, Any] | None:
+        return self.data.get("framework")
 
     @property
     def note(self) -> str | None:

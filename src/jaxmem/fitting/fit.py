@@ -184,9 +184,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         `min_reachable_bytes` the smallest budget the rewrite reached.
     """
     started = time.perf_counter()
-    _check_plain(fn, args)
     judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)
+    _check_plain(fn, args)
     if max_rounds < 1:
         raise ConfigError(f"max_rounds must be at least 1, got {max_rounds}")
     guard = "barrier" if device is not None and guard == "auto" else resolve_guard(guard)
@@ -231,7 +231,12 @@ def _check_plain(fn: Callable[..., Any], args: Sequence[Any]) -> None:
     if kind != "jax":
         raise PlanError(f"jaxmem.fit rewrites plain JAX steps, not yet {FRAMEWORK_NAMES[kind]}'s: fit the same step "
                         f"written pure ({PURE_FORM[kind]}); jaxmem.analyze reads this one as it is")
-    as_step(fn, args)
+    try:
+        as_step(fn, args)
+    except PlanError:
+        raise
+    except Exception:  # a function that fails to trace: fit's own trace says so, in its one line
+        return
 
 
 @dataclass

@@ -51,14 +51,19 @@ def is_filter_jit(fn: Any) -> bool:
 
 
 def takes_modules(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """Whether any argument is, or holds, an Equinox module."""
+    """Whether any argument holds an Equinox module with a field `jax.jit` cannot take (an
+    activation function, a string): only `filter_jit` runs such a step. A module of arrays alone
+    (`eqx.partition`'s arrays) is a pytree `jax.jit` takes as it is."""
     if not loaded():
         return False
     import equinox as eqx
     import jax
+    import numpy as np
 
     is_module = lambda x: isinstance(x, eqx.Module)  # noqa: E731
-    return any(is_module(x) for x in jax.tree.leaves((tuple(args), kwargs), is_leaf=is_module))
+    modules = [x for x in jax.tree.leaves((tuple(args), kwargs), is_leaf=is_module) if is_module(x)]
+    takes = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct, bool, int, float, complex)
+    return any(not isinstance(leaf, takes) for module in modules for leaf in jax.tree.leaves(module))
 
 
 def _donate_mode(donate: Sequence[int] | None, count: int) -> str:

@@ -81,6 +81,25 @@ def buffer_rows(rows: list[dict[str, Any]], xla: bool) -> list[list[str]]:
     return out
 
 
+def framework_rows(framework: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
+    """What the framework adds (by line, by array) and each change that removes it."""
+    adds = []
+    for item in framework.get("adds", []):
+        adds.append([plain(item["what"]), _size(item["bytes"]), plain(f"{item['arrays']} arrays: {item['why']}")])
+        adds += [["", _size(line["bytes"]), plain(line["source"])] for line in item.get("lines", [])[:5]]
+        adds += [["", _size(copy["bytes"]), plain(copy["array"])] for copy in item.get("copies", [])[:5]]
+    changes = []
+    for row in framework.get("changes", []):
+        if "error" in row:
+            changes.append([plain(row["code"]), "—", "—", plain(row["error"])])
+            continue
+        same = {True: "same", False: "DIFFERENT", None: "unchecked"}[row.get("same_results")]
+        changes.append([plain(row["code"]), _size(row.get("pool_peak_bytes")),
+                        _size(row.get("saved_bytes")) if row.get("lowers_peak") else "nothing",
+                        plain(f"{same}: {row.get('results_note', '')}")])
+    return adds, changes
+
+
 def render_analysis(data: dict[str, Any]) -> str:
     """The whole analysis as one HTML fragment (a `<div>` with its own `<style>`)."""
     parts = [f"<div class=\"jaxmem-analysis\"><style>{STYLE}</style>", verdict(data)]
@@ -88,6 +107,14 @@ def render_analysis(data: dict[str, Any]) -> str:
         if note:
             parts.append(f"<p class=\"note\">{_text(note)}</p>")
     parts.append(render_table("Figures", ["", "bytes", ""], figure_rows(data)))
+    framework = data.get("framework")
+    if framework and "adds" in framework:
+        adds, changes = framework_rows(framework)
+        parts.append(render_table(f"What {framework['name']} adds to {framework['step']} over the same step written pure",
+                                  ["", "bytes", ""], adds))
+        if changes:
+            parts.append(render_table("Changes, each compiled and run through the same pool",
+                                      ["change", "pool peak", "saves", "results"], changes))
     columns = ["size", "array", "kind", "made by", "source line"]
     if data["top_buffers"]:
         parts.append(render_table("Largest buffers live at jaxmem's peak", columns,

@@ -1,0 +1,48 @@
+"""The framework steps (`benchmarks/framework_steps`: an evaluation set and a tuning set) and
+the recording of what a TPU v5e did with them (`benchmarks/results/tpu_v5e_frameworks.jsonl`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ROOT / "benchmarks" / "framework_steps"
+CHIP = ROOT / "benchmarks" / "results" / "tpu_v5e_frameworks.jsonl"
+sys.path.insert(0, str(STEPS))
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+
+def chip_rows() -> dict[str, dict]:
+    """The chip's row for each step it ran: the latest line wins (a step re-run with its objects
+    built on the host before they went to the chip replaces the first reading)."""
+    rows: dict[str, dict] = {}
+    for line in CHIP.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("ok"):
+            rows[row["program"]] = row
+    return rows
+
+
+@pytest.fixture(scope="session")
+def tpu_cache_dir_session(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("jaxmem-framework-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _cache(tpu_cache_dir_session, monkeypatch):
+    monkeypatch.setenv("JAXMEM_CACHE_DIR", tpu_cache_dir_session)
+
+
+@pytest.fixture
+def needs_libtpu():
+    from jaxmem.xla.tpu.compile import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"deviceless XLA:TPU compiles cannot run here: {reason}")

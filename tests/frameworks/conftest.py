@@ -3,7 +3,6 @@ the recording of what a TPU v5e did with them (`benchmarks/results/tpu_v5e_frame
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,21 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ROOT / "benchmarks" / "framework_steps"
-CHIP = ROOT / "benchmarks" / "results" / "tpu_v5e_frameworks.jsonl"
 sys.path.insert(0, str(STEPS))
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("KERAS_BACKEND", "jax")
-
-
-def chip_rows() -> dict[str, dict]:
-    """The chip's row for each step it ran: the latest line wins (a step re-run with its objects
-    built on the host before they went to the chip replaces the first reading)."""
-    rows: dict[str, dict] = {}
-    for line in CHIP.read_text().splitlines():
-        row = json.loads(line)
-        if row.get("ok"):
-            rows[row["program"]] = row
-    return rows
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 
 import jaxmem
 from jaxmem.api.devices import choose_device
-from conftest import chip_rows
+from framework_chip import chip_rows
 
 
 class FakeDevice:

@@ -77,3 +77,44 @@ def test_the_report_shows_it(analysed):
     assert "state not donated" in text and "nnx.jit(nnx_train_step, donate_argnames=('model', 'optimizer'))" in text
     assert "same: 81 arrays equal" in text
     assert "What Flax NNX adds to nnx_train_step" in result.html() and "donate_argnames" in result.html()
+
+
+def test_a_plain_jit_step_with_its_state_not_donated_gets_the_donation_to_paste():
+    import jax.numpy as jnp
+
+    def sgd(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+    w, x = jnp.ones((512, 512)), jnp.ones((64, 512))
+    quiet = jaxmem.analyze(jax.jit(sgd), w, x, device="8GiB", quiet=True)
+    assert quiet.framework is None   # plain JAX: weighed only where asked
+    result = jaxmem.analyze(jax.jit(sgd), w, x, device="8GiB", quiet=True, costs=True)
+    change = result.framework["changes"][0]
+    assert change["code"] == "jax.jit(sgd, donate_argnums=(0,))" and change["same_results"] is True
+    donated = jax.jit(sgd, donate_argnums=0).lower(w, x).compile().memory_analysis()
+    assert change["xla"]["alias_bytes"] == donated.alias_size_in_bytes == 512 * 512 * 4
+
+
+def test_an_equinox_step_gets_filter_jits_donation():
+    import equinox as eqx
+    import jax.numpy as jnp
+    import optax
+
+    mlp = eqx.nn.MLP(256, 10, 512, 2, activation=jax.nn.gelu, key=jax.random.key(0))
+    adam = optax.adam(1e-3)
+
+    @eqx.filter_jit
+    def step(model, opt_state, x):
+        grads = eqx.filter_grad(lambda m: jnp.mean(jax.vmap(m)(x) ** 2))(model)
+        updates, opt_state = adam.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state
+
+    opt_state = adam.init(eqx.filter(mlp, eqx.is_array))
+    result = jaxmem.analyze(step, mlp, opt_state, jnp.ones((128, 256)), device="8GiB", quiet=True)
+    found = result.framework
+    assert found["name"] == "Equinox"
+    state = next(item for item in found["adds"] if item["what"] == "state not donated")
+    assert state["bytes"] == _bytes(eqx.filter(mlp, eqx.is_array)) + _bytes(opt_state)
+    change = found["changes"][0]
+    assert change["code"] == 'eqx.filter_jit(step, donate="all")' and change["same_results"] is True
+    assert change["lowers_peak"] and change["xla"]["alias_bytes"] > 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from steps import figures, jaxmem_program, load, names, tpu_figures_and_pool
-from conftest import chip_rows
+from framework_chip import chip_rows
 
 FIGURES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")
 

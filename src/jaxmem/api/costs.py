@@ -144,19 +144,30 @@ def same_results(step: Any, changed: Any, limit: int = RESULTS_CHECK_BYTES) -> t
     if nbytes > limit:
         return None, f"not run: the arguments hold {nbytes / 2**30:.1f} GiB, above the {limit / 2**30:.0f} GiB it runs here"
     try:
+        if _shares_arrays(step):
+            return None, "not run: the arguments could not be copied apart from yours (a donating run would consume them)"
         first = _run(step)
         second = _run(changed)
     except Exception as err:  # the user's own step failed to run here: no verdict, and why
         from jaxmem.frameworks.step import one_line
 
         return None, f"not run: {one_line(err, 200)}"
-    a, b = [_values(x) for x in jax.tree.leaves(first)], [_values(x) for x in jax.tree.leaves(second)]
+    a, b = [_values(x) for x in _arrays(first)], [_values(x) for x in _arrays(second)]
     if len(a) != len(b):
         return False, f"the change leaves {len(b)} arrays where the step leaves {len(a)}"
     differ = [k for k, (x, y) in enumerate(zip(a, b)) if not np.array_equal(x, y, equal_nan=True)]
     if differ:
         return False, f"{len(differ)} of {len(a)} arrays differ"
     return True, f"{len(a)} arrays equal, run on this host's CPU"
+
+
+def _arrays(tree: Any) -> list[Any]:
+    """The array leaves of a run's results (a module's functions and other static fields are
+    the same objects in both runs)."""
+    import jax
+    import numpy as np
+
+    return [x for x in jax.tree.leaves(tree) if isinstance(x, (jax.Array, np.ndarray, np.generic))]
 
 
 def _values(leaf: Any) -> Any:
@@ -170,10 +181,17 @@ def _values(leaf: Any) -> Any:
     return np.asarray(leaf)
 
 
-def _run(step: Any) -> Any:
-    """The step run once as the user runs it, on copies of their arguments: its results."""
+def _shares_arrays(step: Any) -> bool:
+    """Whether `step.clone` hands back any array of the user's own (never run a donating step on it)."""
     import jax
 
+    own = {id(x) for x in jax.tree.leaves((step.user_args, step.user_kwargs)) if isinstance(x, jax.Array)}
+    copy = step.clone((step.user_args, step.user_kwargs))
+    return any(id(x) in own for x in jax.tree.leaves(copy) if isinstance(x, jax.Array))
+
+
+def _run(step: Any) -> Any:
+    """The step run once as the user runs it, on copies of their arguments: its results."""
     args, kwargs = step.clone((step.user_args, step.user_kwargs))
     out = step.runner(*args, **kwargs)
     return step.results(out, args)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from jaxmem.errors import PlanError
 from jaxmem.frameworks.step import (
-    Change, Step, arg_names, devices_of, fn_name, from_args_info, one_line, to_struct,
+    Change, Step, arg_names, copy_arrays, devices_of, fn_name, from_args_info, one_line, to_struct,
 )
 
 
@@ -100,7 +100,7 @@ def step_of(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], donate: Sequ
                                        "runs it: arrays traced, every other field static")
     step = Step(framework="equinox", name=fn_name(user_fn), traced=traced, how=how,
                 names=_names(traced, wrapper, user_args, kwargs), user_fn=user_fn, runner=wrapper,
-                user_args=user_args, user_kwargs=dict(kwargs), clone=_copy, results=lambda out, a: out,
+                user_args=user_args, user_kwargs=dict(kwargs), clone=copy_arrays, results=lambda out, a: out,
                 devices=devices_of((user_args, kwargs)),
                 pure=lambda: (wrapper._cached, *from_args_info(traced)))
     step.changes = lambda: _changes(step, wrapper, bound)
@@ -180,13 +180,6 @@ def _rest_name(path: Any, params: list[str]) -> str:
     return "kwargs" + jax.tree_util.keystr(tuple(tail))
 
 
-def _copy(tree: Any) -> Any:
-    import jax
-    import jax.numpy as jnp
-
-    return jax.tree.map(lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, tree)
-
-
 def _changes(step: Step, wrapper: Any, bound: tuple[Any, ...]) -> list[Change]:
     """Donate the state the step replaces (`donate="all"`, or `"all-except-first"` where the
     first argument is not state)."""
@@ -196,7 +189,7 @@ def _changes(step: Step, wrapper: Any, bound: tuple[Any, ...]) -> list[Change]:
 
     if bound or wrapper.donate_rest:
         return []
-    state = replaced_positions(step.traced)
+    state = replaced_positions(step.user_args, step.traced)
     if not state:
         return []
     mode = "all" if 0 in state else "all-except-first"

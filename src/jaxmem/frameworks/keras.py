@@ -124,7 +124,8 @@ def step_of(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], donate: S
                 names=names if len(names) == len(infos) else None, state=frozenset(range(len(_names(model)))),
                 user_fn=type(model).train_step, devices=devices_of((state, data)),
                 pure=lambda: (jitted, *from_args_info(traced)),
-                for_platform=lambda where: step_of(model, args, kwargs, None, where).traced)
+                for_platform=lambda where: traced if where == (platform or jax.default_backend())
+                else step_of(model, args, kwargs, None, where).traced)
 
 
 class _BackendAs:

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 from jaxmem.errors import PlanError
 from jaxmem.frameworks.step import (
-    Change, Step, abstract, arg_names, devices_of, donated_positions, fn_name, from_args_info, in_context, one_line,
+    Change, Step, abstract, arg_names, copy_arrays, devices_of, donated_positions, fn_name, from_args_info, in_context,
+    one_line,
 )
 
 _JIT_CLASSES = ("JitWrapped", "SimpleJitWrapped", "SimpleJitPartialWrapped")
@@ -43,10 +44,12 @@ def is_nnx_jit(fn: Any) -> bool:
 
 
 def is_graph_node(x: Any) -> bool:
-    """A module, an optimizer, `nnx.Rngs`, a Variable: what NNX splits into state."""
+    """A module, an optimizer, `nnx.Rngs`: an object NNX splits into state. A Variable alone (as
+    `nnx.split`'s `State` holds them) is not: a step of `State`s is a pure function `jax.jit`
+    takes as it is (NNX's functional API), and one that updates a Variable in place is refused."""
     from flax import nnx
 
-    return bool(nnx.graph.is_graph_node(x)) or isinstance(x, nnx.Variable)
+    return bool(nnx.graph.is_graph_node(x)) and not isinstance(x, nnx.Variable)
 
 
 def takes_graph_nodes(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
@@ -104,12 +107,10 @@ def step_of(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], donate: Sequ
 def clone(tree: Any) -> Any:
     """A copy of `tree` (the arguments, graph nodes among them) with every array copied: a
     donating run consumes the copy's buffers, never the user's."""
-    import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     graphdef, state = nnx.split(tree)
-    return nnx.merge(graphdef, jax.tree.map(lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, state))
+    return nnx.merge(graphdef, copy_arrays(state))
 
 
 def _traced(wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from jaxmem.errors import JaxmemError, PlanError
 from jaxmem.frameworks.step import (
-    Change, Step, abstract, arg_names, devices_of, donated_positions, fn_name, from_args_info,
+    Change, Step, abstract, arg_names, copy_arrays, devices_of, donated_positions, fn_name, from_args_info,
 )
 
 
@@ -100,7 +100,7 @@ def _function(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         raise PlanError(_updated_in_place(fn_name(fn), probe.changed))
     runner = jax.jit(functools.partial(fn, **static) if static else fn, donate_argnums=positions)
     step = Step(framework="jax", name=fn_name(fn), traced=traced, user_fn=fn, runner=runner, user_args=tuple(args),
-                user_kwargs=dict(dynamic), clone=_copy_arrays, results=lambda out, a: out, devices=devices_of((args, kwargs)),
+                user_kwargs=dict(dynamic), clone=copy_arrays, results=lambda out, a: out, devices=devices_of((args, kwargs)),
                 pure=lambda: (fn if not static else functools.partial(fn, **static), *from_args_info(traced)))
     step.changes = lambda: _donation_changes(step, lambda wanted: jax.jit(probe.fn, donate_argnums=wanted), "jax.jit")
     return step
@@ -129,7 +129,7 @@ def _jitted(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], donate: Sequ
         else:
             check_donate(traced, len(args), donate, fn_name(fn))
     step = Step(framework="jax", name=fn_name(fn), traced=traced, user_fn=getattr(fn, "__wrapped__", fn), runner=runner,
-                user_args=tuple(args), user_kwargs=dict(kwargs), clone=_copy_arrays, results=lambda out, a: out,
+                user_args=tuple(args), user_kwargs=dict(kwargs), clone=copy_arrays, results=lambda out, a: out,
                 devices=devices_of((args, kwargs)), pure=lambda: (runner, *from_args_info(traced)))
     step.changes = lambda: _donation_changes(step, lambda wanted: jax.jit(fn, donate_argnums=wanted), "jax.jit")
     return step
@@ -317,29 +317,21 @@ def check_donate(traced: Any, num_args: int, donate: int | Sequence[int], name: 
                         "leave donate out: it is read from the jitted function")
 
 
-def _copy_arrays(tree: Any) -> Any:
-    """A copy of every array of `tree` (a donating run consumes the copy, not the user's)."""
+def replaced_positions(args: Sequence[Any], traced: Any) -> tuple[int, ...]:
+    """The positional arguments (as the user passes them) every array leaf of which an output
+    of the program of the same shape and dtype replaces (the first unclaimed output, in order):
+    the step's state, as a training loop feeds its outputs back."""
     import jax
-    import jax.numpy as jnp
+    import numpy as np
 
-    return jax.tree.map(lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, tree)
-
-
-def replaced_positions(traced: Any) -> tuple[int, ...]:
-    """The positional arguments every leaf of which an output of the same shape and dtype
-    replaces (first unclaimed output, in order): the step's state, as a training loop feeds
-    its outputs back."""
-    import jax
-
-    positional, _ = traced.args_info
     outs = [(tuple(o.shape), str(o.dtype)) for o in jax.tree.leaves(traced.out_info)]
     claimed: set[int] = set()
     found = []
-    for k, arg in enumerate(positional):
-        leaves = jax.tree.leaves(arg, is_leaf=lambda x: hasattr(x, "donated"))
-        mine = []
-        for info in leaves:
-            key = (tuple(info._aval.shape), str(info._aval.dtype))
+    for k, arg in enumerate(args):
+        leaves = [x for x in jax.tree.leaves(arg) if isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))]
+        mine: list[int] = []
+        for leaf in leaves:
+            key = (tuple(leaf.shape), str(leaf.dtype))
             j = next((j for j, o in enumerate(outs) if j not in claimed and j not in mine and o == key), None)
             if j is None:
                 break
@@ -353,7 +345,7 @@ def replaced_positions(traced: Any) -> tuple[int, ...]:
 
 def _donation_changes(step: Step, rebuild: Callable[[tuple[int, ...]], Any], how: str) -> list[Change]:
     """Donate the arguments the step's outputs replace, where it does not already."""
-    state = replaced_positions(step.traced)
+    state = replaced_positions(step.user_args, step.traced)
     donated = set(donated_positions(step.traced))
     if not state or set(state) <= donated:
         return []

@@ -13,9 +13,8 @@ run it as the user would (`Change`, `runner`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager
 
-from jaxmem.errors import PlanError
 
 FRAMEWORK_NAMES = {"jax": "JAX", "flax.nnx": "Flax NNX", "equinox": "Equinox", "keras": "Keras"}
 
@@ -140,6 +139,15 @@ def devices_of(tree: Any) -> list[Any]:
     return seen
 
 
+def copy_arrays(tree: Any) -> Any:
+    """`tree` with every JAX array copied (a donating run consumes the copies, never the
+    user's own buffers); every other leaf as it is."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, tree)
+
+
 def has_values(tree: Any) -> bool:
     """Whether every array leaf of `tree` holds values (no `jax.ShapeDtypeStruct`)."""
     import jax
@@ -179,11 +187,6 @@ def one_line(err: BaseException, limit: int = 300) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def refuse(message: str) -> PlanError:
-    """The one-line error a framework's step that cannot be read raises."""
-    return PlanError(message)
-
-
 def donated_positions(traced: Any) -> tuple[int, ...]:
     """The positional arguments of a `Traced` whose every array leaf is donated."""
     import jax
@@ -195,12 +198,3 @@ def donated_positions(traced: Any) -> tuple[int, ...]:
         if infos and all(i.donated for i in infos):
             out.append(k)
     return tuple(out)
-
-
-def keep_order(items: Sequence[Any]) -> list[Any]:
-    """`items` without repeats, first occurrence kept."""
-    out: list[Any] = []
-    for item in items:
-        if item not in out:
-            out.append(item)
-    return out

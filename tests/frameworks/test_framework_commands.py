@@ -127,6 +127,7 @@ def test_record_counts_the_steps_of_keras_fit(tmp_path):
     assert calls.get("train_step") == 3 * 256 // 32, calls
 
 
+@pytest.mark.slow
 def test_record_predict_takes_an_nnx_target(tmp_path):
     from jaxmem.recording.predict import pool_peaks
 

@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Device": "jaxmem.runtime.device",
     "Buffer": "jaxmem.runtime.allocator",
-    "plan": "jaxmem.xla.cpu.plan",
+    "plan": "jaxmem.api.plan",
     "Plan": "jaxmem.compiler.plan_types",
     "jit": "jaxmem.execution.jit",
     "clear_caches": "jaxmem.execution.jit",

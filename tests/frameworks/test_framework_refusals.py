@@ -172,3 +172,24 @@ def test_the_command_line_refuses_in_one_line_with_exit_2(case, tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("jaxmem analyze: error:") and "Traceback" not in done.stderr
+
+
+def test_plan_points_a_framework_step_to_analyze_and_refuses_dropped_updates():
+    import optax
+    from flax import nnx
+
+    model = nnx.Linear(8, 8, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    def train_step(model, optimizer, x):
+        optimizer.update(model, nnx.grad(lambda m: m(x).sum())(model))
+
+    text = _refused(lambda: jaxmem.plan(train_step, model, optimizer, jnp.ones((2, 8))))
+    assert "for a Flax NNX step use jaxmem.analyze" in text
+
+    def step(params, x):
+        params["w"] = params["w"] * x
+        return x
+
+    assert "in place" in _refused(lambda: jaxmem.plan(step, {"w": jnp.ones(3)}, jnp.ones(3)))
+    assert jaxmem.plan(lambda w, x: (w * x).sum(), jnp.ones(3), jnp.ones(3)).valid

@@ -17,13 +17,17 @@ from framework_chip import chip_rows
 FIGURES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")
 
 
-# The two slowest compiles here (15 s each on 2 cores) run with the slow cases; their XLA:TPU
-# figures are held to the chip's there too.
+# The two slowest compiles here (15 s each on 2 cores) run with the slow cases, as does the tuning
+# set (the steps the code was written against); the evaluation set's other ten run by default.
 SLOW_CPU = ("eval/linen_lm_remat_dropout", "eval/haiku_resnet_state")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CPU else n
-                                  for n in names("both")])
+def _marked(name: str):
+    slow = name in SLOW_CPU or name.startswith("tuning/")
+    return pytest.param(name, marks=pytest.mark.slow) if slow else name
+
+
+@pytest.mark.parametrize("name", [_marked(n) for n in names("both")])
 def test_the_program_is_the_frameworks_own_on_xla_cpu(name):
     from jaxmem.xla.cpu.compile import reference_from_lowered
 

@@ -78,12 +78,18 @@ def pool_verdict(ref: dict[str, Any], dev: Any, steps: int) -> Any:
 
 def summarize(ref: dict[str, Any], pool: Any, *, target: str, device: tuple[str, int]) -> dict[str, Any]:
     """The JSON object of one sharded analysis (what `jaxmem analyze TARGET --json` prints)."""
+    from jaxmem.reports.plan_check import withheld_because
+
     key = {"gpu": "xla_gpu", "tpu": "xla_tpu"}.get(ref["xla_kind"], "xla_cpu")
+    who = {"xla_gpu": "XLA:GPU", "xla_tpu": "XLA:TPU"}.get(key, "XLA:CPU")
+    why = withheld_because(ref["peak_bytes"], ref["xla"], who, per_device=True)
+    plan = ref["plan"] if why is None else {**ref["plan"], "top": [], "withheld": why,
+                                            "withheld_peak_bytes": ref["peak_bytes"]}
     return {
         "target": target, "device": device[0], "capacity_bytes": device[1], "devices": ref["devices"],
         "mesh": ref["mesh"], "layout": ref.get("layout"), "cached": bool(ref.get("cached")),
-        key: ref["xla"], "peak_bytes": ref["peak_bytes"],
-        "plan": ref["plan"], "replicated_bytes": ref["replicated_bytes"], "replicated": ref["replicated"],
+        key: ref["xla"], "peak_bytes": ref["peak_bytes"] if why is None else None,
+        "plan": plan, "replicated_bytes": ref["replicated_bytes"], "replicated": ref["replicated"],
         f"{key}_peak_buffers": ref["peak_buffers"], f"{key}_peak_live_bytes": ref["peak_live_bytes"],
         "pool": pool.summary() if pool is not None else None,
         "pool_line": pool.line() if pool is not None else None,
@@ -142,8 +148,8 @@ class ShardedAnalysis:
 
     @property
     def note(self) -> str | None:
-        return self.data.get("note") or (self.plan.get("note") and
-                                         f"no per-device plan of jaxmem's: {self.plan['note']}") or None
+        return (self.data.get("note") or self.plan.get("withheld")
+                or (self.plan.get("note") and f"no per-device plan of jaxmem's: {self.plan['note']}") or None)
 
     def to_dict(self) -> dict[str, Any]:
         """The analysis as plain JSON values: what `jaxmem analyze TARGET --json` prints."""

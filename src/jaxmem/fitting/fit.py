@@ -161,8 +161,9 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         guard: how recomputation is kept from being merged back by XLA: "cond", "barrier", or
             "auto" (cond on CPU, barrier elsewhere; barrier when judged by XLA:GPU).
         device: a GPU or TPU preset ("h100-80gb", "tpu-v5e-16gb"): every candidate is judged
-            by XLA:GPU's or XLA:TPU's total, compiled deviceless (JAX must run with
-            JAX_PLATFORMS=cpu); None: XLA:CPU.
+            by XLA:GPU's or XLA:TPU's total, compiled deviceless (in this process where JAX
+            runs with JAX_PLATFORMS=cpu; in a child where this process holds a GPU or TPU, as
+            `jaxmem.analyze` compiles); None: XLA:CPU.
         policies: also judge `jax.checkpoint` policies on the scan bodies, the layers called
             from a Python loop and the differentiated function (`FitResult.policy`, `.policies`): an answer to paste into the user's code.
         rewrite: also run the rewriting search (`FitResult.fn`): True (the default), False

@@ -44,8 +44,11 @@ class Judge:
     """XLA's total for a function: `device` a GPU preset (XLA:GPU, deviceless), a TPU preset
     (XLA:TPU, deviceless) or None (XLA:CPU).
 
-    A deviceless compile needs JAX started with `JAX_PLATFORMS=cpu` (the CUDA plugin and libtpu
-    then give compile-only devices); `jaxmem fit --device` sets it before JAX starts.
+    A deviceless compile in this process needs JAX started with `JAX_PLATFORMS=cpu` (the CUDA
+    plugin and libtpu then give compile-only devices; `jaxmem fit --device` sets it before JAX
+    starts). In a process whose JAX holds a GPU or TPU (a notebook on a TPU VM, the training
+    script itself), each candidate is lowered here and compiled in a child, as `jaxmem.analyze`
+    compiles there (`xla.lowered`).
     """
 
     def __init__(self, device: str | None = None):
@@ -75,11 +78,13 @@ class Judge:
 
             ref = xla_reference(fn, args, donate_argnums=tuple(donate))
             return Figures(ref.argument_bytes, ref.output_bytes, ref.temp_bytes, ref.alias_bytes)
+        if not _started_on_cpu():
+            return self._child_figures(fn, args, donate)
         if self.accelerator is not None and self.accelerator.is_tpu:
             return self._tpu_figures(fn, args, donate)
         from jaxmem.xla.gpu.compile import GpuUnavailable, compile_for_gpu, unavailable_reason
 
-        _deviceless_ready(unavailable_reason(), GpuUnavailable, "XLA:GPU")
+        _deviceless_ready(unavailable_reason(), GpuUnavailable)
         data = compile_for_gpu(fn, args, spec=self.spec, device=self.device, donate_argnums=tuple(donate))
         return Figures(int(data["argument_bytes"]), int(data["output_bytes"]), int(data["temp_bytes"]),
                        int(data["alias_bytes"]))
@@ -89,10 +94,22 @@ class Judge:
         chip's memory) counts as its message's figure, above the chip: it does not fit."""
         from jaxmem.xla.tpu.compile import TpuUnavailable, compile_for_tpu, unavailable_reason
 
-        _deviceless_ready(unavailable_reason(), TpuUnavailable, "XLA:TPU")
+        _deviceless_ready(unavailable_reason(), TpuUnavailable)
         data = compile_for_tpu(fn, args, accelerator=self.accelerator, donate_argnums=tuple(donate), top=0)
         return Figures(int(data["argument_bytes"]), int(data["output_bytes"]), int(data["temp_bytes"]),
                        int(data["alias_bytes"]))
+
+    def _child_figures(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Figures:
+        """XLA's figures from a deviceless compile in a child of the candidate lowered here for the
+        device's platform. A program XLA:TPU refuses counts as the bytes its message asks for."""
+        import jax
+
+        from jaxmem.xla.lowered import from_lowered, lowered_reference
+
+        platform = "tpu" if self.accelerator.is_tpu else "cuda"
+        lowered = jax.jit(fn, donate_argnums=tuple(donate)).trace(*args).lower(lowering_platforms=(platform,))
+        ref = lowered_reference(from_lowered(lowered, platform), self.accelerator, top=0)
+        return Figures(int(ref.argument_bytes), int(ref.output_bytes), int(ref.temp_bytes), int(ref.alias_bytes))
 
     def total(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> int:
         return self.figures(fn, args, donate).total
@@ -202,11 +219,13 @@ def infeasible_line(budget: int, floor: int, judge: str) -> str | None:
 __all__ = ["Figures", "Judge", "resolve_budget", "infeasible_line", "values_equal", "compute_dtype", "JaxmemError"]
 
 
-def _deviceless_ready(reason: str | None, unavailable: type[Exception], compiler: str) -> None:
-    """Raise `unavailable` where `compiler`'s deviceless compile cannot run in this process: its
-    reason, or JAX not started with JAX_PLATFORMS=cpu."""
+def _started_on_cpu() -> bool:
+    """Whether this process's JAX was told to use the CPU alone (`JAX_PLATFORMS=cpu`), so that the
+    deviceless compilers can run in it."""
+    return os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu"
+
+
+def _deviceless_ready(reason: str | None, unavailable: type[Exception]) -> None:
+    """Raise `unavailable` where `compiler`'s deviceless compile cannot run here: its reason."""
     if reason:
         raise unavailable(reason)
-    if os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
-        raise unavailable(f"deviceless {compiler} compiles need JAX started with JAX_PLATFORMS=cpu "
-                          "(set it before importing jax, or use `jaxmem fit --device`)")

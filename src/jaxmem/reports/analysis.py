@@ -195,7 +195,7 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
     peak_step, rows = peak_buffers(plan, args, top, arg_names)
     xla = plan.xla
     xla_total = xla.total_bytes if xla is not None else None
-    return {
+    data = {
         "target": target,
         "peak_bytes": plan.peak_bytes,
         "arena_bytes": plan.arena_bytes,
@@ -209,6 +209,19 @@ def summarize(plan: Any, args: Sequence[Any], *, target: str, device: tuple[str,
         **_rest(plan, peak_step, rows, usable, fraction, name, capacity, on_tpu, accelerator, tpu, pool),
         **_device_part(plan, args, gpu, tpu, pool, predicted, note, cpu_totals, arg_names),
     }
+    return _plan_near_device(data)
+
+
+def _plan_near_device(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with jaxmem's plan withheld where it is far above XLA's figure for the device
+    (`reports.plan_check`): the device's fit is then the pool's alone."""
+    from jaxmem.reports.plan_check import withhold
+
+    xla, who = (data["xla_tpu"], "XLA:TPU") if data.get("xla_tpu") else (data.get("xla_gpu"), "XLA:GPU")
+    out = withhold(data, xla, who, ("peak_bytes", "top_buffers", "ratio_to_xla"))
+    if "plan_withheld" in out:
+        out["device"] = {**out["device"], "fits": None}
+    return out
 
 
 def _cpu_summary(xla: Any) -> dict[str, Any] | None:

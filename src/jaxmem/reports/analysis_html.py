@@ -48,13 +48,9 @@ def verdict(data: dict[str, Any]) -> str:
 
 
 def figure_rows(data: dict[str, Any]) -> list[list[str]]:
-    """One row per figure: jaxmem's plan, XLA here, XLA on the device, the prediction."""
+    """One row per figure: XLA on the device (the program it runs) first, then jaxmem's plan,
+    XLA here, the prediction, the pool."""
     rows = []
-    if data["peak_bytes"] is not None:
-        rows.append(["jaxmem plan (peak)", _size(data["peak_bytes"]),
-                     f"lower bound {_size(data['lower_bound_bytes'])}; {data['num_eqns']} equations"])
-    if data.get("xla"):
-        rows.append(["XLA:CPU here", _size(data["xla_total_bytes"]), f"{data['xla']['scheduler']} scheduler"])
     for key in ("xla_gpu", "xla_tpu"):
         xla = data.get(key)
         if xla:
@@ -62,6 +58,11 @@ def figure_rows(data: dict[str, Any]) -> list[list[str]]:
             rows.append([f"{name} {xla['target']}", "does not fit" if xla.get("oom") else _size(xla["total_bytes"]),
                          f"arguments {_size(xla['argument_bytes'])} + outputs {_size(xla['output_bytes'])} + temp "
                          f"{_size(xla['temp_bytes'])} - aliased {_size(xla['alias_bytes'])}"])
+    if data["peak_bytes"] is not None:
+        rows.append(["jaxmem plan (peak)", _size(data["peak_bytes"]),
+                     f"lower bound {_size(data['lower_bound_bytes'])}; {data['num_eqns']} equations"])
+    if data.get("xla"):
+        rows.append(["XLA:CPU here", _size(data["xla_total_bytes"]), f"{data['xla']['scheduler']} scheduler"])
     if data.get("predicted_xla"):
         rows.append(["predicted XLA:GPU", _size(data["predicted_xla_bytes"]), "jaxmem's model of XLA:GPU's fusion"])
     if data.get("pool"):

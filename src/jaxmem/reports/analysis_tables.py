@@ -23,7 +23,8 @@ def render_report(report: AnalysisReport, console: Any) -> None:
     data = report.data
     render(data, console)
     if "execute" in data:
-        render_execute(data["execute"], data["eager"], data["peak_bytes"], console)
+        planned = data["peak_bytes"] if data["peak_bytes"] is not None else data.get("plan_withheld", {}).get("peak_bytes")
+        render_execute(data["execute"], data["eager"], planned, console)
 
 
 def _size(n: int | None) -> str:
@@ -67,15 +68,16 @@ def summary_table(data: dict[str, Any]) -> Any:
     summary.add_column(justify="right")
     summary.add_column(style="dim")
     planned = data["peak_bytes"] is not None
+    # The device's own compile first: it is the program the device runs; jaxmem's plan after it.
+    if data.get("xla_gpu"):
+        add_gpu_rows(data["xla_gpu"], data["peak_bytes"], summary)
+    if data.get("xla_tpu"):
+        render_tpu_row(data["xla_tpu"], data["peak_bytes"], summary)
     if planned:
         summary.add_row("jaxmem peak", Text(_size(data["peak_bytes"]), style="bold green"),
                         f"arguments {_size(data['argument_bytes'])} + arena {_size(data['arena_bytes'])}")
     if data["xla_total_bytes"] is not None:
         add_xla_cpu_rows(data, summary)
-    if data.get("xla_gpu"):
-        add_gpu_rows(data["xla_gpu"], data["peak_bytes"], summary)
-    if data.get("xla_tpu"):
-        render_tpu_row(data["xla_tpu"], data["peak_bytes"], summary)
     if data.get("predicted_xla"):
         add_predicted_row(data["predicted_xla"], data.get("xla_gpu"), summary)
     if data.get("pool"):

@@ -32,11 +32,15 @@ def render(data: dict[str, Any], console: Any) -> None:
     table.add_row(who, *(format_size(xla[k]) for k in ("argument_bytes", "output_bytes", "temp_bytes",
                                                        "alias_bytes", "total_bytes")))
     plan = data["plan"]
-    if data["peak_bytes"] is None:
+    if plan.get("withheld"):
+        table.add_row("jaxmem plan", "", "", "", "", "not shown")
+    elif data["peak_bytes"] is None:
         table.add_row("jaxmem plan", "", "", "", "", "not made")
     else:
         table.add_row(f"jaxmem plan ({plan['method']})", "", "", "", "", format_size(data["peak_bytes"]))
     console.print(table)
+    if plan.get("withheld"):
+        console.print(escape(plan["withheld"]))
     if data.get("cached"):
         console.print("cached: XLA's figures and jaxmem's plan from an earlier compile of this program")
     if data.get("pool_line"):
@@ -87,7 +91,8 @@ def render_compare(data: dict[str, Any], console: Any) -> None:
         pool = row["pool"]
         verdict = "—" if pool is None else ("[green]fits[/]" if pool["fits"] else "[red]does not fit[/]")
         table.add_row(LAYOUT_NAMES.get(row["layout"], row["layout"]), format_size(xla["total_bytes"]),
-                      "not made" if row["peak_bytes"] is None else format_size(row["peak_bytes"]),
+                      "not shown" if row["plan"].get("withheld") else "not made" if row["peak_bytes"] is None
+                      else format_size(row["peak_bytes"]),
                       format_size(row["replicated_bytes"]), verdict,
                       "cached" if row.get("cached") else f"{xla['compile_seconds']:.1f} s")
     console.print(table)

@@ -13,99 +13,14 @@ fitting and `value + 1` not, both judged. `jaxmem maxbatch TARGET --arg NAME` ca
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from jaxmem.api.maxbatch_result import MaxbatchResult, Trial
 from jaxmem.api.pipeline import Options, pool_device
 from jaxmem.api.program import Program, prepare
 from jaxmem.errors import PlanError
-from jaxmem.units import format_size
 
-
-@dataclass
-class Trial:
-    """One judged value: whether it fits, XLA's total there, and what decided it."""
-
-    value: int
-    fits: bool
-    total_bytes: int
-    cached: bool
-    decided_by: str
-
-
-@dataclass
-class MaxbatchResult:
-    """The search's answer: `value` fits and `value + 1` does not (or `value` is the top of the
-    range searched: `at_maximum`); every trial; how many compiles it took."""
-
-    arg: str
-    value: int
-    device: str
-    limit_bytes: int
-    steps: int
-    total_bytes: int
-    next_total_bytes: int | None
-    at_maximum: bool
-    trials: list[Trial]
-    compiles: int
-    cached_compiles: int
-    guess: int | None
-    guess_from: str
-    guess_seconds: float
-    predictions: int
-    seconds: float
-    xla_name: str = ""
-    is_tpu: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """What `jaxmem maxbatch --json` prints."""
-        return {
-            "arg": self.arg, "value": self.value, "total_bytes": self.total_bytes,
-            "next_total_bytes": self.next_total_bytes, "limit_bytes": int(self.limit_bytes),
-            "seconds": round(self.seconds, 3), "compiles": self.compiles, "cached_compiles": self.cached_compiles,
-            "device": self.device, "steps": self.steps, "at_maximum": self.at_maximum, "planner_guess": self.guess,
-            "planner_seconds": round(self.guess_seconds, 3), "guess_from": self.guess_from,
-            "predictions": self.predictions,
-            "judged": [asdict(t) for t in sorted(self.trials, key=lambda t: t.value)],
-        }
-
-    def lines(self) -> list[str]:
-        """The answer and how it was found, as plain lines."""
-        where = "chip" if self.is_tpu else "pool"
-        if self.at_maximum:
-            head = f"{self.arg} = {self.value} fits {self.device} (the largest value searched)"
-        else:
-            head = (f"{self.arg} = {self.value} is the largest that fits {self.device}: {self.xla_name} total "
-                    f"{format_size(self.total_bytes)}; at {self.value + 1}: {format_size(self.next_total_bytes or 0)}, "
-                    f"which the {where} cannot hold over {self.steps} steps")
-        cached = f" + {self.cached_compiles} cached" if self.cached_compiles else ""
-        source = "the predicted XLA:GPU total" if self.guess_from == "predicted_xla" else "jaxmem's planner"
-        how = (f"{where} limit {format_size(self.limit_bytes)}; {self.compiles} {self.xla_name} compiles{cached}, "
-               f"guess {self.guess if self.guess is not None else '—'} from {source} ({self.guess_seconds:.1f} s); "
-               f"{self.seconds:.1f} s")
-        return [head, how] + [f"  {self.arg}={t.value}: {'fits' if t.fits else 'does not fit'} — {t.decided_by}"
-                              for t in sorted(self.trials, key=lambda t: t.value)]
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines())
-
-    def _repr_html_(self) -> str:
-        from jaxmem.reports.html import render_table
-
-        rows = [[str(t.value), "fits" if t.fits else "does not fit", format_size(t.total_bytes), t.decided_by]
-                for t in sorted(self.trials, key=lambda t: t.value)]
-        head, how = (html_escape(x) for x in self.lines()[:2])
-        return (f"<div class=\"jaxmem-maxbatch\"><p><b>{head}</b></p><p>{how}</p>"
-                + render_table("Trials", [self.arg, "verdict", f"{self.xla_name} total", "decided by"], rows)
-                + "</div>")
-
-
-def html_escape(text: str) -> str:
-    import html
-
-    from jaxmem.reports.escape import plain
-
-    return html.escape(plain(text))
+__all__ = ["maxbatch", "MaxbatchResult", "Trial", "search_largest"]
 
 
 def maxbatch(make: Callable[..., Any], arg: str, device: str = "h100-80gb", lo: int | None = None,
@@ -164,13 +79,25 @@ def resolve_device(text: str) -> Any:
 
 def program_at(make: Callable[..., Any], arg: str, value: int, donate: Any) -> Program:
     """`make(arg=value)`'s program, its arguments abstract where `make` can run so."""
-    from jaxmem.compiler.target import call_user, check_fn_args
-    from jaxmem.xla.gpu.compile import abstract_fn_args
+    from jaxmem.api.maxbatch_mesh import factory_at
 
-    what = f"make({arg}={value})"
-    concrete = lambda: check_fn_args(call_user(lambda: make(**{arg: value}), f"{what} raised "), what)  # noqa: E731
-    fn, args = abstract_fn_args(lambda: make(**{arg: value}), what, concrete)
+    fn, args = factory_at(make, arg, value)
     return prepare(fn, args, None, donate)
+
+
+def sharded_mesh(make: Callable[..., Any], arg: str, lo: int) -> tuple[dict[str, int], list[Any]] | None:
+    """The mesh the factory's arguments are sharded over (axis -> size) with each argument
+    leaf's sharding, or None: read from a real call of `make` at `lo`, or where `make` cannot
+    build that value (a batch of 1 laid out over 8 devices), at 8, 64 or 512."""
+    from jaxmem.api.maxbatch_mesh import mesh_of
+
+    for value in (lo, *(v for v in (8, 64, 512) if v > lo)):
+        try:
+            return mesh_of(make, arg, value)
+        except PlanError:
+            if value >= 512 or value == max(lo, 512):
+                raise
+    return None
 
 
 def search_largest(make: Callable[..., Any], arg: str, options: Any, lo: int, hi: int, donate: Any,
@@ -186,6 +113,11 @@ def search_largest(make: Callable[..., Any], arg: str, options: Any, lo: int, hi
         limit = accelerator.capacity_bytes
     else:
         limit = pool_device(options, accelerator.capacity_bytes).allocator.limit
+    found = sharded_mesh(make, arg, lo)
+    if found is not None:
+        from jaxmem.api.maxbatch_mesh import search_on_mesh
+
+        return search_on_mesh(make, arg, options, lo, hi, donate, busy, accelerator, found, limit)
     started = time.perf_counter()
     with busy(f"guessing {arg} from {lo}, {2 * lo}"):
         guess, guess_seconds, predictions, guess_from = first_guess(make, arg, lo, hi, limit, donate, accelerator)

@@ -125,7 +125,7 @@ def test_layout_specs_and_local_shapes():
 
 
 @pytest.mark.parametrize("factory, message", [
-    ("big_mesh", "the mesh has 16 devices; a h100-80gb preset is one node of at most 8 GPUs"),
+    ("big_mesh", "the mesh has 12 devices; beyond one node of 8 GPUs, a mesh of h100-80gb is whole nodes of 8"),
     ("bad_divisor", "args[2]: dim 0 of shape (1020, 512) is 1020, not divisible by 8 (mesh axes data)"),
     ("unknown_axis", "the function uses mesh axis 'model', which the mesh (data=8) does not have"),
 ])

@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 
 from jaxmem.errors import JaxmemError, PlanError, ShardingError
 
-# Every GPU preset is one node of at most this many GPUs (an HGX/DGX board: 8 GPUs joined by
-# NVLink); a mesh beyond it spans hosts, which a one-process deviceless compile does not model.
+# A GPU node holds this many GPUs (an HGX/DGX board: 8 GPUs joined by NVLink); a mesh beyond one
+# node is compiled as whole nodes of it (`gpu_topology`), as JAX's CUDA plugin lays out hosts.
 MAX_GPU_DEVICES = 8
 MAX_CPU_DEVICES = 64
 REPLICATED_MIN_BYTES = 1 << 20
@@ -602,15 +602,15 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
         from jaxmem.xla.gpu.compile import GpuUnavailable, cuda_topology, spec_for, target_config, with_memory
         from jaxmem.units import PRESETS
 
-        if n > MAX_GPU_DEVICES:
-            raise ShardingError(f"the mesh has {n} devices; a {device} preset is one node of at most "
-                                f"{MAX_GPU_DEVICES} GPUs")
+        if n > MAX_GPU_DEVICES and n % MAX_GPU_DEVICES:
+            raise ShardingError(f"the mesh has {n} devices; beyond one node of {MAX_GPU_DEVICES} GPUs, a mesh of "
+                                f"{device} is whole nodes of {MAX_GPU_DEVICES}")
         spec = spec_for(device)
         if spec is None:
             raise ShardingError(f"{device} is not a GPU preset")
         text = with_memory(target_config(spec), PRESETS[device]) if device in PRESETS else target_config(spec)
         try:
-            topo, text = cuda_topology(text, f"1x1x{n}")
+            topo, text = cuda_topology(text, gpu_topology(n))
         except Exception as err:
             raise GpuUnavailable(f"the CUDA plugin could not make {n} compile-only {device}: "
                                  f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
@@ -623,6 +623,18 @@ def _compile_mesh(sizes: tuple[int, ...], names: tuple[str, ...], xla: str, devi
     # jax.make_mesh's axes are Explicit by default; the factory's program is written for Auto
     # axes (XLA's sharding propagation), as the GPU topology's mesh has them.
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes), devices=devices[:n]), "cpu"
+
+
+def gpu_topology(devices: int) -> str:
+    """The CUDA plugin's compile-only topology for `devices` GPUs: one node of up to 8, else
+    nodes of 8 (hosts x 1 x GPUs per host), as a multi-node job lays them out.
+
+    >>> gpu_topology(4), gpu_topology(64)
+    ('1x1x4', '8x1x8')
+    """
+    if devices <= MAX_GPU_DEVICES:
+        return f"1x1x{devices}"
+    return f"{devices // MAX_GPU_DEVICES}x1x{MAX_GPU_DEVICES}"
 
 
 def tpu_topology_for(device: str, chips: int) -> str:

@@ -1,25 +1,22 @@
 """A step on 64 GPUs (8 nodes of 8): FSDP over `data`, tensor parallel over `model`, scanned
-layers. Imported by the test and by the child that compiles it with JAX alone."""
+layers (the step of `tests/api/mesh_steps.py`, at other sizes and layouts). Imported by the test
+and by the child that compiles it with JAX alone."""
 
 from __future__ import annotations
+
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "api"))
+from mesh_steps import step  # noqa: E402  (the scanned MLP stack's training step)
+
 LAYERS, D, F = 4, 4096, 16384
 SPECS = {"w1": P(None, "data", "model"), "w2": P(None, "model", "data"), "x": P("data", None, None)}
-
-
-def step(params, x):
-    def loss(params):
-        def layer(h, w):
-            return h + jax.nn.gelu(h @ w[0]) @ w[1], None
-        h, _ = jax.lax.scan(layer, x, (params["w1"], params["w2"]))
-        return jnp.mean(h.astype(jnp.float32) ** 2)
-
-    grads = jax.grad(loss)(params)
-    return jax.tree.map(lambda a, b: a - 1e-3 * b, params, grads)
+__all__ = ["step", "structs"]
 
 
 def structs(mesh):

@@ -91,13 +91,13 @@ def sharded_mesh(make: Callable[..., Any], arg: str, lo: int) -> tuple[dict[str,
     build that value (a batch of 1 laid out over 8 devices), at 8, 64 or 512."""
     from jaxmem.api.maxbatch_mesh import mesh_of
 
-    for value in (lo, *(v for v in (8, 64, 512) if v > lo)):
+    values = [lo] + [v for v in (8, 64, 512) if v > lo]
+    for value in values[:-1]:
         try:
             return mesh_of(make, arg, value)
         except PlanError:
-            if value >= 512 or value == max(lo, 512):
-                raise
-    return None
+            continue
+    return mesh_of(make, arg, values[-1])   # the last value's failure is the one line the user sees
 
 
 def search_largest(make: Callable[..., Any], arg: str, options: Any, lo: int, hi: int, donate: Any,

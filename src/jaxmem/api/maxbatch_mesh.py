@@ -148,12 +148,13 @@ def _judged(fn_args: tuple[Any, Any], options: Any, accelerator: Any, donate: An
     """(fits, XLA's per-device total, from the cache, what decided it) for a factory's sharded
     `(fn, args)`."""
     from jaxmem.api.program import prepare
-    from jaxmem.api.sharded import _dynamic_call, _pool, reference_of_traced, trace_on_mesh
+    from jaxmem.api.sharded import _dynamic_call, _pool, reference_of_traced, refuse_framework_on_mesh, trace_on_mesh
     from jaxmem.xla.tpu.compile import required_bytes
 
     fn, args = fn_args
     call, dynamic = _dynamic_call(fn, tuple(args), {})
     program = prepare(fn, args, None, donate)
+    refuse_framework_on_mesh(program)
     traced = trace_on_mesh(call, dynamic, donate_argnums=program.donated_positions)
     kind = "tpu" if accelerator.is_tpu else "gpu"
     try:

@@ -222,9 +222,7 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
         except PlanError:
             trace_on_mesh(call, dynamic)   # on the mesh, a failure names the axis it lacks (ShardingError)
             raise
-        if program.framework != "jax":
-            raise PlanError(f"jaxmem reads {program.step.label} steps on one device; on a mesh, give the pure step "
-                            "(jax.jit of the state, with NamedSharding arguments)")
+        refuse_framework_on_mesh(program)
         traced = trace_on_mesh(call, dynamic, donate_argnums=program.donated_positions)
     on = {"gpu": f"XLA:GPU {device[0]}", "tpu": f"XLA:TPU {device[0]}"}.get(kind, "XLA:CPU")
     started = time.perf_counter()
@@ -239,6 +237,14 @@ def analyze_sharded(fn: Any, args: Sequence[Any], kwargs: dict[str, Any] | None,
     if notes:
         data["note"] = "; ".join(notes)
     return ShardedAnalysis(data)
+
+
+def refuse_framework_on_mesh(program: Any) -> None:
+    """One line for a framework's step (an `nnx.jit` step, ...) given on a mesh: jaxmem reads those
+    on one device; on a mesh it takes the pure step."""
+    if program.framework != "jax":
+        raise PlanError(f"jaxmem reads {program.step.label} steps on one device; on a mesh, give the pure step "
+                        "(jax.jit of the state, with NamedSharding arguments)")
 
 
 def trace_on_mesh(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Sequence[int] = (),

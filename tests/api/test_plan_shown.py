@@ -46,16 +46,22 @@ def _scanned_args(batch: int, mesh=None):
     return params, sds((batch, 512, D), P("data", None, None))
 
 
+def _suite(name: str) -> tuple:
+    """A suite program's function, its arguments and its donation, in that order."""
+    from jaxmem.examples.suite import PROGRAMS
+
+    program = PROGRAMS[name]
+    fn, args = program.factory()
+    return (fn, *args, program.donate_argnums)
+
+
 def test_a_plan_far_above_the_devices_figure_is_withheld():
     # The suite's donated MLP step on a v5e: XLA:TPU updates the donated state in place in
     # fusions; jaxmem's unfused plan holds new parameters and moments beside the old.
-    from jaxmem.examples.suite import PROGRAMS
-
     _needs("tpu-v5e-16gb")
-    program = PROGRAMS["mlp_train_donated"]
-    fn, args = program.factory()
-    result = jaxmem.analyze(fn, *args, donate=program.donate_argnums, device="tpu-v5e-16gb", quiet=True)
-    plan = jaxmem.plan(fn, *args, donate_argnums=program.donate_argnums, xla=False)
+    fn, *args, donate = _suite("mlp_train_donated")
+    result = jaxmem.analyze(fn, *args, donate=donate, device="tpu-v5e-16gb", quiet=True)
+    plan = jaxmem.plan(fn, *args, donate_argnums=donate, xla=False)
     data = result.to_dict()
     ratio = plan.peak_bytes / result.xla["total_bytes"]
     assert ratio > SHOWN_WITHIN
@@ -98,3 +104,18 @@ def test_a_per_device_plan_far_above_xlas_is_withheld_on_a_mesh():
     assert "jaxmem's per-device peak" not in text
     assert result.peak_buffers and all(row["size_bytes"] <= per_device for row in result.peak_buffers)
     assert str(LAYERS * D * F // 8) not in text and f"{LAYERS},{D},{F}" not in text.replace(" ", "")
+
+
+def test_the_plans_report_files_say_how_far_it_is_from_the_device(tmp_path):
+    # `--html` draws jaxmem's plan by request; where the tables withhold it, the page says so.
+    from jaxmem.cli.main import main as cli_main
+
+    _needs("tpu-v5e-16gb")
+    page = tmp_path / "report.html"
+    code = cli_main(["analyze", "jaxmem.examples.suite:mlp_train", "--donate", "0,1", "--device", "tpu-v5e-16gb",
+                     "--html", str(page)])
+    assert code == 0
+    fn, *args, donate = _suite("mlp_train_donated")
+    data = jaxmem.analyze(fn, *args, donate=donate, device="tpu-v5e-16gb", quiet=True).to_dict()
+    expected = f"{data['plan_withheld']['ratio_to_xla']:.2f}x XLA:TPU's total: this timeline is jaxmem's unfused plan"
+    assert expected in page.read_text()

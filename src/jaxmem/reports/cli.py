@@ -138,6 +138,10 @@ def add_gpu(data: ReportData, analysis: dict[str, Any]) -> None:
         data.summary.append((f"{name} total ({ref['target']})", f"{format_size(ref['total_bytes'])}: arguments "
                              f"{format_size(ref['argument_bytes'])}, outputs {format_size(ref['output_bytes'])}, temp "
                              f"{format_size(ref['temp_bytes'])}, aliased {format_size(ref['alias_bytes'])}"))
+    withheld = analysis.get("plan_withheld")
+    if withheld:   # the files draw jaxmem's plan, which the tables leave out: say how far it is
+        data.summary.append(("jaxmem's plan against XLA's", f"{withheld['ratio_to_xla']:.2f}x {name}'s total: this "
+                             f"timeline is jaxmem's unfused plan, not what the device holds"))
     if pool:
         verdict = "fits" if pool["fits"] else f"does not fit (step {pool['failed_step']})"
         data.summary.append((f"{'chip' if pool.get('rules') == 'tpu_runtime' else 'pool'} over {pool['steps']} steps",

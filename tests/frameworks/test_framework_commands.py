@@ -107,23 +107,24 @@ def _libtpu():
     return unavailable_reason() is None
 
 
-def test_record_counts_the_steps_of_an_nnx_jit_loop(tmp_path):
-    program = _write(tmp_path, "loop.py", NNX_FACTORY)
+def _recorded_calls(tmp_path, name: str, source: str, arg: str) -> dict:
+    """`jaxmem record` of `source` run as a program with `arg`: the calls it counted, by function;
+    the program's own output is untouched."""
+    program = _write(tmp_path, name, source)
     out = tmp_path / "rec"
-    done = _run("record", "--out", str(out), "--interval", "0.05", "--", sys.executable, str(program), "12")
+    done = _run("record", "--out", str(out), "--interval", "0.05", "--", sys.executable, str(program), arg)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "done\n"
-    calls = json.loads((out / "recording.json").read_text())["calls"]
+    return json.loads((out / "recording.json").read_text())["calls"]
+
+
+def test_record_counts_the_steps_of_an_nnx_jit_loop(tmp_path):
+    calls = _recorded_calls(tmp_path, "loop.py", NNX_FACTORY, "12")
     assert calls.get("train_step") == 12, calls
 
 
 def test_record_counts_the_steps_of_keras_fit(tmp_path):
-    program = _write(tmp_path, "fit.py", KERAS_FIT)
-    out = tmp_path / "rec"
-    done = _run("record", "--out", str(out), "--interval", "0.05", "--", sys.executable, str(program), "3")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == "done\n"
-    calls = json.loads((out / "recording.json").read_text())["calls"]
+    calls = _recorded_calls(tmp_path, "fit.py", KERAS_FIT, "3")
     assert calls.get("train_step") == 3 * 256 // 32, calls
 
 

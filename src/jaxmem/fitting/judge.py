@@ -226,6 +226,6 @@ def _started_on_cpu() -> bool:
 
 
 def _deviceless_ready(reason: str | None, unavailable: type[Exception]) -> None:
-    """Raise `unavailable` where `compiler`'s deviceless compile cannot run here: its reason."""
+    """Raise `unavailable`, with its reason, where the deviceless compiler cannot run here."""
     if reason:
         raise unavailable(reason)

@@ -105,3 +105,15 @@ def test_maxbatch_on_a_mesh_is_the_largest_batch_xla_fits_on_every_chip():
     assert here["total"] == result.total_bytes
     assert above.get("refused") or above["total"] + above["code"] > limit
     assert "per-device total" in str(result) and "steps of 8" in str(result)
+
+
+def test_a_mesh_where_even_the_least_batch_does_not_fit_says_so_in_the_value_searched():
+    _xla_tpu_here()
+    sys.path.insert(0, HERE)
+    import mesh_steps
+
+    with pytest.raises(jaxmem.JaxmemError) as err:
+        jaxmem.maxbatch(mesh_steps.make, arg="batch_size", device="tpu-v5e-16gb", lo=1024, quiet=True)
+    line = str(err.value)
+    assert "even batch_size=1024" in line and "steps of 8" in line and "jaxmem fit" in line
+    assert "\n" not in line

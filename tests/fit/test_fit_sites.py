@@ -233,3 +233,37 @@ def test_tuple_loop_target_prints_a_closure_that_gives_the_same_program():
     assert _remats(fitted) == _remats(hand) == 4
     assert xla_reference(fitted, (WS, X)).total_bytes == xla_reference(hand, (WS, X)).total_bytes
     _close(jax.jit(fitted)(WS, X), jax.jit(hand)(WS, X))
+
+
+@jax.tree_util.register_pytree_node_class
+class _Frozen:
+    """A pytree whose flatten reads what `__init__` sets last, as Flax's `FrozenDict`: while its
+    `__init__` runs, the half-built `self` is a local of the user's frames."""
+
+    def __init__(self, mapping):
+        self._items = dict(mapping)
+
+    def tree_flatten(self):
+        return tuple(self._items.values()), tuple(self._items)
+
+    @classmethod
+    def tree_unflatten(cls, keys, values):
+        return cls(dict(zip(keys, values)))
+
+
+def test_a_pytree_built_inside_a_layer_does_not_stop_the_site_search():
+    def block(h, w):
+        params = _Frozen({"w": w})          # built during the trace, inside the layer
+        return jnp.tanh(h @ params._items["w"])
+
+    def step(ws, x):
+        def loss(ws):
+            h = x
+            for i in range(ws.shape[0]):
+                h = block(h, ws[i])
+            return (h ** 2).sum()
+        return ws - 0.1 * jax.grad(loss)(ws)
+
+    sites = find_sites(step, (WS, X))
+    assert any(s.kind == "layer" and s.function == "block" for s in sites)
+    _close(jax.jit(with_policy(step, "nothing_saveable", ("layer",)))(WS, X), jax.jit(step)(WS, X))

@@ -107,7 +107,15 @@ def search_on_mesh(make: Callable[..., Any], arg: str, options: Any, lo: int, hi
     if high < low:
         raise PlanError(f"no multiple of {multiple} (what the mesh {_mesh_text(sizes)} needs of {arg}) "
                         f"lies in {lo}..{hi}")
-    result = search(judge, limit_bytes=limit, guess=None, minimum=low, maximum=high)
+    try:
+        result = search(judge, limit_bytes=limit, guess=None, minimum=low, maximum=high)
+    except PlanError as err:
+        if not str(err).startswith("even "):
+            raise
+        first = trials[0] if trials else None
+        raise PlanError(f"even {arg}={low * multiple} (the least in steps of {multiple}, what the mesh "
+                        f"{_mesh_text(sizes)} needs) does not fit: XLA's total per device there is "
+                        f"{first.total_bytes if first else '?'} bytes; `jaxmem fit` says what to change") from None
     return MaxbatchResult(arg, result.value * multiple, accelerator.name, limit, options.steps, result.total_bytes,
                           result.next_total_bytes, result.at_maximum, trials, counts["compiles"], counts["cached"],
                           None, "none", 0.0, 0, time.perf_counter() - started, accelerator.xla_name,

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from jaxmem.compiler.jaxpr_adapter import in_own_thread as _in_own_thread  # noqa: F401  (used here and by api/)
 from jaxmem.errors import JaxmemError, PlanError
 
 
@@ -202,27 +203,6 @@ def _trace(trace: Callable[[], Any], name: str) -> tuple[Any, float]:
     return traced, time.perf_counter() - started
 
 
-def _in_own_thread(work: Callable[[], Any]) -> Any:
-    """`work()` run in a thread of its own: JAX records each equation's Python stack, and the
-    caller's frames (a notebook cell, a test, the command line) would otherwise land in the
-    lowered program's locations, so that the same program, analysed from two places, never
-    hits the compile cache (keyed by the program text)."""
-    import threading
-
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["out"] = work()
-        except BaseException as err:  # handed back to the caller's thread
-            box["err"] = err
-
-    worker = threading.Thread(target=run, name="jaxmem-trace")
-    worker.start()
-    worker.join()
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
 
 
 def _from_stage(stage: Any, donate: int | Sequence[int] | None) -> Program:

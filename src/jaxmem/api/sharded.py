@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 from jaxmem.errors import PlanError
+from jaxmem.xla.sharded_lowered import reference_of_traced, trace_on_mesh  # noqa: F401  (api names)
 from jaxmem.units import format_size
 
 
@@ -247,26 +248,6 @@ def refuse_framework_on_mesh(program: Any) -> None:
                         "(jax.jit of the state, with NamedSharding arguments)")
 
 
-def trace_on_mesh(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Sequence[int] = (),
-                  mesh: str | None = None, layout: str | None = None) -> Any:
-    """`xla.sharding.trace_sharded` over an `AbstractMesh` of the arguments' axes (their own
-    mesh, or `mesh`'s under `layout`), in a thread of its own (`api.program._in_own_thread`)."""
-    from jax.sharding import AbstractMesh, AxisType
-
-    from jaxmem.api.program import _in_own_thread
-    from jaxmem.compiler.jaxpr_adapter import traceback_frames_kept
-    from jaxmem.xla.sharding import trace_sharded
-
-    def abstract(sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
-        return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes))
-
-    def work() -> Any:
-        with traceback_frames_kept():
-            return trace_sharded(fn, args, abstract, donate_argnums=donate_argnums, mesh_text=mesh, layout=layout)
-
-    return _in_own_thread(work)
-
-
 def sharded_reference_of(fn: Callable[..., Any], args: Sequence[Any], *, device: str, xla: str,
                          donate_argnums: Sequence[int] = (), top: int = 10, mesh: str | None = None,
                          layout: str | None = None, topology: str | None = None,
@@ -276,17 +257,6 @@ def sharded_reference_of(fn: Callable[..., Any], args: Sequence[Any], *, device:
     reports for a factory's sharded arguments (`xla.sharding.compile_sharded` has its keys)."""
     traced = trace_on_mesh(fn, args, donate_argnums=donate_argnums, mesh=mesh, layout=layout)
     return reference_of_traced(traced, xla=xla, device=device, top=top, topology=topology, use_cache=use_cache)
-
-
-def reference_of_traced(traced: Any, *, xla: str, device: str, top: int = 10, topology: str | None = None,
-                        use_cache: bool = True) -> dict[str, Any]:
-    """`xla.sharded_lowered.sharded_lowered_reference` of a `trace_on_mesh` result, lowered in a
-    thread of its own (the caller's frames stay out of the program's text and its cache key)."""
-    from jaxmem.api.program import _in_own_thread
-    from jaxmem.xla.sharded_lowered import sharded_lowered_reference
-
-    return _in_own_thread(lambda: sharded_lowered_reference(traced, xla=xla, device=device, top=top,
-                                                            topology=topology, use_cache=use_cache))
 
 
 def _pool(ref: dict[str, Any], options: Any, capacity: int) -> tuple[Any, str | None]:

@@ -9,6 +9,10 @@ compiled deviceless, else XLA:CPU), the extra compute, and the values recomputed
     jaxmem fit jaxmem.examples.suite:mlp_train --budget 70%
     jaxmem fit jaxmem.examples.suite:scanned_transformer_train --donate 0,1 --budget half-temp --device h100-80gb
     jaxmem fit my_model.py:make_step --budget 2GiB --donate 0 --json
+    jaxmem fit tests/api/mesh_steps.py:make160 --budget tpu-v5e-16gb --device tpu-v5e-16gb
+
+Where the factory's arguments are sharded over a mesh, the answer is per device: the cheapest
+`jax.checkpoint` policy or standard layout that fits each device (`fitting/mesh.py`).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "total for the original function (e.g. 50%%), or half-temp (XLA's arguments + "
                              "outputs - aliases + half of its temporaries)")
     parser.add_argument("--device", default=None, metavar="PRESET",
-                        help="judge every candidate by XLA:GPU for this GPU preset (e.g. h100-80gb), "
-                             "compiled deviceless; default XLA:CPU")
+                        help="judge every candidate by XLA:GPU or XLA:TPU for this preset (e.g. h100-80gb, "
+                             "tpu-v5e-16gb), compiled deviceless; default XLA:CPU. Needed where the factory's "
+                             "arguments are sharded over a mesh: then judged per device")
     parser.add_argument("--policy-only", action="store_true",
                         help="judge jax.checkpoint policies only; skip the rewriting search")
     parser.add_argument("--rewrite", action="store_true",
@@ -332,6 +337,31 @@ def _least_at_no_extra_flops(found: Any, budget: int) -> Any:
     return min(free, key=lambda c: c.xla_total_bytes, default=None)
 
 
+def _on_mesh(args: argparse.Namespace, fn: Any, fn_args: tuple, budget: str, donate: tuple[int, ...]) -> int:
+    """A factory whose arguments are sharded over a mesh: the cheapest change that fits each device."""
+    from jaxmem.fitting.fit import fit
+    from jaxmem.fitting.mesh import summary
+
+    if args.device is None:
+        raise ConfigError("the factory's arguments are sharded over a mesh: give --device, the preset each device is")
+    show = not args.no_progress and not args.json and sys.stderr.isatty()
+    with _progress(show) as bar:
+        task = bar.add_task("compiling", total=None) if bar is not None else None
+
+        def step(label: str) -> None:
+            if bar is not None:
+                bar.update(task, description=label, advance=1)
+
+        result = fit(fn, *fn_args, budget=budget, donate_argnums=donate, device=args.device, progress=step,
+                     time_limit=args.time_limit or None)
+    if args.json:
+        json.dump(summary(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(result.text())
+    return 0 if result.fits else 1
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from jaxmem.fitting.fit import fit
@@ -344,6 +374,10 @@ def main(argv: list[str]) -> int:
     resolve_budget(budget, Figures(1, 1, 2, 0))  # a budget that cannot be read is one line, before any compile
     fn, fn_args = load_target(args.target)
     donate = _donate(args.donate, len(fn_args)) or jit_donation(fn, fn_args)
+    from jaxmem.xla.sharding import find_mesh
+
+    if find_mesh(fn_args) is not None:
+        return _on_mesh(args, fn, fn_args, budget, donate)
     # XLA:CPU's schedulers compile in their own processes while the search runs.
     cpu_schedulers = not args.no_schedulers and args.device is None
     workers, box = _scheduler_totals(args.target, donate) if cpu_schedulers else ([], {})

@@ -1122,3 +1122,26 @@ def compile_keeping_lowered_shardings(lowered: Any, **kwargs: Any) -> Any:
         return lowered.compile(**kwargs)
     finally:
         pxla.get_out_shardings_from_executable = real
+
+
+def in_own_thread(work: Callable[[], Any]) -> Any:
+    """`work()` run in a thread of its own: JAX records each equation's Python stack, and the
+    caller's frames (a notebook cell, a test, the command line) would otherwise land in the
+    lowered program's locations, so that the same program, analysed from two places, never
+    hits the compile cache (keyed by the program text)."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = work()
+        except BaseException as err:  # handed back to the caller's thread
+            box["err"] = err
+
+    worker = threading.Thread(target=run, name="jaxmem-trace")
+    worker.start()
+    worker.join()
+    if "err" in box:
+        raise box["err"]
+    return box["out"]

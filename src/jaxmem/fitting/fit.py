@@ -133,6 +133,22 @@ def _policy(snap: Snapshot, graph: Graph, dots_total: int | None, budget: int) -
             f"('keep')); recompute the values made at: {shown}")
 
 
+def _on_mesh(fn: Callable[..., Any], args: Sequence[Any], budget: int | str, donate_argnums: int | Sequence[int],
+             device: str | None, progress: Callable[[str], None] | None, time_limit: float | None) -> Any:
+    """`fitting.mesh.fit_on_mesh`'s answer where the arguments are sharded over a mesh, else None."""
+    from jaxmem.xla.sharding import find_mesh
+
+    if find_mesh(args) is None:
+        return None
+    if device is None:
+        raise ConfigError("the arguments are sharded over a mesh: give the device each one is "
+                          "(device='tpu-v5e-16gb', --device tpu-v5e-16gb)")
+    from jaxmem.fitting.mesh import fit_on_mesh
+
+    return fit_on_mesh(fn, args, budget=budget, device=device, donate=donate_positions(len(args), donate_argnums),
+                       progress=progress, time_limit=time_limit if time_limit is not None else 600.0)
+
+
 def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
         guard: str = "auto", device: str | None = None, policies: bool = True,
@@ -182,8 +198,13 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
 
     Returns:
         A `FitResult`; `fits=False` (not an exception) when the budget cannot be met, with
-        `min_reachable_bytes` the smallest budget the rewrite reached.
+        `min_reachable_bytes` the smallest budget the rewrite reached. Where the arguments are
+        sharded over a mesh, a `fitting.mesh.MeshFitResult` instead: the cheapest change (a
+        policy, a layout, or both) that fits each device, judged per device for `device`.
     """
+    on_mesh = _on_mesh(fn, args, budget, donate_argnums, device, progress, time_limit)
+    if on_mesh is not None:
+        return on_mesh
     started = time.perf_counter()
     judge_ = Judge(device)
     donate = donate_positions(len(args), donate_argnums)

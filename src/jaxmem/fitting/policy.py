@@ -32,7 +32,8 @@ from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.errors import JaxmemError
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.sites import (CARRY_TAG, NAMED_DOTS, OFFLOAD_NAMES, CheckpointSite, body_sites, checkpoint_policy,
-                                  checkpoint_sites, dot_tag, own_checkpoints, own_policy, tag_carry, tag_dots,
+                                  checkpoint_sites, dot_tag, is_array_tree, own_checkpoints, own_policy, tag_carry,
+                                  tag_dots,
                                   trace_body)
 
 # Policies tried, least recompute first (the order ties are broken in).
@@ -355,7 +356,7 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
         def differentiated(*a: Any, **k: Any) -> Any:
             # jax.checkpoint traces keyword arguments; a flag (n_heads=8) must stay a constant,
             # as the user writes it with functools.partial.
-            static = {n: v for n, v in k.items() if not _is_array_tree(v)}
+            static = {n: v for n, v in k.items() if not is_array_tree(v)}
             dynamic = {n: v for n, v in k.items() if n not in static}
             inner = functools.partial(body, **static) if static else body
             if tags:  # fit's dot names, as the user writes checkpoint_name around those products
@@ -383,11 +384,6 @@ def _as_written(name: str, sites: Sequence[CheckpointSite]) -> bool:
         return False
     same = {id(wanted)} | ({id(None)} if name == "nothing_saveable" else set())
     return bool(own) and all(id(s.written) in same for s in own)
-
-
-def _is_array_tree(value: Any) -> bool:
-    leaves = jax.tree.leaves(value)
-    return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
 
 
 def find_sites(fn: Callable[..., Any], args: Sequence[Any]) -> list[CheckpointSite]:

@@ -355,8 +355,14 @@ def _is_array(value: Any) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
-def _is_array_tree(value: Any) -> bool:
-    leaves = jax.tree.leaves(value)
+def is_array_tree(value: Any) -> bool:
+    """Whether `value` is a pytree of arrays. A local seen mid-construction (a pytree whose
+    `__init__` has not yet set what its flatten reads, as Flax's `FrozenDict` in its own
+    `__init__`) is not: looking must never raise in the user's frames."""
+    try:
+        leaves = jax.tree.leaves(value)
+    except Exception:
+        return False
     return bool(leaves) and all(_is_array(x) for x in leaves)
 
 
@@ -472,8 +478,8 @@ class _CallScopes:
         names = code.co_varnames[:code.co_argcount]
         shift = 1 if names[:1] == ("self",) and "." in callee else 0
         static = tuple(i - shift for i, v in enumerate(names[:shift + n_args])
-                       if i >= shift and v in frame.f_locals and not _is_array_tree(frame.f_locals[v]))
-        static_names = tuple(k for k in keywords if k in frame.f_locals and not _is_array_tree(frame.f_locals[k]))
+                       if i >= shift and v in frame.f_locals and not is_array_tree(frame.f_locals[v]))
+        static_names = tuple(k for k in keywords if k in frame.f_locals and not is_array_tree(frame.f_locals[k]))
         return self._open(_Call(SourceLine(caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name),
                                 code.co_name, f"{code.co_filename}:{code.co_firstlineno}", text, span,
                                 callee, args, static, static_names, self._parent()))

@@ -94,7 +94,9 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
     except Exception as err:
         raise sharding._compile_error(err, xla, device, traced.sizes) from None
     text = lowered.as_text(debug_info=True)
-    key = sharding.sharded_cache_key(text, f"{device} {xla} {topology or ''} {traced.layout}", traced.sizes, top)
+    # "collectives": entries cached before the collectives' bytes were kept are not reused.
+    key = sharding.sharded_cache_key(text, f"{device} {xla} {topology or ''} {traced.layout} collectives",
+                                     traced.sizes, top)
     if use_cache:
         hit = sharding.sharded_cache_read(key)
         if hit is not None:
@@ -124,9 +126,39 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
     data = sharding.finish_sharded(traced, xla=xla, per=answer["xla"], outs=outs,
                                    out_specs=[spec_from_json(s) for s in answer["out_specs"]], aliases=aliases,
                                    peak=peak, live=live, dumps=dumps, key=key)
+    data["collectives"] = answer.get("collectives")
     if use_cache:
         cache_write(cache_dir(), key, data)
     return data
+
+
+def trace_on_mesh(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Sequence[int] = (),
+                  mesh: str | None = None, layout: str | None = None) -> Any:
+    """`xla.sharding.trace_sharded` over an `AbstractMesh` of the arguments' axes (their own
+    mesh, or `mesh`'s under `layout`), in a thread of its own (`compiler.jaxpr_adapter.in_own_thread`)."""
+    from jax.sharding import AbstractMesh, AxisType
+
+    from jaxmem.compiler.jaxpr_adapter import in_own_thread, traceback_frames_kept
+    from jaxmem.xla.sharding import trace_sharded
+
+    def abstract(sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
+        return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes))
+
+    def work() -> Any:
+        with traceback_frames_kept():
+            return trace_sharded(fn, args, abstract, donate_argnums=donate_argnums, mesh_text=mesh, layout=layout)
+
+    return in_own_thread(work)
+
+
+def reference_of_traced(traced: Any, *, xla: str, device: str, top: int = 10, topology: str | None = None,
+                        use_cache: bool = True) -> dict[str, Any]:
+    """`xla.sharded_lowered.sharded_lowered_reference` of a `trace_on_mesh` result, lowered in a
+    thread of its own (the caller's frames stay out of the program's text and its cache key)."""
+    from jaxmem.compiler.jaxpr_adapter import in_own_thread
+
+    return in_own_thread(lambda: sharded_lowered_reference(traced, xla=xla, device=device, top=top,
+                                                            topology=topology, use_cache=use_cache))
 
 
 # -- the child side ----------------------------------------------------------------------------
@@ -136,6 +168,7 @@ def compile_child(program: ShardedText, *, xla: str, device: str, topology: str 
     """The child's answer: XLA's per-device figures (`sharding._per_device_figures`), each
     output's `PartitionSpec` as XLA propagated it, and XLA's output -> parameter aliases."""
     from jaxmem.compiler.jaxpr_adapter import compile_partitioned_text, output_partition_specs
+    from jaxmem.xla.collectives import collective_bytes
     from jaxmem.xla.gpu.compile import output_aliases
 
     sizes, names = tuple(program.sizes), tuple(program.names)
@@ -154,7 +187,8 @@ def compile_child(program: ShardedText, *, xla: str, device: str, topology: str 
     modules = executable.hlo_modules()
     hlo = modules[0].to_string() if modules else ""
     out_specs = [spec_json(spec) for spec in output_partition_specs(executable, mesh)]
-    return {"xla": per, "out_specs": out_specs, "aliases": {str(o): p for o, p in output_aliases(hlo).items()}}
+    return {"xla": per, "out_specs": out_specs, "aliases": {str(o): p for o, p in output_aliases(hlo).items()},
+            "collectives": collective_bytes(hlo).as_json()}
 
 
 def main(argv: list[str] | None = None) -> int:

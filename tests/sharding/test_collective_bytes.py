@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
-from jaxmem.xla.sharded_lowered import reference_of_traced, trace_on_mesh
-from jaxmem.xla.collectives import collective_bytes, from_json
+from jaxmem.xla.sharding.lowered import reference_of_traced, trace_on_mesh
+from jaxmem.xla.sharding.collectives import collective_bytes, from_json
 
 LAYERS, D, F = 8, 512, 2048
 PARAM_BYTES = 2 * LAYERS * D * F * 2   # w1 and w2, bf16

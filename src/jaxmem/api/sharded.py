@@ -4,7 +4,7 @@ memory per device, as `jaxmem analyze TARGET` reports it for a factory's sharded
 The function is traced here over an `AbstractMesh` with the arguments' axes (their own mesh may
 be abstract, of this host's devices, or of the accelerators the notebook runs on), its tagged
 copy is lowered for the device's platform, and a child compiles the text partitioned over N
-compile-only GPUs or TPU chips (`xla/sharded_lowered.py`); from there on it is the TARGET
+compile-only GPUs or TPU chips (`xla/sharding/lowered.py`); from there on it is the TARGET
 path's analysis (`xla/sharding.finish_sharded`), then the pool or the TPU runtime over N steps.
 
     mesh = jax.sharding.AbstractMesh((8,), ("data",))
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 from jaxmem.errors import PlanError
-from jaxmem.xla.sharded_lowered import reference_of_traced, trace_on_mesh  # noqa: F401  (api names)
+from jaxmem.xla.sharding.lowered import reference_of_traced, trace_on_mesh  # noqa: F401  (api names)
 from jaxmem.units import format_size
 
 

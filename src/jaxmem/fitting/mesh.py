@@ -2,7 +2,7 @@
 XLA's per-device compile for the topology (compile-only GPUs or TPU chips, deviceless).
 
 The changes it compiles, each beside XLA's per-device total, the FLOPs it adds per step and the
-bytes per step its collectives carry (`xla.collectives`):
+bytes per step its collectives carry (`xla.sharding.collectives`):
 
 - a `jax.checkpoint` policy on the step's scanned or looped layers (offload to pinned host memory
   included), found by the one-device policy search (`fitting.policy`) with this module's judge;
@@ -67,8 +67,8 @@ class MeshJudge(Judge):
         return self.compiled(fn, args, donate).figures
 
     def compiled(self, fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]) -> Compiled:
-        from jaxmem.xla.sharded_lowered import reference_of_traced, trace_on_mesh
-        from jaxmem.xla.collectives import from_json
+        from jaxmem.xla.sharding.lowered import reference_of_traced, trace_on_mesh
+        from jaxmem.xla.sharding.collectives import from_json
         from jaxmem.xla.tpu.compile import required_bytes
 
         traced = trace_on_mesh(fn, args, donate_argnums=tuple(donate), mesh=self.mesh, layout=self.layout)

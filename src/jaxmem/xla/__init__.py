@@ -8,9 +8,14 @@
 - `tpu/`: XLA:TPU (`compile`: deviceless compiles for a TPU preset; `chip`: a real chip's
   recordings read back);
 
+- `sharding/`: sharded programs on GPU, TPU or host targets (`__init__`: tracing over a mesh,
+  the per-device program and its compile from a TARGET; `lowered`: the path `jaxmem.analyze`,
+  `maxbatch` and `fit` take, the program lowered here and compiled in a child; `collectives`: the
+  bytes a device's collectives carry per step);
+
 and the modules no one compiler owns: `start` (starting JAX without the CUDA plugin's noise),
-`sharding` (sharded compiles on GPU or TPU targets) and `maxbatch` (the search for the largest
-value that fits).
+`lowered` (a one-device program lowered here, compiled in a child), `compilers` (the deviceless
+compilers' folder) and `maxbatch` (the search for the largest value that fits).
 
 What each may import: anything on a lower floor (docs/architecture.md, "Floors"); inside `xla/`,
 `start` imports nothing of `xla/`, a compiler's package imports `start` and the other compilers'

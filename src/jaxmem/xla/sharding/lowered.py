@@ -15,7 +15,7 @@ XLA's peak, jaxmem's per-device plan read off XLA's partitioning dumps, what is 
 
 Run as a module it is the child:
 
-    JAX_PLATFORMS=cpu python -m jaxmem.xla.sharded_lowered PROGRAM.json --xla tpu --device tpu-v5e-16gb
+    JAX_PLATFORMS=cpu python -m jaxmem.xla.sharding.lowered PROGRAM.json --xla tpu --device tpu-v5e-16gb
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
         path = os.path.join(work, "program.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(asdict(program), f)
-        cmd = [sys.executable, "-m", "jaxmem.xla.sharded_lowered", path, "--xla", xla, "--device", device]
+        cmd = [sys.executable, "-m", "jaxmem.xla.sharding.lowered", path, "--xla", xla, "--device", device]
         if topology:
             cmd += ["--topology", topology]
         answer = run_child(cmd, sharding.child_env(xla, devices, dump_dir), "the per-device compile",
@@ -153,7 +153,7 @@ def trace_on_mesh(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums
 
 def reference_of_traced(traced: Any, *, xla: str, device: str, top: int = 10, topology: str | None = None,
                         use_cache: bool = True) -> dict[str, Any]:
-    """`xla.sharded_lowered.sharded_lowered_reference` of a `trace_on_mesh` result, lowered in a
+    """`sharded_lowered_reference` of a `trace_on_mesh` result, lowered in a
     thread of its own (the caller's frames stay out of the program's text and its cache key)."""
     from jaxmem.compiler.jaxpr_adapter import in_own_thread
 
@@ -168,7 +168,7 @@ def compile_child(program: ShardedText, *, xla: str, device: str, topology: str 
     """The child's answer: XLA's per-device figures (`sharding._per_device_figures`), each
     output's `PartitionSpec` as XLA propagated it, and XLA's output -> parameter aliases."""
     from jaxmem.compiler.jaxpr_adapter import compile_partitioned_text, output_partition_specs
-    from jaxmem.xla.collectives import collective_bytes
+    from jaxmem.xla.sharding.collectives import collective_bytes
     from jaxmem.xla.gpu.compile import output_aliases
 
     sizes, names = tuple(program.sizes), tuple(program.names)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxmem.xla.gpu.compile import child_reply, dump_dir_from_flags
     from jaxmem.xla.start import quiet_jax_start
 
-    parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.sharded_lowered")
+    parser = argparse.ArgumentParser(prog="python -m jaxmem.xla.sharding.lowered")
     parser.add_argument("program")
     parser.add_argument("--xla", choices=tuple(PLATFORMS), required=True)
     parser.add_argument("--device", required=True)

@@ -1,32 +1,27 @@
 """The bytes a device's collectives carry per step, read from XLA's partitioned module: held to
 what the layouts must move by construction. Replicated data parallel all-reduces every gradient
 once (the parameters' bytes); FSDP gathers each layer's weights (once, or again for the backward
-pass) and reduce-scatters the gradients (once). The
-scan's 8 layers are a loop in the module: counted once per iteration."""
+pass) and reduce-scatters the gradients (once). The scan's 8 layers are a loop in the module:
+counted once per iteration. The step is `tests/api/mesh_steps.py`'s, at smaller sizes."""
 
 from __future__ import annotations
+
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
-from jaxmem.xla.sharding.lowered import reference_of_traced, trace_on_mesh
 from jaxmem.xla.sharding.collectives import collective_bytes, from_json
+from jaxmem.xla.sharding.lowered import reference_of_traced, trace_on_mesh
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "api"))
+from mesh_steps import step  # noqa: E402  (the scanned MLP stack's step, at smaller sizes here)
 
 LAYERS, D, F = 8, 512, 2048
 PARAM_BYTES = 2 * LAYERS * D * F * 2   # w1 and w2, bf16
-
-
-def step(params, x):
-    def loss(params):
-        def layer(h, w):
-            return h + jax.nn.gelu(h @ w[0]) @ w[1], None
-        h, _ = jax.lax.scan(layer, x, (params["w1"], params["w2"]))
-        return jnp.mean(h.astype(jnp.float32) ** 2)
-
-    grads = jax.grad(loss)(params)
-    return jax.tree.map(lambda a, b: a - 1e-3 * b, params, grads)
 
 
 def _args(weights: P):

@@ -99,7 +99,7 @@ def test_fit_on_a_mesh_answers_with_code_that_compiles_within_each_chip(tmp_path
     result = jaxmem.fit(fn, *args, budget="tpu-v5e-16gb", device="tpu-v5e-16gb")
     assert result.mesh == {"data": 8} and not result.before.fits and result.best is not None
     assert result.best.policy is not None and result.best.total_bytes <= result.budget_bytes
-    assert result.best.collective_bytes and result.compiles >= 2
+    assert result.best.collective_bytes and result.compiles + result.cached >= 2
     text = result.text()
     assert "answer:" in text and "per device" in text
     source = open(os.path.join(API, "mesh_steps.py")).read()
@@ -140,3 +140,27 @@ def test_the_command_prints_the_answer_and_its_json(capsys):
     assert data["answer"]["xla_total_bytes_per_device"] <= data["budget_bytes"] < data["before"]["xla_total_bytes_per_device"]
     assert data["answer"]["collective_bytes_per_device"] > 0
     assert {c["layout"] for c in data["candidates"]} >= {"dp", "fsdp", "fsdp_tp"}
+
+
+def test_a_refusal_is_cached_and_a_tampered_one_is_compiled_again(tmp_path, monkeypatch):
+    from jaxmem.fitting.mesh import MeshJudge
+    from jaxmem.xla.tpu.compile import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip("XLA:TPU's deviceless compiler is not installed here")
+    monkeypatch.setenv("JAXMEM_CACHE_DIR", str(tmp_path))
+    sys.path.insert(0, API)
+    import mesh_steps
+
+    _, args = mesh_steps.make(1024)   # 8x what fits a chip: XLA:TPU refuses it
+    judge = MeshJudge("tpu-v5e-16gb")
+    first = judge.compiled(mesh_steps.step, args, (0,))
+    again = judge.compiled(mesh_steps.step, args, (0,))
+    assert first.refused and not first.cached and again.cached and again.refused == first.refused
+    assert (judge.compiles, judge.cached) == (1, 1)
+    assert again.figures.total == first.figures.total > judge.accelerator.capacity_bytes
+    # A cache file is untrusted: one that is not a refusal of this program is not believed.
+    (entry,) = tmp_path.glob("*-refused.json")
+    entry.write_text(json.dumps({"key": "another program", "refused": "does not fit"}))
+    third = judge.compiled(mesh_steps.step, args, (0,))
+    assert third.refused and not third.cached and judge.compiles == 2

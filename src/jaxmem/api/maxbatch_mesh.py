@@ -171,7 +171,7 @@ def _judged(fn_args: tuple[Any, Any], options: Any, accelerator: Any, donate: An
         if "does not fit" not in str(err):
             raise
         needed = required_bytes(str(err)) or 2 * accelerator.capacity_bytes
-        return False, needed, False, f"XLA:TPU's per-chip compile refused it: {str(err)[:160]}"
+        return False, needed, bool(getattr(err, "cached", False)), f"XLA:TPU's per-chip compile refused it: {str(err)[:160]}"
     pool, note = _pool(ref, options, accelerator.capacity_bytes)
     if pool is None:
         raise PlanError(note or "the pool per device could not be simulated")

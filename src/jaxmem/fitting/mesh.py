@@ -78,9 +78,11 @@ class MeshJudge(Judge):
         except ShardingError as err:
             if "does not fit" not in str(err):
                 raise
-            self.compiles += 1
+            cached = bool(getattr(err, "cached", False))
+            self.cached += int(cached)
+            self.compiles += int(not cached)
             needed = required_bytes(str(err)) or 2 * self.accelerator.capacity_bytes
-            self.last = Compiled(Figures(0, 0, needed, 0), None, False, str(err))
+            self.last = Compiled(Figures(0, 0, needed, 0), None, cached, str(err))
             self.refusals.add(needed)
             self.on_compiled(self.last)
             return self.last

@@ -101,6 +101,7 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
         hit = sharding.sharded_cache_read(key)
         if hit is not None:
             return hit
+        _raise_cached_refusal(key)
     kept = _kept_arguments(lowered, len(flat))
     outs = jax.tree.leaves(lowered.out_info)
     program = ShardedText(text, list(traced.sizes.values()), list(traced.sizes), len(kept), len(outs))
@@ -116,8 +117,13 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
         cmd = [sys.executable, "-m", "jaxmem.xla.sharding.lowered", path, "--xla", xla, "--device", device]
         if topology:
             cmd += ["--topology", topology]
-        answer = run_child(cmd, sharding.child_env(xla, devices, dump_dir), "the per-device compile",
-                           timeout=timeout, on_start=on_start)
+        try:
+            answer = run_child(cmd, sharding.child_env(xla, devices, dump_dir), "the per-device compile",
+                               timeout=timeout, on_start=on_start)
+        except ShardingError as err:
+            if use_cache and "does not fit" in str(err):
+                cache_write(cache_dir(), f"{key}-refused", {"key": key, "refused": str(err)})
+            raise
         peak, live = sharding.peak_from_dump(dump_dir, xla, top)
         dumps = sharding.partitioning_dumps(dump_dir)
     finally:
@@ -130,6 +136,22 @@ def sharded_lowered_reference(traced: sharding.Traced, *, xla: str, device: str,
     if use_cache:
         cache_write(cache_dir(), key, data)
     return data
+
+
+def _raise_cached_refusal(key: str) -> None:
+    """Raise the refusal XLA gave `key`'s program before (a program over the device is refused
+    the same way each time; maxbatch and fit ask again), marked `cached`; else return."""
+    from jaxmem.xla.gpu.compile import cache_dir
+
+    try:
+        with open(os.path.join(cache_dir(), f"{key}-refused.json"), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("refused"), str):
+        err = ShardingError(data["refused"][:2000])
+        err.cached = True   # type: ignore[attr-defined]
+        raise err
 
 
 def trace_on_mesh(fn: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Sequence[int] = (),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
 
@@ -47,6 +47,9 @@ from jaxmem.fitting.bound import WITHOUT_OFFLOAD, capped_verdict, verdict
 from jaxmem.fitting.judge import Figures, Judge, infeasible_line, resolve_budget
 from jaxmem.fitting.policy import PolicyCandidate, PolicySearch, search_policies
 from jaxmem.fitting.rewrites import SourceRewrite, rewrite_first
+
+if TYPE_CHECKING:
+    from jaxmem.fitting.mesh import MeshFitResult
 
 
 @dataclass
@@ -134,7 +137,8 @@ def _policy(snap: Snapshot, graph: Graph, dots_total: int | None, budget: int) -
 
 
 def _on_mesh(fn: Callable[..., Any], args: Sequence[Any], budget: int | str, donate_argnums: int | Sequence[int],
-             device: str | None, progress: Callable[[str], None] | None, time_limit: float | None) -> Any:
+             device: str | None, progress: Callable[[str], None] | None,
+             time_limit: float | None) -> MeshFitResult | None:
     """`fitting.mesh.fit_on_mesh`'s answer where the arguments are sharded over a mesh, else None."""
     from jaxmem.xla.sharding import find_mesh
 
@@ -153,7 +157,7 @@ def fit(fn: Callable[..., Any], *args: Any, budget: int | str,
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 8,
         guard: str = "auto", device: str | None = None, policies: bool = True,
         rewrite: bool | str = True, progress: Callable[[str], None] | None = None,
-        exhaustive: bool = False, time_limit: float | None = None, source_rewrites: bool = True) -> FitResult:
+        exhaustive: bool = False, time_limit: float | None = None, source_rewrites: bool = True) -> FitResult | MeshFitResult:
     """Rewrite `fn` to recompute values instead of holding them, until XLA runs it within `budget`.
 
     >>> import jax.numpy as jnp

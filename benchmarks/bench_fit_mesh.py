@@ -7,7 +7,13 @@ step re-traced with the answer's `jax.checkpoint`, or laid out by the answer's l
 Sets: "tuning" (tests/api/mesh_steps.py, what the search was built on) and "evaluation"
 (benchmarks/mesh_fit_programs.py, never tuned on).
 
+With `--half-temp`, each program at half that batch (the largest doubling that fits) and the
+budget of half its temporaries: what fit answers where the step fits but must shrink (checkpoint
+policies, gradient accumulation, layouts). An answer that accumulates gradients is compiled as the
+user gets it: fit's printed lines pasted into the program's file (tests/fit/pasted.py).
+
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_fit_mesh.py --out benchmarks/results/fit_mesh.jsonl
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_fit_mesh.py --half-temp --only mesh_steps,decoder,moe,loop,tensor_parallel,gpu64_decoder --out benchmarks/results/fit_mesh_half_temp.jsonl
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "api"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "fit"))
 
 
 def programs() -> list[tuple[str, str, object]]:
@@ -57,8 +64,8 @@ def concrete(sizes, names, device="tpu-v5e-16gb"):
     from jaxmem.xla.gpu.compile import spec_for, target_config, with_memory
 
     text = with_memory(target_config(spec_for(device)), PRESETS[device])   # the GPU's description, not a compile
-    topology = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"{n // 8}x1x8")
-    return Mesh(np.array(topology.devices).reshape(sizes), names)
+    topology = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"{max(1, n // 8)}x1x8")
+    return Mesh(np.array(topology.devices[:n]).reshape(sizes), names)
 
 
 def aot_total(fn, args, donate) -> dict:
@@ -86,17 +93,34 @@ def first_refused(step, structs, sizes, names, donate, limit, device) -> int:
     raise SystemExit(f"nothing up to batch 4096 is refused for {step.__name__}")
 
 
-def one(step, structs, sizes, names, donate, device: str) -> dict:
+def as_pasted(step, code: str):
+    """The step from its file with fit's printed lines pasted in (JAX's own trace of the text)."""
+    import inspect
+    import tempfile
+
+    from pasted import load, paste
+
+    source = inspect.getsourcefile(step)
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(paste(code, open(source).read()))
+    return getattr(load(f.name, f"pasted_{step.__name__}"), step.__name__)
+
+
+def one(step, structs, sizes, names, donate, device: str, half_temp: bool = False) -> dict:
     import jaxmem
     from jaxmem.accelerators import find
     from jaxmem.xla.sharding import layout_specs, with_specs
 
     limit = find(device).capacity_bytes
     batch = first_refused(step, structs, sizes, names, donate, limit, device)
+    if half_temp:
+        batch = max(sizes[0], batch // 2)
+    budget = "half-temp" if half_temp else device
     began = time.perf_counter()
-    result = jaxmem.fit(step, *structs(abstract(sizes, names), batch), budget=device, device=device,
+    result = jaxmem.fit(step, *structs(abstract(sizes, names), batch), budget=budget, device=device,
                         donate_argnums=donate, time_limit=900)
-    row = {"batch": batch, "fits": result.fits, "seconds": round(time.perf_counter() - began, 1),
+    limit = result.budget_bytes if half_temp else limit
+    row = {"batch": batch, "budget_bytes": result.budget_bytes, "fits": result.fits, "seconds": round(time.perf_counter() - began, 1),
            "compiles": result.compiles, "cached": result.cached, "before_bytes": result.before.total_bytes,
            "candidates": len(result.candidates), "left_out": result.left_out}
     best = result.best
@@ -109,7 +133,9 @@ def one(step, structs, sizes, names, donate, device: str) -> dict:
                code=best.code)
     mesh = concrete(sizes, names, device)
     args = structs(mesh, batch)
-    fn = step if best.policy is None else best.policy.apply(step)
+    accumulated = getattr(best.policy, "micro_batches", 0)
+    row["micro_batches"] = accumulated or None
+    fn = step if best.policy is None else as_pasted(step, best.code) if accumulated else best.policy.apply(step)
     if best.layout is not None:
         laid = tuple(best.mesh.values())
         mesh = concrete(laid, tuple(best.mesh), device)
@@ -155,6 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default=None, help="programs' names, comma-separated")
+    parser.add_argument("--half-temp", action="store_true", help="at half the first refused batch, budget half-temp")
     args = parser.parse_args()
     from jaxmem.xla import compilers
     from jaxmem.xla.tpu.compile import DEVICELESS_ENV
@@ -170,10 +197,11 @@ def main() -> None:
 
         device = mp.DEVICE.get(name, "tpu-v5e-16gb")
         row = {"set": group, "program": name, "device": device, "mesh": dict(zip(names, sizes))}
-        row.update(one(step, structs, sizes, names, donate, device))
-        row.update(maxbatch_row(step, structs, sizes, names, donate, device))
+        row.update(one(step, structs, sizes, names, donate, device, half_temp=args.half_temp))
+        if not args.half_temp:
+            row.update(maxbatch_row(step, structs, sizes, names, donate, device))
         rows.append(row)
-        shown = {k: row.get(k) for k in ("set", "program", "batch", "fits", "answer", "answer_bytes",
+        shown = {k: row.get(k) for k in ("set", "program", "batch", "budget_bytes", "fits", "answer", "answer_bytes",
                                          "extra_flops_ratio", "answer_equals_jax_aot", "answer_fits_by_jax_aot",
                                          "seconds", "compiles", "cached", "maxbatch", "maxbatch_equals_jax_aot",
                                          "maxbatch_fits_by_jax_aot", "next_refused_by_jax_aot", "maxbatch_seconds")}

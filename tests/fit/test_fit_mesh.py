@@ -36,7 +36,7 @@ for name, path in {paths!r}.items():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     try:
-        compiled = jax.jit(module.step, donate_argnums=0).lower(*module.structs({batch}, mesh)).compile()
+        compiled = jax.jit(getattr(module, {step!r}), donate_argnums=0).lower(*module.structs({batch}, mesh)).compile()
     except Exception as err:
         out[name] = {{"refused": "RESOURCE_EXHAUSTED" in str(err)}}
         continue
@@ -78,6 +78,18 @@ def test_a_mesh_step_without_a_device_is_one_line():
         jaxmem.fit(lambda x: x * 2, x, budget="1GiB")
 
 
+def jax_aot_on_v5e(paths: dict[str, str], step: str, batch: int = 160) -> dict:
+    """JAX's own AOT compile, on v5e:2x4's compile-only chips, of `step` in each file of `paths`
+    (in a child: deviceless XLA:TPU): {name: {"total", "code"} or {"refused"}}."""
+    from jaxmem.xla.tpu.compile import DEVICELESS_ENV
+
+    env = dict(os.environ, **DEVICELESS_ENV, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", TRUTH.format(paths=paths, batch=batch, step=step)], env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _paste(printed: str, source: str) -> str:
     """mesh_steps.py with fit's printed `jax.lax.scan(...)` line pasted where the scan is."""
     m = re.search(r"jax\.lax\.scan\((jax\.checkpoint\(layer, policy=[^)]*\)+?), \.\.\.\)", printed)
@@ -88,7 +100,7 @@ def _paste(printed: str, source: str) -> str:
 
 @pytest.mark.slow   # about 12 per-chip XLA:TPU compiles, then two of JAX's own: about 2 minutes on 2 cores
 def test_fit_on_a_mesh_answers_with_code_that_compiles_within_each_chip(tmp_path):
-    from jaxmem.xla.tpu.compile import DEVICELESS_ENV, unavailable_reason
+    from jaxmem.xla.tpu.compile import unavailable_reason
 
     if unavailable_reason():
         pytest.skip("XLA:TPU's deviceless compiler is not installed here")
@@ -105,12 +117,7 @@ def test_fit_on_a_mesh_answers_with_code_that_compiles_within_each_chip(tmp_path
     source = open(os.path.join(API, "mesh_steps.py")).read()
     pasted = tmp_path / "pasted.py"
     pasted.write_text(_paste(result.best.code, source))
-    env = dict(os.environ, **DEVICELESS_ENV, JAX_PLATFORMS="cpu")
-    paths = {"written": os.path.join(API, "mesh_steps.py"), "pasted": str(pasted)}
-    out = subprocess.run([sys.executable, "-c", TRUTH.format(paths=paths, batch=160)], env=env,
-                         capture_output=True, text=True, timeout=1200)
-    assert out.returncode == 0, out.stderr[-2000:]
-    truth = json.loads(out.stdout.strip().splitlines()[-1])
+    truth = jax_aot_on_v5e({"written": os.path.join(API, "mesh_steps.py"), "pasted": str(pasted)}, "step")
     assert truth["written"].get("refused") or truth["written"]["total"] > result.budget_bytes
     assert truth["pasted"]["total"] == result.best.total_bytes
     assert truth["pasted"]["total"] + truth["pasted"]["code"] <= result.budget_bytes

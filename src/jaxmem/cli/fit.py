@@ -162,6 +162,7 @@ def _policies(result: Any) -> list[dict[str, Any]] | None:
              "but_last": c.but_last, "first": c.first or None, "grouped": c.grouped,
              "rest": c.rest if c.first and c.rest != "none" else None,
              "tagged_dots": [f"{d.file}:{d.line}" for d in c.dots] or None, "order": c.order or None,
+             "micro_batches": c.micro_batches or None,
              "xla_total_bytes": c.xla_total_bytes if not c.error else None,
              "planned_peak_bytes": c.planned_peak_bytes,
              "extra_flops": c.extra_flops, "extra_flops_ratio": c.extra_flops_ratio,
@@ -179,6 +180,8 @@ def _render(result: Any, target: str, advice: str | None = None) -> None:
     if result.policy_fits and not (result.fits and result.fn is not result.original_fn):
         verdict = ("[green]fits with the source rewrites below, no jax.checkpoint[/green]"
                    if result.rewrites and best is not None and best.policy == "none" and not best.order
+                   else "[green]fits with gradient accumulation below[/green]"
+                   if best is not None and best.micro_batches
                    else "[green]fits with the jax.checkpoint policy below[/green]")
     else:
         verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
@@ -269,6 +272,7 @@ def _render_policies(console: Any, result: Any) -> None:
     """The policy answer first (what to paste), then every alternative XLA judged."""
     from rich.table import Table
 
+    from jaxmem.fitting.accumulate import ACCUMULATE
     from jaxmem.reports.escape import markup
 
     found = result.policies
@@ -289,6 +293,9 @@ def _render_policies(console: Any, result: Any) -> None:
         plan = format_size(c.planned_peak_bytes) if c.planned_peak_bytes else ""
         table.add_row(where + mark, c.policy, plan, total, f"{100 * c.extra_flops_ratio:.1f}%", fits)
     console.print(table)
+    for c in found.candidates:
+        if c.policy == ACCUMULATE and c.error:
+            console.print(f"gradient accumulation at {markup(str(c.sites[0]))}: not tried: {markup(c.error)}")
     best = found.best
     if best.policy == "none" and not best.order and best.xla_total_bytes is not None \
             and best.xla_total_bytes > result.budget_bytes:
@@ -296,7 +303,7 @@ def _render_policies(console: Any, result: Any) -> None:
                       "lowers XLA's total; see the rewrite")
         return
     verdict = "meets the budget" if best.xla_total_bytes <= result.budget_bytes else "is the smallest, over the budget"
-    what = "policy and order" if best.order else "policy"
+    what = "policy and order" if best.order else "change" if best.micro_batches else "policy"
     console.print(f"[bold]{what} to write[/bold] ({verdict}: {result.judge} total {format_size(best.xla_total_bytes)}, "
                   f"{100 * best.extra_flops_ratio:.1f}% extra FLOPs):")
     for line in best.code.splitlines():  # one print per line: markup escapes a newline
@@ -314,7 +321,9 @@ def _wrapped(c: Any, base_label: str) -> str:
     where = {"none": f"({base_label or 'original'})", "scan": "each lax.scan body",
              "grad": "the differentiated function", "layer": "each layer call", "loop": "each loop iteration",
              "own": "your own jax.checkpoint"}[c.kind]
-    if c.grouped:
+    if c.micro_batches:
+        where = "the gradient call"
+    elif c.grouped:
         where = "the loop"
     elif c.kind == "layer" and c.keys is not None:
         where = ", ".join(f"{s.function} at line {s.call.line}" for s in c.sites)

@@ -269,6 +269,9 @@ def _policies(fn: Callable[..., Any], args: Sequence[Any], donate: Sequence[int]
 
 
 def _site_words(cand: Any) -> str:
+    if getattr(cand, "micro_batches", 0):
+        return "gradient call" + (f" ({cand.sites[0].call.file.rsplit('/', 1)[-1]}:{cand.sites[0].call.line})"
+                                  if cand.sites else "")
     kinds = {"scan": "lax.scan body", "loop": "loop of layers", "layer": "layer", "grad": "differentiated function",
              "own": "jax.checkpoint"}
     lines = sorted({f"{s.call.file.rsplit('/', 1)[-1]}:{s.call.line}" for s in cand.sites})

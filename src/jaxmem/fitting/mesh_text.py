@@ -19,21 +19,22 @@ def _added(c: Any, before: Any) -> str:
     return f" ({'+' if delta >= 0 else '-'}{format_size(abs(delta))})"
 
 
-def _row(c: Any, before: Any, budget: int) -> str:
+def _row(c: Any, before: Any, width: int) -> str:
     verdict = "fits" if c.fits else ("refused by XLA" if c.refused else "over")
     flops = f"+{100 * c.extra_flops_ratio:.1f}%"
-    return (f"  {c.label[:78]:<78} {format_size(c.total_bytes):>11} {verdict:<14} {flops:>7}  "
+    return (f"  {c.label:<{width}} {format_size(c.total_bytes):>11} {verdict:<14} {flops:>7}  "
             f"{_moved(c)}{_added(c, before)}")
 
 
 def render(result: Any) -> str:
     """The table of a `fitting.mesh.MeshFitResult` and its answer."""
     mesh = " x ".join(f"{k}={v}" for k, v in result.mesh.items())
+    width = max([len("change"), *(len(c.label) for c in [result.before, *result.candidates])])  # whole: each is pasted by name
     lines = [f"fit on {result.devices} x {result.device} (mesh {mesh}): budget {format_size(result.budget_bytes)} "
              f"per device, judged by {result.judge}",
-             f"  {'change':<78} {'per device':>11} {'':<14} {'FLOPs':>7}  collectives per step per device",
-             _row(result.before, result.before, result.budget_bytes)]
-    lines += [_row(c, result.before, result.budget_bytes) for c in result.candidates]
+             f"  {'change':<{width}} {'per device':>11} {'':<14} {'FLOPs':>7}  collectives per step per device",
+             _row(result.before, result.before, width)]
+    lines += [_row(c, result.before, width) for c in result.candidates]
     lines.append("")
     if result.before.fits:
         lines.append(f"fits as written: {format_size(result.before.total_bytes)} per device within "

@@ -30,6 +30,7 @@ from jaxmem.compiler import jaxpr_adapter as ja
 from jaxmem.compiler.jaxpr_adapter import checkpoint_names
 from jaxmem.compiler.plan_types import SourceLine
 from jaxmem.errors import JaxmemError
+from jaxmem.fitting.accumulate import ACCUMULATE, accumulation_lines, batch_shards, step_counts
 from jaxmem.fitting.judge import Judge
 from jaxmem.fitting.sites import (CARRY_TAG, NAMED_DOTS, OFFLOAD_NAMES, CheckpointSite, body_sites, checkpoint_policy,
                                   checkpoint_sites, dot_tag, is_array_tree, own_checkpoints, own_policy, tag_carry,
@@ -44,6 +45,8 @@ MAX_REORDERED = 3  # policy candidates also run in jaxmem's order, when no polic
 MAX_NAMED_DOTS = 4   # a scan body with up to this many dot lines: each left out of what is saved in turn
 MAX_MIX_COMPILES = 3  # compiles to confirm a per-iteration mix's k
 MAX_GROUP_COMPILES = 5   # compiles to find how many first iterations one recomputed group takes
+ACCUMULATE_LATE = 2   # micro-batch counts judged even past the policy search's time (the first, the one it predicts)
+ACCUMULATE_ABOVE = 0.01   # gradient accumulation is tried where every fitting policy adds more FLOPs than this share
 SLACK = 1.25   # a candidate the planner predicts within SLACK x budget is compiled first
 
 
@@ -79,12 +82,15 @@ class PolicyCandidate:
                                    # function with this policy ("cpu plan order", ...)
     reorder_call: str = ""         # the line that rebuilds that order in the user's code
     reordered_fn: Callable[..., Any] | None = None  # the policy applied, run in `order`
+    micro_batches: int = 0         # policy ACCUMULATE: the grad sites' batch in this many micro-batches
 
     def apply(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """`fn` with this alternative's jax.checkpoint, as `jax.jit` traces it (and run in its
         order, for a reordered alternative: that function was built for the searched `fn`)."""
         if self.reordered_fn is not None:
             return self.reordered_fn
+        if self.micro_batches:
+            return with_accumulation(fn, self.keys or [], self.micro_batches)
         return fn if self.policy == "none" else with_policy(fn, self.policy, (self.kind,), self.keys, self.but_last,
                                                             self.first, self.rest, self.grouped)
 
@@ -92,6 +98,8 @@ class PolicyCandidate:
     def where(self) -> str:
         """Which calls of the sites: "" (every one), " but the last", " (the first k)", or how a
         loop's iterations are grouped."""
+        if self.micro_batches:
+            return f" in {self.micro_batches} micro-batches"
         if self.grouped and self.first:
             return f", items[:{self.first}] in one checkpoint, items[{self.first}:] in one under {self.rest}"
         if self.grouped:
@@ -116,6 +124,8 @@ class PolicyCandidate:
     def _policy_lines(self) -> list[str]:
         if self.policy == "none":
             return [] if self.order else ["no jax.checkpoint needed"]
+        if self.micro_batches:
+            return accumulation_lines(self.sites, self.micro_batches)
         pol = policy_expression(self.policy)
         if self.grouped:
             rest = policy_expression(self.rest) if self.first and self.rest != "none" else None
@@ -374,6 +384,23 @@ def with_policy(fn: Callable[..., Any], policy: str, kinds: Sequence[str] = ("sc
     return candidate
 
 
+def with_accumulation(fn: Callable[..., Any], keys: Sequence[str], steps: int) -> Callable[..., Any]:
+    """`fn`, traced with the loss at each grad site whose `key` is in `keys` accumulated over
+    `steps` micro-batches (`fitting.accumulate`; a fresh function object: no trace cache hands
+    back the original).
+
+    >>> jax.jit(with_accumulation(step, [site.key], 4))(*args)   # doctest: +SKIP
+    """
+    wanted = set(keys)
+
+    def candidate(*args: Any, **kwargs: Any) -> Any:
+        with checkpoint_sites(lambda site, f: f, accumulate=lambda site: steps if site.key in wanted else 0):
+            return fn(*args, **kwargs)
+
+    candidate.__name__ = getattr(fn, "__name__", "fn")
+    return candidate
+
+
 def _as_written(name: str, sites: Sequence[CheckpointSite]) -> bool:
     """Whether every one of the user's own checkpoints already has policy `name` (the default
     policy saves what `nothing_saveable` saves): replacing it changes nothing."""
@@ -478,8 +505,16 @@ def search_policies(fn: Callable[..., Any], args: Sequence[Any], *, donate: Sequ
     choices, per_layer = _choices(kinds, sites)
     pending = _planned_candidates(search, choices, policies, named, dot_lines, kinds, offload_outside_loops)
     traced_all = _compile_candidates(search, pending)
-    _per_iteration(search, per_layer)
     ok, fitting = _judged(result.candidates, budget)
+    if not fitting or min(c.extra_flops for c in fitting) > ACCUMULATE_ABOVE * fn_flops:
+        # No FLOPs added: where every fitting policy recomputes, splitting the batch may be
+        # cheaper; tried before the longer searches below, which it makes needless where it fits.
+        _accumulation(search)
+        ok, fitting = _judged(result.candidates, budget)
+    accumulated = any(c.micro_batches for c in fitting)
+    if exhaustive or not accumulated:
+        _per_iteration(search, per_layer)
+        ok, fitting = _judged(result.candidates, budget)
     if (reorder if reorder is not None else judge.device is not None) and (exhaustive or not fitting):
         _reordering(search, traced_all)
         ok, fitting = _judged(result.candidates, budget)
@@ -691,6 +726,71 @@ def _per_iteration(search: _Search, per_layer: str | None) -> None:
         (site,) = [x for x in s.sites if x.kind == per_layer]
         result.candidates += _mixes(s.fn, s.args, s.donate, s.judge, s.budget, result.candidates, site,
                                     s.base_flops, s.progress, s.deadline)
+
+
+def _accumulation(search: _Search) -> None:
+    """Where no policy fits (or each that does adds FLOPs): each grad site whose call or loss
+    carries the batch, its batch in micro-batches (`fitting.accumulate`) until XLA finds a count
+    within the budget: 2 first, then the count its figure predicts (XLA's total as what does not
+    shrink plus the activations over the count, from the step's total and the first count's),
+    then doubling. No FLOPs are added (a dot product per parameter); each micro-batch's products
+    are smaller, and on a mesh each gathers the weights again (the collectives column says what
+    that costs). Past the search's deadline the first two counts are still judged."""
+    for site in [x for x in search.sites if x.kind == "grad" and not x.batch]:
+        search.result.candidates.append(PolicyCandidate(
+            "grad", ACCUMULATE, [site], None, 0, 0, keys=[site.key],
+            error="no argument of the gradient call, nor any value the loss closes over, carries one batch "
+                  "(arrays whose leading dimension most of them share)"))
+    shards = batch_shards(search.args)
+    original = search.result.candidates[0].xla_total_bytes
+    for site in [x for x in search.sites if x.kind == "grad" and x.batch]:
+        counts = step_counts(site.batch, shards.get(site.batch, 1))
+        judged: dict[int, int] = {}
+        while counts:
+            steps = counts.pop(0)
+            if len(judged) >= ACCUMULATE_LATE and search.deadline is not None and time.perf_counter() > search.deadline:
+                return
+            entry = _accumulated_entry(search, site, steps)
+            if entry.error or entry.xla_total_bytes is None:
+                break
+            if entry.xla_total_bytes <= search.budget:
+                return
+            judged[steps] = entry.xla_total_bytes
+            if len(judged) == 1 and original is not None:
+                counts = _predicted_first(counts, original, steps, entry.xla_total_bytes, search.budget)
+
+
+def _predicted_first(counts: list[int], original: int, steps: int, total: int, budget: int) -> list[int]:
+    """`counts` with the least one whose predicted total (what does not shrink, plus activations
+    over the count: fitted to the step's total at 1 and this count's) is within `budget` first.
+
+    >>> _predicted_first([4, 8, 16, 32], original=100, steps=2, total=70, budget=50)
+    [8, 16, 32]
+    """
+    activations = (original - total) * steps / max(steps - 1, 1)
+    fixed = original - activations
+    if activations <= 0 or budget <= fixed:
+        return counts
+    needed = activations / (budget - fixed)
+    return [k for k in counts if k >= needed] or counts[-1:]
+
+
+def _accumulated_entry(search: _Search, site: CheckpointSite, steps: int) -> PolicyCandidate:
+    entry = PolicyCandidate("grad", ACCUMULATE, [site], None, 0, 0, keys=[site.key], micro_batches=steps)
+    search.result.candidates.append(entry)
+    cand = entry.apply(search.fn)
+    if search.progress is not None:
+        search.progress(f"{entry.policy} on {entry.kind}{entry.where}")
+    try:
+        entry.flops, entry.planned_peak_bytes = _measured(cand, search.args, search.donate)
+        entry.extra_flops = max(0, entry.flops - search.base_flops)
+        entry.xla_total_bytes = search.judge.total(cand, search.args, search.donate)
+    except Exception as err:  # a loss that mixes its examples, one that fixes its batch size
+        text = " ".join(str(err).split())
+        # accumulate's own reason, from inside the trace that raised it, without the wrapping
+        entry.error = text.rsplit("PlanError: ", 1)[1][:240] if "PlanError: " in text else \
+            f"{type(err).__name__}: {text[:200]}"
+    return entry
 
 
 def _judged(candidates: Sequence[PolicyCandidate], budget: int) -> tuple[list[PolicyCandidate], list[PolicyCandidate]]:

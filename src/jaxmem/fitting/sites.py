@@ -20,7 +20,9 @@ installed) and each one's equations are a run that `jax.checkpoint` can wrap
 from __future__ import annotations
 
 import ast
+import contextlib
 import contextvars
+import dataclasses
 import functools
 import linecache
 import sys
@@ -59,6 +61,11 @@ class CheckpointSite:
     calls: int = 1
     traced_for: str = "scan"
     written: Any = field(default=None, compare=False)   # kind "own": the policy the user wrote (None: default)
+    split: tuple[int | str, ...] = field(default=(), compare=False)  # kind "grad": the arguments of the
+                                   # gradient call that carry the batch (`fitting.accumulate.batch_split`)
+    closed: tuple[str, ...] = field(default=(), compare=False)  # ... and the names of the batch values
+                                   # the differentiated function closes over
+    batch: int = 0                 # ... and the batch size, their leading dimension (0: no batch seen)
 
     @property
     def key(self) -> str:
@@ -244,6 +251,44 @@ def _note_and_wrap(ctx: "checkpoint_sites", fun: Callable[..., Any]) -> Callable
     return ctx.wrap(site, fun)
 
 
+def _grad_site(fun: Callable[..., Any], dyn_argnums: tuple[int, ...], args: Any, kwargs: Any) -> CheckpointSite:
+    """The site of a gradient call `grad_fn(*args, **kwargs)` (met through `argnums_partial2`):
+    its line, the call's columns on it, and which of its arguments carry the batch."""
+    from jaxmem.fitting.accumulate import batch_split, closed_over
+
+    frame = sys._getframe(2)
+    while frame is not None and ja.is_internal_frame(frame.f_code.co_filename):
+        frame = frame.f_back
+    site = _calling_site("grad", fun, depth=3)
+    split, closed, batch = batch_split(args, kwargs, dyn_argnums, closed_over(fun))
+    if frame is None:
+        return dataclasses.replace(site, split=split, closed=closed, batch=batch)
+    text, span, callee, call_args, _, _ = _call_expression(frame)
+    return dataclasses.replace(site, text=text, span=span, callee=callee, args=call_args, split=split, closed=closed,
+                               batch=batch)
+
+
+def _accumulating(ctx: "checkpoint_sites", site: CheckpointSite, fun: Callable[..., Any],
+                  dyn_argnums: tuple[int, ...], has_aux: bool) -> Callable[..., Any]:
+    """`fun` as the context runs it at `site`: accumulated over micro-batches where it asks."""
+    steps = ctx.accumulate(site) if ctx.accumulate is not None and site.batch else 0
+    if not steps:
+        return fun
+    from jaxmem.fitting.accumulate import accumulated
+
+    return accumulated(fun, dyn_argnums, has_aux, steps, site.split, site.closed, outside=_outside)
+
+
+@contextlib.contextmanager
+def _outside() -> Any:
+    """JAX's own gradient functions in this thread for a while (the micro-batches' gradients)."""
+    token = _ACTIVE.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
 def _hooked_partial(original: Callable[..., Any]) -> Callable[..., Any]:
     """`jax._src.api.argnums_partial2(f, argnums, args, kwargs)`: where `grad` and
     `value_and_grad` bind the user's function to the call's arguments. The returned closure is
@@ -276,7 +321,12 @@ def _hooked_linearize(original: Callable[..., Any]) -> Callable[..., Any]:
             traceable = _note_and_wrap(ctx, traceable)
         else:
             partial2, f, dyn_argnums, args, kwargs = bound
-            traceable, _ = partial2(_note_and_wrap(ctx, f), dyn_argnums, args, kwargs)
+            dyn = tuple(i % max(len(args), 1) for i in (dyn_argnums if isinstance(dyn_argnums, (tuple, list))
+                                                         else (dyn_argnums,)))
+            site = _grad_site(f, dyn, args, kwargs)
+            ctx._note(site)
+            wrapped = _accumulating(ctx, site, ctx.wrap(site, f), dyn, has_aux)
+            traceable, _ = partial2(wrapped, dyn_argnums, args, kwargs)
         return original(traceable, primals_ft, has_aux=has_aux, is_vjp=is_vjp)
 
     linearize.__jaxmem_original__ = original  # type: ignore[attr-defined]
@@ -314,8 +364,10 @@ class checkpoint_sites:
     and code run outside the context, see JAX's own functions.
     """
 
-    def __init__(self, wrap: Callable[[CheckpointSite, Callable[..., Any]], Callable[..., Any]]):
+    def __init__(self, wrap: Callable[[CheckpointSite, Callable[..., Any]], Callable[..., Any]],
+                 accumulate: Callable[[CheckpointSite], int] | None = None):
         self.wrap = wrap
+        self.accumulate = accumulate   # micro-batches to run a grad site's loss over (0: as written)
         self.found: list[CheckpointSite] = []
         self._tokens: list[contextvars.Token[Any]] = []
 

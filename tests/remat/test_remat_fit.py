@@ -85,15 +85,16 @@ def test_remat_xla_follows_the_model_to_the_end_of_the_search():
 def test_remat_fit_names_a_policy_with_its_figure():
     step, args = _wide_mlp(depth=6, batch=512)
     result = fit(step, *args, budget=int(0.6 * xla_reference(step, args).total_bytes))
-    # The policy search answers with a standard policy around the differentiated
-    # function; without a site, the rewriter's nearest policy.
-    assert result.policy in ("dots_saveable", "save_only_these_names", "dots_with_no_batch_dims_saveable",
-                             "nothing_saveable", "everything_saveable")
-    assert isinstance(result.policy_xla_total_bytes, int) and result.policy_xla_total_bytes > 0
-    assert "jax.checkpoint" in result.policy_code
-    if result.policy == "dots_saveable" and result.policies is None:
-        assert not any(p in ("dot_general", "conv_general_dilated") for v in result.recomputed for p in v.chain) \
-            or result.policy_xla_total_bytes <= result.budget_bytes
+    # Every jax.checkpoint policy the search compiled is named with XLA's figure and the line to
+    # write; the answer is the one that fits at the fewest extra FLOPs (here the batch split into
+    # micro-batches, which adds none), printed with its figure.
+    judged = [c for c in result.policies.candidates
+              if c.policy != "none" and not c.micro_batches and not c.error and c.xla_total_bytes]
+    assert judged and all("jax.checkpoint" in c.code for c in judged)
+    best = result.policies.best
+    assert result.policy == best.policy and result.policy_code == best.code
+    assert isinstance(result.policy_xla_total_bytes, int) and 0 < result.policy_xla_total_bytes <= result.budget_bytes
+    assert not any(c.xla_total_bytes <= result.budget_bytes and c.extra_flops < best.extra_flops for c in judged)
 
 
 def test_remat_fit_under_jaxmem_executor():

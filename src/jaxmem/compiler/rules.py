@@ -97,6 +97,14 @@ class Rule:
     # `widened`: XLA:GPU's expansion writes more than the op reads and writes
     # (`SelectAndScatterExpander`: index arrays and a zero buffer the operand's size).
     widened: bool = False
+    # `examples`: how it treats a batch's examples (fitting/separable, which reads a loss for
+    # gradient accumulation): "pass" (the value through: annotations, casts, negation), "sum"
+    # (adds), "scale" (mul, div), "broadcast", "permute", "regroup" (reshape), "drop_axis",
+    # "window" (slices), "padded", "new_axis", "last_axis" (top_k), "along:<param>" (an op along
+    # the axis the parameter names), "reduction", "dot", "lookup" (gather), "conv", "scan_loop",
+    # "while_loop", "branches" (cond); "":
+    # elementwise by its cost, else not known to keep examples apart.
+    examples: str = ""
 
     @property
     def cheap(self) -> bool:
@@ -239,6 +247,20 @@ _facet("bitcast_convert_type convert_element_type reduce_precision real imag", v
 _facet("copy copy_p", view="copy")
 _facet("optimization_barrier", view="barrier")
 _facet("stop_gradient sharding_constraint mesh_cast reshard pvary", view="annotation")
+_facet("""neg convert_element_type copy copy_p stop_gradient reduce_precision optimization_barrier sharding_constraint
+          name reshard pvary mesh_cast""", examples="pass")
+_facet("add sub add_any", examples="sum")
+_facet("mul div", examples="scale")
+for _name, _kind in (("broadcast_in_dim", "broadcast"), ("transpose", "permute"), ("reshape", "regroup"),
+                     ("squeeze", "drop_axis"), ("slice", "window"), ("dynamic_slice", "window"), ("pad", "padded"),
+                     ("stack", "new_axis"), ("expand_dims", "new_axis"), ("top_k", "last_axis"), ("dot_general", "dot"),
+                     ("gather", "lookup"), ("conv_general_dilated", "conv"), ("scan", "scan_loop"), ("while", "while_loop"),
+                     ("cond", "branches")):
+    _facet(_name, examples=_kind)
+_facet("concatenate sort", examples="along:dimension")
+_facet("cumsum cumprod cummax cummin cumlogsumexp split", examples="along:axis")
+_facet("rev", examples="along:dimensions")
+_facet("reduce_sum reduce_max reduce_min reduce_prod argmax argmin reduce_and reduce_or", examples="reduction")
 _facet(_CALLS, body="call")
 _facet("scan while cond", body="control")
 _facet("add sub mul div pow", folds_constants=True)

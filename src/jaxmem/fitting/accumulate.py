@@ -247,9 +247,10 @@ def accumulated(f: Callable[..., Any], dyn_argnums: Sequence[int], has_aux: bool
 def _check_separable(loss: Callable[..., Any], dyn: tuple[Any, ...], whole: tuple[Any, ...], n_batch: int) -> None:
     """Raise where the loss over the whole batch is not the mean of its examples' parts
     (`fitting.separable`): then micro-batches would change the step's values."""
+    from jaxmem.compiler.jaxpr_adapter import make_closed_jaxpr
     from jaxmem.fitting.separable import why_not_separable
 
-    closed = jax.make_jaxpr(loss)(dyn, whole)
+    closed = make_closed_jaxpr(loss, dyn, whole)
     flags = [False] * len(jax.tree.leaves(dyn)) + [True] * n_batch
     batch = jax.tree.leaves(whole)[0].shape[0]
     why = why_not_separable(closed, flags, batch)

@@ -84,13 +84,12 @@ def _elementwise(name: str, marks: list[Mark], eqn: Any) -> Mark:
 
 def _linear(name: str, marks: list[Mark], eqn: Any) -> Mark:
     """A batch sum through an elementwise op: kept where the op is linear in it."""
-    if name in ("neg", "convert_element_type", "copy", "copy_p", "stop_gradient", "reduce_precision"):
-        return marks[0]
-    if name in ("add", "sub", "add_any"):
+    kind = rule(name).examples
+    if kind == "sum":
         # a constant added keeps a mean one (mean of loss_i + c is the mean + c); two means added
         # (a loss and an auxiliary loss) are one where each is
         return Mark("R", divisors=tuple(d for m in marks if m.kind == "R" for d in m.divisors))
-    if name in ("mul", "div") and marks[0].kind == "R" and marks[1].kind == "N":
+    if kind == "scale" and marks[0].kind == "R" and marks[1].kind == "N":
         factor = _constant(eqn.invars[1])
         if factor is None:
             return marks[0]           # scaled by a value of its own: still linear in the sum
@@ -98,9 +97,9 @@ def _linear(name: str, marks: list[Mark], eqn: Any) -> Mark:
             return Mark("R", divisors=(None,))
         scale = (lambda d: d * factor) if name == "div" else (lambda d: d / factor)
         return Mark("R", divisors=tuple(None if d is None else scale(d) for d in marks[0].divisors))
-    if name == "mul" and marks[1].kind == "R" and marks[0].kind == "N":
+    if kind == "scale" and name == "mul" and marks[1].kind == "R" and marks[0].kind == "N":
         return _linear(name, [marks[1], marks[0]], _Swapped(eqn))
-    if name == "div" and marks[1].kind == "R":
+    if kind == "scale" and marks[1].kind == "R":
         return _x("divides by a sum over the batch (as sum(loss * mask) / sum(mask)): each micro-batch "
                   "would weigh its examples differently")
     return _x(f"takes {name} of a sum over the batch: not the mean of the micro-batches'")
@@ -248,10 +247,11 @@ class _Reader:
         body = ja.call_body(eqn)
         if body is not None:
             return self.run(body[0], marks)
-        handler = _HANDLERS.get(name)
+        kind = rule(name).examples
+        handler = _along_param if kind.startswith("along:") else _HANDLERS.get(kind)
         if handler is not None:
             return handler(self, eqn, marks)
-        if rule(name).cost == "elementwise":
+        if rule(name).cost == "elementwise" or kind in ("sum", "scale"):
             return [_elementwise(name, marks, eqn)] * n_out
         bad = _first_x(marks)
         return [bad or _x(f"{name} is not known to keep examples apart")] * n_out
@@ -363,13 +363,11 @@ def _pad(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
     return [_elementwise("pad", marks, eqn)]
 
 
-def _one_axis(key: str) -> Callable[[_Reader, Any, list[Mark]], list[Mark]]:
-    def handle(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
-        axis = _axis_param(eqn, key)
-        joined = _elementwise(ja.eqn_name(eqn), marks, eqn)
-        return [_along(ja.eqn_name(eqn), joined, axis)] * len(eqn.outvars)
-
-    return handle
+def _along_param(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
+    """An op along the axis its parameter names (`along:<param>`): fine off the batch axis."""
+    axis = _axis_param(eqn, rule(ja.eqn_name(eqn)).examples.split(":", 1)[1])
+    joined = _elementwise(ja.eqn_name(eqn), marks, eqn)
+    return [_along(ja.eqn_name(eqn), joined, axis)] * len(eqn.outvars)
 
 
 def _stack(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
@@ -407,21 +405,14 @@ def _conv(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
     return [_first_x(marks) or _x("a convolution across examples")]
 
 
+# By `rules.rule(name).examples`: the one primitive table says which kind each primitive is.
 _HANDLERS: dict[str, Callable[[_Reader, Any, list[Mark]], list[Mark]]] = {
-    "scan": _scan, "while": _while, "cond": _cond,
-    "broadcast_in_dim": _broadcast, "transpose": _transpose, "reshape": _reshape_eqn, "squeeze": _squeeze,
-    "slice": _slice, "dynamic_slice": _slice, "pad": _pad, "stack": _stack, "expand_dims": _stack,
-    "top_k": _top_k,
-    "concatenate": _one_axis("dimension"), "cumsum": _one_axis("axis"), "cumprod": _one_axis("axis"),
-    "cummax": _one_axis("axis"), "cummin": _one_axis("axis"), "cumlogsumexp": _one_axis("axis"),
-    "sort": _one_axis("dimension"), "split": _one_axis("axis"), "rev": _one_axis("dimensions"),
-    "reduce_sum": _reduction, "reduce_max": _reduction, "reduce_min": _reduction, "reduce_prod": _reduction,
-    "argmax": _reduction, "argmin": _reduction, "reduce_and": _reduction, "reduce_or": _reduction,
-    "dot_general": lambda r, e, m: [_dot(e, m[0], m[1])],
-    "gather": lambda r, e, m: [_gather(e, m[0], m[1])],
-    "conv_general_dilated": _conv,
-    "optimization_barrier": _same, "sharding_constraint": _same, "name": _same, "copy": _same, "copy_p": _same,
-    "convert_element_type": _same, "reshard": _same, "pvary": _same, "mesh_cast": _same,
+    "scan_loop": _scan, "while_loop": _while, "branches": _cond, "pass": _same,
+    "broadcast": _broadcast, "permute": _transpose, "regroup": _reshape_eqn, "drop_axis": _squeeze,
+    "window": _slice, "padded": _pad, "new_axis": _stack, "last_axis": _top_k, "reduction": _reduction,
+    "dot": lambda r, e, m: [_dot(e, m[0], m[1])],
+    "lookup": lambda r, e, m: [_gather(e, m[0], m[1])],
+    "conv": _conv,
 }
 
 

@@ -76,12 +76,19 @@ class CheckpointSite:
         return f"{self.call.file}:{self.call.line} ({self.call.function})"
 
 
-def _calling_site(kind: str, fun: Callable[..., Any], depth: int = 2) -> CheckpointSite:
-    """The user's line that called into JAX (the first frame up from `depth` that is neither
-    JAX's nor jaxmem's)."""
-    frame = sys._getframe(depth)
+def _user_frame(depth: int) -> Any:
+    """The first frame up from `depth` (counted from the caller) that is neither JAX's nor
+    jaxmem's: the user's line that called into JAX; None if there is none."""
+    frame = sys._getframe(depth + 1)
     while frame is not None and ja.is_internal_frame(frame.f_code.co_filename):
         frame = frame.f_back
+    return frame
+
+
+def _calling_site(kind: str, fun: Callable[..., Any], depth: int = 2, frame: Any = None) -> CheckpointSite:
+    """The user's line that called into JAX (the first frame up from `depth` that is neither
+    JAX's nor jaxmem's, or `frame` where the caller found it)."""
+    frame = frame if frame is not None else _user_frame(depth)
     call = (SourceLine(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
             if frame is not None else SourceLine("<unknown>", 0, "<unknown>"))
     code = getattr(getattr(fun, "__wrapped__", fun), "__code__", None)
@@ -256,10 +263,8 @@ def _grad_site(fun: Callable[..., Any], dyn_argnums: tuple[int, ...], args: Any,
     its line, the call's columns on it, and which of its arguments carry the batch."""
     from jaxmem.fitting.accumulate import batch_split, closed_over
 
-    frame = sys._getframe(2)
-    while frame is not None and ja.is_internal_frame(frame.f_code.co_filename):
-        frame = frame.f_back
-    site = _calling_site("grad", fun, depth=3)
+    frame = _user_frame(2)
+    site = _calling_site("grad", fun, frame=frame) if frame is not None else _calling_site("grad", fun, depth=3)
     split, closed, batch = batch_split(args, kwargs, dyn_argnums, closed_over(fun))
     if frame is None:
         return dataclasses.replace(site, split=split, closed=closed, batch=batch)

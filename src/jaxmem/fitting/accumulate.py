@@ -215,7 +215,7 @@ def accumulated(f: Callable[..., Any], dyn_argnums: Sequence[int], has_aux: bool
 
         dyn = tuple(fixed[i] for i in dyn_argnums)
         with outside():
-            _check_separable(loss, dyn, tuple(whole), sum(len(jax.tree.leaves(v)) for v in whole))
+            _check_separable(loss, dyn, tuple(whole))
             value_and_grad = jax.value_and_grad(loss, has_aux=has_aux)
             try:
                 shapes = jax.eval_shape(value_and_grad, dyn, jax.tree.map(lambda x: x[0], parts))
@@ -244,14 +244,14 @@ def accumulated(f: Callable[..., Any], dyn_argnums: Sequence[int], has_aux: bool
     return run
 
 
-def _check_separable(loss: Callable[..., Any], dyn: tuple[Any, ...], whole: tuple[Any, ...], n_batch: int) -> None:
+def _check_separable(loss: Callable[..., Any], dyn: tuple[Any, ...], whole: tuple[Any, ...]) -> None:
     """Raise where the loss over the whole batch is not the mean of its examples' parts
     (`fitting.separable`): then micro-batches would change the step's values."""
     from jaxmem.compiler.jaxpr_adapter import make_closed_jaxpr
     from jaxmem.fitting.separable import why_not_separable
 
     closed = make_closed_jaxpr(loss, dyn, whole)
-    flags = [False] * len(jax.tree.leaves(dyn)) + [True] * n_batch
+    flags = [False] * len(jax.tree.leaves(dyn)) + [True] * len(jax.tree.leaves(whole))
     batch = jax.tree.leaves(whole)[0].shape[0]
     why = why_not_separable(closed, flags, batch)
     if why is not None:

@@ -89,29 +89,20 @@ def _linear(name: str, marks: list[Mark], eqn: Any) -> Mark:
         # a constant added keeps a mean one (mean of loss_i + c is the mean + c); two means added
         # (a loss and an auxiliary loss) are one where each is
         return Mark("R", divisors=tuple(d for m in marks if m.kind == "R" for d in m.divisors))
-    if kind == "scale" and marks[0].kind == "R" and marks[1].kind == "N":
-        factor = _constant(eqn.invars[1])
+    # the sum times (or over) a value without the batch; mul either way round
+    at = 0 if marks[0].kind == "R" else 1 if name == "mul" else None
+    if kind == "scale" and at is not None and marks[1 - at].kind == "N":
+        factor = _constant(eqn.invars[1 - at])
         if factor is None:
-            return marks[0]           # scaled by a value of its own: still linear in the sum
+            return marks[at]          # scaled by a value of its own: still linear in the sum
         if factor == 0:
             return Mark("R", divisors=(None,))
         scale = (lambda d: d * factor) if name == "div" else (lambda d: d / factor)
-        return Mark("R", divisors=tuple(None if d is None else scale(d) for d in marks[0].divisors))
-    if kind == "scale" and name == "mul" and marks[1].kind == "R" and marks[0].kind == "N":
-        return _linear(name, [marks[1], marks[0]], _Swapped(eqn))
-    if kind == "scale" and marks[1].kind == "R":
+        return Mark("R", divisors=tuple(None if d is None else scale(d) for d in marks[at].divisors))
+    if name == "div" and marks[1].kind == "R":
         return _x("divides by a sum over the batch (as sum(loss * mask) / sum(mask)): each micro-batch "
                   "would weigh its examples differently")
     return _x(f"takes {name} of a sum over the batch: not the mean of the micro-batches'")
-
-
-@dataclass
-class _Swapped:
-    eqn: Any
-
-    @property
-    def invars(self) -> list[Any]:
-        return list(reversed(self.eqn.invars))
 
 
 def _constant(atom: Any) -> float | None:
@@ -123,7 +114,7 @@ def _constant(atom: Any) -> float | None:
     return None
 
 
-def _reduce(name: str, mark: Mark, eqn: Any, shape: tuple[int, ...]) -> Mark:
+def _reduce(name: str, mark: Mark, eqn: Any) -> Mark:
     axes = tuple(int(a) for a in ja.eqn_params(eqn).get("axes", ()))
     if mark.kind in ("N", "X"):
         return mark
@@ -391,8 +382,7 @@ def _top_k(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
 
 
 def _reduction(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
-    shape = ja.eqn_in_shapes(eqn)[0]
-    return [_reduce(ja.eqn_name(eqn), marks[0], eqn, shape)] * len(eqn.outvars)
+    return [_reduce(ja.eqn_name(eqn), marks[0], eqn)] * len(eqn.outvars)
 
 
 def _conv(reader: _Reader, eqn: Any, marks: list[Mark]) -> list[Mark]:
